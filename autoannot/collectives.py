@@ -1,0 +1,206 @@
+"""The collectives autoannot wraps, described once, as data.
+
+Each row says where a function lives, which of its parameters hold the tensors and the group,
+and which rule of ``ProcessGroupNCCL`` turns them into the eager profiler record: the
+"Collective name", how "In/Out msg nelems" are counted, which tensor gives the dtype, whose rank
+is "Rank", and how split sizes are reported. ``metadata.py`` applies the rules.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+C10D = "torch.distributed.distributed_c10d"
+FUNCOL = "torch.distributed._functional_collectives"
+
+
+class Role(enum.Enum):
+    LAUNCH = "launch"  # one call, one kernel launch, one annotation
+    BATCH = "batch"  # batch_isend_irecv: labels the launches made inside it
+    BLOCK = "block"  # _coalescing_manager: the calls inside are one launch
+
+
+class Sizes(enum.Enum):
+    """How "In msg nelems" / "Out msg nelems" are counted."""
+
+    SAME = "same"  # in = out = numel(input)
+    GATHER = "gather"  # in = numel(input), out = in * group size
+    SCATTER = "scatter"  # in = numel(output) * group size, out = numel(output)
+    IN_OUT = "in_out"  # in = numel(input), out = numel(output)
+    SHARD = "shard"  # in = numel(input), out = in / group size
+    ALL_TO_ALL = "all_to_all"  # in = out = numel(inputs)
+    SPLIT_ROWS = "split_rows"  # in = numel(input), out = sum(out splits) rows
+    ZERO = "zero"  # barrier: 0 elements
+
+
+class Rank(enum.Enum):
+    """Whose group rank the CPU op records as "Rank"."""
+
+    SELF = "self"
+    ROOT = "root"  # broadcast/reduce/gather/scatter: the root
+    PEER = "peer"  # send/recv: the peer, plus "Dst Rank"/"Src Rank" (its global rank)
+
+
+class Splits(enum.Enum):
+    """How "In split size" / "Out split size" are reported."""
+
+    NONE = "none"  # "[]"
+    GIVEN = "given"  # the split lists the caller passed ("[]" when None)
+    NUMELS = "numels"  # all_to_all: each tensor's numel
+    EQUAL_IF_NONE = "equal_if_none"  # funcol all_to_all_single: equal rows when None
+
+
+#: NCCL kernel families (ncclDevKernel_<Family>_...), for matching graphed kernels to calls.
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "AllReduce", "AllGather", "ReduceScatter"
+BROADCAST, REDUCE, SEND_RECV = "Broadcast", "Reduce", "SendRecv"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One wrapped function and the rules of its eager record."""
+
+    api: str
+    module: str
+    eager_name: str | None  # "Collective name"; None: the kernel carries no collective args
+    role: Role = Role.LAUNCH
+    inputs: str | None = None  # parameter holding the input tensor (or list)
+    outputs: str | None = None  # parameter holding the output tensor (or list)
+    sizes: Sizes = Sizes.SAME
+    dtype_from: str = "input"  # "input", "output" or "byte"
+    rank: Rank = Rank.SELF
+    root_params: tuple[str, ...] = ()  # (global-rank param, group-rank param) for ROOT/PEER
+    root_is_group_rank: bool = False  # funcol broadcast: src is a group rank
+    splits: Splits = Splits.NONE
+    split_params: tuple[str, str] = ("input_split_sizes", "output_split_sizes")
+    group_param: str = "group"
+    any_group: bool = False  # group may be ranks, a DeviceMesh, (mesh, dim) or a name
+    complex_as_real: bool = False  # c10d sends complex tensors as view_as_real
+    kernels: frozenset[str] = field(default_factory=frozenset)
+    coalesced_name: str | None = None  # "Collective name" of a _coalescing_manager block
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.api}"
+
+
+def _c10d(api: str, eager_name: str | None, kernels: tuple[str, ...] = (), **rules) -> Collective:
+    return Collective(api, C10D, eager_name, kernels=frozenset(kernels), **rules)
+
+
+def _funcol(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
+    return Collective(
+        api, FUNCOL, eager_name, kernels=frozenset(kernels), any_group=True, **rules
+    )
+
+
+_ALL_REDUCE = dict(inputs="tensor", complex_as_real=True, coalesced_name="allreduce_coalesced")
+_GATHER_BASE = dict(
+    inputs="input_tensor",
+    outputs="output_tensor",
+    sizes=Sizes.IN_OUT,
+    complex_as_real=True,
+    coalesced_name="allgather_into_tensor_coalesced",
+)
+_SCATTER_BASE = dict(
+    inputs="input",
+    outputs="output",
+    sizes=Sizes.IN_OUT,
+    coalesced_name="reduce_scatter_tensor_coalesced",
+)
+_BROADCAST = dict(inputs="tensor", rank=Rank.ROOT, root_params=("src", "group_src"))
+_SEND = dict(inputs="tensor", rank=Rank.PEER, root_params=("dst", "group_dst"))
+_RECV = dict(inputs="tensor", rank=Rank.PEER, root_params=("src", "group_src"))
+_F_GATHER = dict(inputs="self", sizes=Sizes.GATHER)
+_F_SCATTER = dict(inputs="self", sizes=Sizes.SHARD)
+_F_GATHER_LIST = dict(inputs="self", sizes=Sizes.GATHER)
+_F_SCATTER_LIST = dict(inputs="inputs", sizes=Sizes.SHARD)
+_F_A2A = dict(
+    inputs="self",
+    sizes=Sizes.SPLIT_ROWS,
+    splits=Splits.EQUAL_IF_NONE,
+)
+_AG, _RS, _AR = (ALL_GATHER,), (REDUCE_SCATTER,), (ALL_REDUCE,)
+
+#: Every wrapped function. Functions missing from the installed torch are skipped.
+COLLECTIVES: tuple[Collective, ...] = (
+    # torch.distributed (c10d)
+    _c10d("all_reduce", "allreduce", _AR, **_ALL_REDUCE),
+    _c10d("all_reduce_coalesced", "allreduce_coalesced", _AR, inputs="tensors",
+          complex_as_real=True),
+    _c10d("all_gather", "all_gather", (ALL_GATHER, BROADCAST), inputs="tensor",
+          outputs="tensor_list", sizes=Sizes.GATHER, complex_as_real=True),
+    _c10d("all_gather_into_tensor", "_allgather_base", _AG, **_GATHER_BASE),
+    _c10d("all_gather_single", "_allgather_base", _AG, **_GATHER_BASE),
+    _c10d("_all_gather_base", "_allgather_base", _AG, **_GATHER_BASE),
+    _c10d("reduce_scatter", "reduce_scatter", _RS, inputs="input_list", outputs="output",
+          sizes=Sizes.SCATTER, dtype_from="output"),
+    _c10d("reduce_scatter_tensor", "_reduce_scatter_base", _RS, **_SCATTER_BASE),
+    _c10d("reduce_scatter_single", "_reduce_scatter_base", _RS, **_SCATTER_BASE),
+    _c10d("_reduce_scatter_base", "_reduce_scatter_base", _RS, **_SCATTER_BASE),
+    _c10d("broadcast", "broadcast", (BROADCAST,), complex_as_real=True, **_BROADCAST),
+    _c10d("reduce", "reduce", (REDUCE,), inputs="tensor", rank=Rank.ROOT,
+          root_params=("dst", "group_dst")),
+    _c10d("all_to_all_single", "all_to_allv", (SEND_RECV,), inputs="input", outputs="output",
+          sizes=Sizes.IN_OUT, splits=Splits.GIVEN, complex_as_real=True),
+    _c10d("all_to_all", "all_to_all", (SEND_RECV,), inputs="input_tensor_list",
+          outputs="output_tensor_list", sizes=Sizes.ALL_TO_ALL, splits=Splits.NUMELS,
+          complex_as_real=True),
+    _c10d("gather", "gather", (SEND_RECV,), inputs="tensor", sizes=Sizes.GATHER,
+          rank=Rank.ROOT, root_params=("dst", "group_dst")),
+    _c10d("scatter", "scatter", (SEND_RECV,), outputs="tensor", sizes=Sizes.SCATTER,
+          dtype_from="output", rank=Rank.ROOT, root_params=("src", "group_src"),
+          complex_as_real=True),
+    _c10d("send", "send", (SEND_RECV,), **_SEND),
+    _c10d("isend", "send", (SEND_RECV,), complex_as_real=True, **_SEND),
+    _c10d("recv", "recv", (SEND_RECV,), **_RECV),
+    _c10d("irecv", "recv", (SEND_RECV,), complex_as_real=True, **_RECV),
+    _c10d("barrier", "barrier", _AR, sizes=Sizes.ZERO, dtype_from="byte"),
+    _c10d("batch_isend_irecv", None, (SEND_RECV,), role=Role.BATCH),
+    _c10d("_coalescing_manager", None, (), role=Role.BLOCK),
+    # torch.distributed._functional_collectives
+    _funcol("all_reduce", "allreduce", _AR, inputs="self"),
+    _funcol("all_reduce_coalesced", "allreduce_coalesced", _AR, inputs="self"),
+    _funcol("broadcast", "broadcast", (BROADCAST,), inputs="self", rank=Rank.ROOT,
+            root_params=("src",), root_is_group_rank=True),
+    *(
+        _funcol(api, "allgather_into_tensor_coalesced", _AG, **_F_GATHER)
+        for api in ("all_gather_tensor", "all_gather_tensor_autograd", "all_gather_single",
+                    "all_gather_single_autograd")
+    ),
+    *(
+        _funcol(api, "allgather_into_tensor_coalesced", _AG, **_F_GATHER_LIST)
+        for api in ("all_gather_into_tensor_coalesced", "all_gather_single_coalesced")
+    ),
+    *(
+        _funcol(api, "reduce_scatter_tensor_coalesced", _RS, **_F_SCATTER)
+        for api in ("reduce_scatter_tensor", "reduce_scatter_tensor_autograd",
+                    "reduce_scatter_single", "reduce_scatter_single_autograd")
+    ),
+    *(
+        _funcol(api, "reduce_scatter_tensor_coalesced", _RS, **_F_SCATTER_LIST)
+        for api in ("reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced")
+    ),
+    *(
+        _funcol(api, "all_to_allv", (SEND_RECV,), **_F_A2A)
+        for api in ("all_to_all_single", "all_to_all_single_autograd")
+    ),
+)
+
+#: The object collectives launch c10d collectives that are annotated themselves.
+OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object",
+                      "scatter_object_list", "send_object_list", "recv_object_list")
+
+BY_QUALNAME: dict[str, Collective] = {c.qualname: c for c in COLLECTIVES}
+
+
+def lookup(api: str) -> Collective:
+    """The row of an API by name ("all_reduce", "funcol.all_reduce") or eager name ("allreduce")."""
+    for prefix in (C10D, FUNCOL):
+        row = BY_QUALNAME.get(f"{prefix}.{api.removeprefix('funcol.')}")
+        if row is not None and (prefix == FUNCOL) == api.startswith("funcol."):
+            return row
+    for row in COLLECTIVES:
+        if row.eager_name == api and row.module == C10D:
+            return row
+    raise KeyError(f"unknown collective {api!r}")

@@ -1,0 +1,34 @@
+"""Configuration from ``AUTOANNOT*`` environment variables (documented in the README)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in _FALSE
+
+
+@dataclass(frozen=True)
+class Config:
+    """``AUTOANNOT``: turn the agent on at start-up in every Python process that inherits it.
+    ``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
+    torch has it."""
+
+    enabled: bool = False
+    mark_kernels: bool = True
+
+
+def from_environment(env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    return Config(
+        enabled=_flag(env, "AUTOANNOT", False),
+        mark_kernels=_flag(env, "AUTOANNOT_MARK_KERNELS", True),
+    )

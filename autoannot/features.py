@@ -1,0 +1,29 @@
+"""What the installed torch offers, detected by feature (never by version number)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+#: Where torch ships its CUDA-graph kernel annotations: public from 2.14, private in 2.12-2.13.
+GRAPH_ANNOTATION_MODULES = ("torch.cuda.graph_annotations", "torch.cuda._graph_annotations")
+
+
+@functools.cache
+def graph_annotations_module() -> ModuleType | None:
+    """torch's graph-annotation module if it has ``mark_kernels``, else None."""
+    for name in GRAPH_ANNOTATION_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # absent, or broken on this build
+            continue
+        if callable(getattr(module, "mark_kernels", None)):
+            return module
+    return None
+
+
+def mark_kernels():  # type: ignore[no-untyped-def]
+    """torch's ``mark_kernels`` context-manager factory, or None where torch has none."""
+    module = graph_annotations_module()
+    return None if module is None else module.mark_kernels

@@ -1,0 +1,135 @@
+"""Process groups: resolve what a call names as its group; cache what the annotation needs."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from autoannot import vocabulary as V
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFacts:
+    """What the profiler records about a process group, computed once per group."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]  # global ranks, in group-rank order
+    ranks_text: str  # "Process Group Ranks"
+    size: int
+    rank: int  # this process's rank in the group
+    global_rank_start: int
+    global_rank_stride: int
+    lane: int  # "stream" of the annotation: one lane per group, >= 60
+
+    def group_keys(self) -> dict[str, Any]:
+        """The group's part of the kernel args, in the profiler's order (empty names omitted)."""
+        keys: dict[str, Any] = {}
+        if self.name:
+            keys[V.PG_NAME] = self.name
+        if self.desc:
+            keys[V.PG_DESC] = self.desc
+        keys[V.PG_RANKS] = self.ranks_text
+        return keys
+
+
+_lock = threading.Lock()
+_facts: dict[int, tuple[Any, GroupFacts]] = {}  # id(pg) -> (pg, facts); pg kept to pin the id
+_own_lanes: dict[str, int] = {}
+
+
+def lane_for(group_name: str) -> int:
+    """The lane of a group: torch's ``get_stream_for_pg`` where torch has it, else our own."""
+    get_stream_for_pg = _torch_get_stream_for_pg()
+    if get_stream_for_pg is not None:
+        return int(get_stream_for_pg(group_name))
+    with _lock:
+        lane = _own_lanes.get(group_name)
+        if lane is None:
+            lane = _own_lanes[group_name] = V.FIRST_LANE + len(_own_lanes)
+        return lane
+
+
+def _torch_get_stream_for_pg() -> Any:
+    from autoannot import features
+
+    module = features.graph_annotations_module()
+    return getattr(module, "get_stream_for_pg", None) if module is not None else None
+
+
+def _stride_of(ranks: tuple[int, ...], is_default: bool) -> tuple[int, int]:
+    """Global rank start and stride as ProcessGroupNCCL computes them (-1: not strided)."""
+    if is_default or not ranks:
+        return 0, 1
+    if len(ranks) == 1:
+        return ranks[0], 0
+    stride = ranks[1] - ranks[0]
+    strided = all(r == ranks[0] + i * stride for i, r in enumerate(ranks))
+    return ranks[0], stride if strided else -1
+
+
+def facts_of(pg: Any) -> GroupFacts:
+    """The cached facts of a ProcessGroup (built on first use)."""
+    entry = _facts.get(id(pg))
+    if entry is not None and entry[0] is pg:
+        return entry[1]
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    ranks = tuple(dist.get_process_group_ranks(pg))
+    is_default = pg is c10d._get_default_group()
+    start, stride = _stride_of(ranks, is_default)
+    name = getattr(pg, "group_name", "") or ""
+    facts = GroupFacts(
+        name=name,
+        desc=getattr(pg, "group_desc", "") or "",
+        ranks=ranks,
+        ranks_text=V.format_list(ranks),
+        size=pg.size(),
+        rank=pg.rank(),
+        global_rank_start=start,
+        global_rank_stride=stride,
+        lane=lane_for(name),
+    )
+    with _lock:
+        _facts[id(pg)] = (pg, facts)
+    return facts
+
+
+def resolve_c10d(group: Any) -> Any:
+    """The ProcessGroup a c10d call runs on (``None`` is the default group)."""
+    if group is None:
+        from torch.distributed import distributed_c10d as c10d
+
+        return c10d._get_default_group()
+    return group
+
+
+def resolve_any(group: Any, tag: str = "") -> Any:
+    """The ProcessGroup of a functional-collective group: a ProcessGroup, a list of ranks, a
+    DeviceMesh, ``(mesh, dim)``, or a group name."""
+    if group is None:
+        return resolve_c10d(None)
+    from torch.distributed import distributed_c10d as c10d
+
+    if isinstance(group, c10d.ProcessGroup):
+        return group
+    if isinstance(group, tuple) and len(group) == 2 and hasattr(group[0], "get_group"):
+        mesh, dim = group
+        return mesh.get_group(dim)
+    if hasattr(group, "get_group") and hasattr(group, "ndim"):  # a DeviceMesh
+        if group.ndim != 1:
+            raise ValueError("only a 1-D DeviceMesh names one group; pass (mesh, dim)")
+        return group.get_group(0)
+    if isinstance(group, str):
+        return c10d._resolve_process_group(group)
+    from torch.distributed import _functional_collectives as funcol
+
+    return c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
+
+
+def clear_cache() -> None:
+    """Forget cached group facts (groups destroyed and re-created get fresh facts)."""
+    with _lock:
+        _facts.clear()

@@ -1,0 +1,189 @@
+"""enable() / disable(): put wrapt proxies in every namespace that holds a collective, and take
+them out again, restoring the original objects by identity.
+
+Importing this module does not import torch: when torch.distributed is not imported yet,
+``enable()`` registers post-import hooks and patches as soon as it is.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+
+from autoannot import importhook
+from autoannot.state import STATE
+
+TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+_lock = _thread.RLock()
+
+#: Modules whose import triggers instrumentation.
+HOOKED_MODULES = (
+    "torch.distributed.distributed_c10d",
+    "torch.distributed._functional_collectives",
+    "torch.cuda.graphs",
+)
+
+
+class Patch:
+    """One attribute we replaced: ``setattr(owner, name, replacement)`` over ``original``."""
+
+    __slots__ = ("name", "original", "owner", "replacement")
+
+    def __init__(self, owner: Any, name: str, original: Any, replacement: Any) -> None:
+        self.owner = owner  # a module or a class
+        self.name = name
+        self.original = original
+        self.replacement = replacement
+
+    def __repr__(self) -> str:
+        owner = getattr(self.owner, "__name__", self.owner)
+        return f"Patch({owner}.{self.name})"
+
+    def current(self) -> Any:
+        namespace = self.owner.__dict__
+        return namespace.get(self.name)
+
+    def undo(self) -> bool:
+        """Restore the original unless someone replaced our proxy since (then leave theirs)."""
+        if self.current() is self.replacement:
+            setattr(self.owner, self.name, self.original)
+            return True
+        return False
+
+
+_patches: list[Patch] = []
+# id(original) -> (original, proxy): proxies are reused across enable/disable cycles.
+_proxies: dict[int, tuple[Any, Any]] = {}
+
+
+def proxies_of(original: Any) -> list[Any]:
+    """The proxies we made for an original function (none or one)."""
+    entry = _proxies.get(id(original))
+    return [entry[1]] if entry is not None and entry[0] is original else []
+
+
+def is_enabled() -> bool:
+    """Whether the agent is on (collectives are patched as soon as their module is imported)."""
+    return STATE.live
+
+
+def enable() -> None:
+    """Wrap every collective now, or as soon as torch.distributed is imported. Idempotent."""
+    with _lock:
+        if STATE.live:
+            return
+        STATE.set_live(True)
+        for module_name in HOOKED_MODULES:
+            importhook.when_imported(module_name, _on_import)
+
+
+def disable() -> None:
+    """Restore every original object. A proxy someone else wrapped over stays in their chain,
+    as a pass-through. Idempotent."""
+    with _lock:
+        if not STATE.live:
+            return
+        STATE.set_live(False)
+        for patch in reversed(_patches):
+            patch.undo()
+        _patches.clear()
+
+
+def _on_import(module: ModuleType) -> None:
+    with _lock:
+        if not STATE.live:
+            return
+        try:
+            if module.__name__ == "torch.cuda.graphs":
+                from autoannot import capture
+
+                _patches.extend(capture.install(module))
+            else:
+                _install_module(module)
+        except Exception as exc:  # never break the import of torch
+            from autoannot import wrappers
+
+            wrappers.warn_once(module.__name__, "instrumenting", exc)
+
+
+def _install_module(module: ModuleType) -> None:
+    from autoannot import collectives, metadata
+
+    rows = [row for row in collectives.COLLECTIVES if row.module == module.__name__]
+    replacements: dict[str, tuple[Any, Any]] = {}
+    for row in rows:
+        original = module.__dict__.get(row.api)
+        if original is None or _is_our_proxy(original):
+            continue
+        proxy = _proxy_for(original, row, metadata.ArgReader(original))
+        replacements[row.api] = (original, proxy)
+    _replace_everywhere(replacements)
+    if module.__name__ == collectives.C10D:
+        _patches.extend(_install_p2p_op(module))
+
+
+def _is_our_proxy(obj: Any) -> bool:
+    entry = _proxies.get(id(getattr(obj, "__wrapped__", None)))
+    return entry is not None and entry[1] is obj
+
+
+def _proxy_for(original: Any, row: Any, reader: Any) -> Any:
+    import wrapt
+
+    from autoannot import wrappers
+
+    entry = _proxies.get(id(original))
+    if entry is not None and entry[0] is original:
+        return entry[1]
+    wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, reader)
+    proxy = wrapt.FunctionWrapper(original, wrapper)
+    _proxies[id(original)] = (original, proxy)
+    return proxy
+
+
+def _replace_everywhere(replacements: dict[str, tuple[Any, Any]]) -> None:
+    """Swap each original for its proxy in every loaded module that binds it under its name."""
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, (original, proxy) in replacements.items():
+            if namespace.get(name) is original:
+                setattr(module, name, proxy)
+                _patches.append(Patch(module, name, original, proxy))
+
+
+def _install_p2p_op(c10d: ModuleType) -> list[Patch]:
+    """P2POp keeps the original isend/irecv, so P2POps outlive disable(); batch_isend_irecv's
+    wrapper hands torch copies that name what c10d's module holds."""
+    import wrapt
+
+    p2p_op = getattr(c10d, "P2POp", None)
+    init = p2p_op.__dict__.get("__init__") if p2p_op is not None else None
+    if init is None or _is_our_proxy(init):
+        return []
+
+    def unwrap_op(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if args and _is_our_proxy(args[0]):
+            args = (args[0].__wrapped__, *args[1:])
+        elif _is_our_proxy(kwargs.get("op")):
+            kwargs = {**kwargs, "op": kwargs["op"].__wrapped__}
+        return wrapped(*args, **kwargs)
+
+    entry = _proxies.get(id(init))
+    proxy = entry[1] if entry is not None and entry[0] is init else wrapt.FunctionWrapper(
+        init, unwrap_op
+    )
+    _proxies[id(init)] = (init, proxy)
+    p2p_op.__init__ = proxy
+    return [Patch(p2p_op, "__init__", init, proxy)]
+
+
+def installed() -> list[Patch]:
+    """The patches in place now (for tests and ``autoannot doctor``)."""
+    with _lock:
+        return list(_patches)

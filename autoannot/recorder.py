@@ -1,0 +1,77 @@
+"""``record()``: collect one Record per collective launch, from any thread."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoannot.state import STATE
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One collective launch seen by the agent."""
+
+    api: str  # the function called, e.g. "all_reduce" or "funcol.all_gather_tensor"
+    annotation: dict[str, Any]  # what the annotation context was given
+    call_site: str  # "path.py:123": the first frame outside torch and autoannot
+    param_comms: dict[str, Any] = field(default_factory=dict)  # the eager CPU op's args
+
+
+class Recording(list):  # list[Record], live: grows while the block runs
+    """The records of one ``record()`` block."""
+
+    def apis(self) -> list[str]:
+        return [r.api for r in self]
+
+
+@contextlib.contextmanager
+def record() -> Iterator[Recording]:
+    """Record every collective launched (by any thread) while the block runs.
+
+    Works with or without CUDA; requires ``autoannot.enable()`` (or ``AUTOANNOT=1``) to see calls.
+    """
+    recording = Recording()
+    STATE.open_recorder(recording)
+    try:
+        yield recording
+    finally:
+        STATE.close_recorder(recording)
+
+
+def publish(entry: Record) -> None:
+    for recording in STATE.recorders:
+        recording.append(entry)
+
+
+_SKIP_PREFIXES: tuple[str, ...] = ()
+
+
+def _skip_prefixes() -> tuple[str, ...]:
+    global _SKIP_PREFIXES
+    if not _SKIP_PREFIXES:
+        import torch
+        import wrapt
+
+        import autoannot
+
+        roots = [os.path.dirname(m.__file__) for m in (torch, autoannot, wrapt) if m.__file__]
+        roots.append(os.path.dirname(contextlib.__file__) + os.sep + "contextlib")
+        _SKIP_PREFIXES = tuple(roots)
+    return _SKIP_PREFIXES
+
+
+def call_site(depth: int = 2) -> str:
+    """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot."""
+    skip = _skip_prefixes()
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(skip):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"

@@ -1,0 +1,74 @@
+"""Process-wide switches the wrapper reads on every call, and the per-thread call state.
+
+The hot path reads one attribute, ``STATE.demand``: true only while the agent is enabled and a
+recorder is open or a CUDA-graph capture is in progress. The rest is read only when it is true.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+
+TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class _State:
+    __slots__ = ("_lock", "captures", "demand", "live", "recorders")
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self.recorders: tuple[list[Any], ...] = ()  # copy-on-write: read without the lock
+        self.captures = 0  # CUDA-graph captures in progress, in this process
+        self.live = False  # the agent is enabled: proxies annotate
+        self.demand = False  # live, and a recorder is open or a capture in progress
+
+    def _refresh(self) -> None:
+        self.demand = self.live and (bool(self.recorders) or self.captures > 0)
+
+    def set_live(self, live: bool) -> None:
+        with self._lock:
+            self.live = live
+            self._refresh()
+
+    def open_recorder(self, recorder: list[Any]) -> None:
+        with self._lock:
+            self.recorders = (*self.recorders, recorder)
+            self._refresh()
+
+    def close_recorder(self, recorder: list[Any]) -> None:
+        with self._lock:
+            self.recorders = tuple(r for r in self.recorders if r is not recorder)
+            self._refresh()
+
+    def capture_started(self) -> None:
+        with self._lock:
+            self.captures += 1
+            self._refresh()
+
+    def capture_ended(self) -> None:
+        with self._lock:
+            self.captures = max(0, self.captures - 1)
+            self._refresh()
+
+    def after_fork_in_child(self) -> None:
+        self._lock = _thread.allocate_lock()
+
+
+STATE = _State()
+
+
+class _CallState(_thread._local):
+    """Per thread: how deep inside wrapped calls we are, and the open coalescing blocks."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.blocks: list[Any] = []
+        self.batch_label: str | None = None
+
+
+CALLS = _CallState()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=STATE.after_fork_in_child)

@@ -1,0 +1,218 @@
+"""The wrapper functions the wrapt proxies call: one per row role, built from the table.
+
+Hot path: with no recorder open and no capture in progress (``STATE.demand`` false) a wrapper
+calls the original at once. Otherwise it derives the launch metadata, enters the annotation
+context around the original, and never lets a failure of its own reach the caller.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from autoannot import metadata, patching
+from autoannot import vocabulary as V
+from autoannot.annotation import AnnotationContext
+from autoannot.collectives import C10D, Collective, Role
+from autoannot.state import CALLS, STATE
+
+Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
+
+_warned: set[str] = set()
+
+
+def warn_once(api: str, what: str, exc: BaseException) -> None:
+    """One warning per API and problem: the collective ran, but without an annotation."""
+    key = f"{api}:{what}"
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(
+        f"autoannot: {what} for {api} failed ({type(exc).__name__}: {exc}); "
+        "the collective ran without an annotation",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def api_label(row: Collective) -> str:
+    return row.api if row.module == C10D else f"funcol.{row.api}"
+
+
+def _run_annotated(
+    label: str, ctx: AnnotationContext, wrapped: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
+    try:
+        ctx.__enter__()
+    except Exception as exc:
+        warn_once(label, "entering the annotation context", exc)
+        return wrapped(*args, **kwargs)
+    CALLS.depth += 1
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        CALLS.depth -= 1
+        try:
+            ctx.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as own:
+            warn_once(label, "leaving the annotation context", own)
+        raise
+    CALLS.depth -= 1
+    try:
+        ctx.__exit__(None, None, None)
+    except Exception as exc:
+        warn_once(label, "leaving the annotation context", exc)
+    return result
+
+
+def _run_unannotated(
+    label: str, why: BaseException, wrapped: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
+    """The metadata could not be derived: run the call; if it succeeds, say so once."""
+    result = wrapped(*args, **kwargs)
+    warn_once(label, "deriving the collective metadata", why)
+    return result
+
+
+def launch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
+    """The wrapper of a function that launches one collective."""
+    label = api_label(row)
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not STATE.demand:
+            return wrapped(*args, **kwargs)
+        calls = CALLS
+        if calls.depth:  # launched from inside another wrapped call
+            return wrapped(*args, **kwargs)
+        try:
+            launch = metadata.derive(row, reader, args, kwargs)
+        except Exception as exc:
+            return _run_unannotated(label, exc, wrapped, args, kwargs)
+        if calls.blocks:  # inside a _coalescing_manager block: the block is the launch
+            calls.blocks[-1].launches.append(launch)
+            calls.depth += 1
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                calls.depth -= 1
+        ctx = AnnotationContext(
+            label,
+            metadata.annotation_of(label, launch),
+            {**metadata.kernel_args(launch), **metadata.cpu_only_args(launch)},
+        )
+        return _run_annotated(label, ctx, wrapped, args, kwargs)
+
+    return wrapper
+
+
+class CoalescingBlock:
+    """Stands in for ``_coalescing_manager(...)``: the calls inside are one launch."""
+
+    def __init__(self, manager: Any, group: Any, label: str) -> None:
+        self._manager = manager
+        self._group = group
+        self._label = label
+        self.launches: list[metadata.Launch] = []
+
+    def __enter__(self) -> Any:
+        value = self._manager.__enter__()
+        CALLS.blocks.append(self)
+        return value
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        CALLS.blocks.remove(self)
+        if exc_type is not None or not self.launches:
+            return self._manager.__exit__(exc_type, exc, tb)
+        try:
+            ctx = self._context()
+        except Exception as own:
+            warn_once(self._label, "deriving the collective metadata", own)
+            return self._manager.__exit__(None, None, None)
+        return _run_annotated(self._label, ctx, self._manager.__exit__, (None, None, None), {})
+
+    def _context(self) -> AnnotationContext:
+        launch = metadata.coalesced(self.launches)
+        if launch is not None:
+            annotation = metadata.annotation_of(self._label, launch)
+            param_comms = {**metadata.kernel_args(launch), **metadata.cpu_only_args(launch)}
+        else:  # point-to-point or mixed: eager gives this kernel no collective args
+            lane = self.launches[0].facts.lane
+            annotation, param_comms = {V.NAME: self._label, V.STREAM: lane}, {}
+        return AnnotationContext(self._label, annotation, param_comms)
+
+
+def block_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
+    """The wrapper of ``_coalescing_manager``."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        manager = wrapped(*args, **kwargs)
+        if not STATE.demand or CALLS.depth:
+            return manager
+        label = CALLS.batch_label or row.api
+        return CoalescingBlock(manager, reader.get(args, kwargs, "group"), label)
+
+    return wrapper
+
+
+def _current_p2p_functions() -> dict[Any, Any]:
+    """Map isend/irecv, original or proxy, to the object c10d's module holds now."""
+    c10d = sys.modules[C10D]
+    mapping: dict[Any, Any] = {}
+    for name in ("isend", "irecv"):
+        current = getattr(c10d, name)
+        original = getattr(current, "__wrapped__", current)
+        mapping[id(original)] = current
+        for proxy in patching.proxies_of(original):
+            mapping[id(proxy)] = current
+    return mapping
+
+
+def normalize_p2p_ops(ops: Any) -> Any:
+    """P2POps built before ``enable()`` (or after ``disable()``) name another isend/irecv object
+    than c10d's module does now; torch tests ``op.op is isend``. Hand it copies that match."""
+    if not isinstance(ops, list | tuple):
+        return ops
+    mapping = _current_p2p_functions()
+    fixed = list(ops)
+    changed = False
+    for i, op in enumerate(ops):
+        function = getattr(op, "op", None)
+        current = mapping.get(id(function))
+        if current is not None and current is not function:
+            clone = object.__new__(type(op))  # P2POp.__new__ wants the constructor's args
+            clone.__dict__.update(op.__dict__)
+            clone.op = current
+            fixed[i] = clone
+            changed = True
+    return fixed if changed else ops
+
+
+def batch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
+    """The wrapper of ``batch_isend_irecv``: labels the launches made inside it."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            if args:
+                args = (normalize_p2p_ops(args[0]), *args[1:])
+            elif "p2p_op_list" in kwargs:
+                kwargs = {**kwargs, "p2p_op_list": normalize_p2p_ops(kwargs["p2p_op_list"])}
+        except Exception as exc:
+            warn_once(api_label(row), "matching P2POp functions", exc)
+        if not STATE.demand:
+            return wrapped(*args, **kwargs)
+        previous, CALLS.batch_label = CALLS.batch_label, api_label(row)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            CALLS.batch_label = previous
+
+    return wrapper
+
+
+WRAPPER_FACTORIES: dict[Role, Callable[[Collective, metadata.ArgReader], Wrapper]] = {
+    Role.LAUNCH: launch_wrapper,
+    Role.BLOCK: block_wrapper,
+    Role.BATCH: batch_wrapper,
+}

@@ -1,0 +1,66 @@
+"""Run a function on N real ranks: separate processes, a real process group (gloo or fake)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, port: int,
+           out: str, args: tuple) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    result: dict[str, Any]
+    try:
+        if backend == "fake":
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        else:
+            dist.init_process_group(backend, rank=rank, world_size=world)
+        result = {"ok": fn(rank, world, *args)}
+    except BaseException:
+        result = {"error": traceback.format_exc()}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",
+              args: tuple = ()) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` processes; returns each rank's JSON-able result.
+
+    ``fn`` must be a module-level function (it is pickled by reference). A rank that raised
+    makes this raise with that rank's traceback.
+    """
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(
+            _entry,
+            args=(fn, world, backend, free_port(), out, args),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
+        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    errors = [f"rank {r}:\n{res['error']}" for r, res in enumerate(results) if "error" in res]
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [res["ok"] for res in results]
