@@ -23,3 +23,29 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("autoannot figures")
         for name, value in FIGURES.items():
             terminalreporter.write_line(f"{name}: {value}")
+
+
+@pytest.fixture(scope="session")
+def fake_world():
+    """This test process as rank 0 of a 2-rank ``fake`` process group (no peers, no data moved)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    yield dist.group.WORLD
+
+
+@pytest.fixture
+def agent():
+    """The agent on for one test; off again (originals restored) after it."""
+    import autoannot
+
+    autoannot.enable()
+    try:
+        yield autoannot
+    finally:
+        autoannot.disable()
+
+
+pytest_plugins = ["pytester"]

@@ -23,7 +23,17 @@ def graph_annotations_module() -> ModuleType | None:
     return None
 
 
+@functools.cache
+def _mark_kernels_allowed() -> bool:
+    from autoannot import config
+
+    return config.from_environment().mark_kernels
+
+
 def mark_kernels():  # type: ignore[no-untyped-def]
-    """torch's ``mark_kernels`` context-manager factory, or None where torch has none."""
+    """torch's ``mark_kernels`` context-manager factory; None where torch has none or
+    ``AUTOANNOT_MARK_KERNELS=0``."""
+    if not _mark_kernels_allowed():
+        return None
     module = graph_annotations_module()
     return None if module is None else module.mark_kernels

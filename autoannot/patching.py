@@ -91,6 +91,24 @@ def disable() -> None:
         for patch in reversed(_patches):
             patch.undo()
         _patches.clear()
+        _unbind_proxies_everywhere()
+
+
+def _unbind_proxies_everywhere() -> None:
+    """Modules that copied a proxy after we patched (``from ... import *`` at torch's import,
+    a user's ``from torch.distributed import all_reduce``) get the original back too."""
+    from autoannot import collectives
+
+    originals = {id(proxy): original for original, proxy in _proxies.values()}
+    names = {row.api for row in collectives.COLLECTIVES}
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name in names:
+            bound = namespace.get(name)
+            if bound is not None and id(bound) in originals and _is_our_proxy(bound):
+                setattr(module, name, originals[id(bound)])
 
 
 def _on_import(module: ModuleType) -> None:
@@ -114,13 +132,16 @@ def _install_module(module: ModuleType) -> None:
     from autoannot import collectives, metadata
 
     rows = [row for row in collectives.COLLECTIVES if row.module == module.__name__]
-    replacements: dict[str, tuple[Any, Any]] = {}
+    replacements: dict[str, tuple[Any, Any, Any]] = {}
     for row in rows:
         original = module.__dict__.get(row.api)
         if original is None or _is_our_proxy(original):
             continue
-        proxy = _proxy_for(original, row, metadata.ArgReader(original))
-        replacements[row.api] = (original, proxy)
+        reader = metadata.ArgReader(original)
+        proxy = _proxy_for(original, row, reader)
+        replacements[row.api] = (
+            original, proxy, lambda obj, row=row, reader=reader: _proxy_for(obj, row, reader)
+        )
     _replace_everywhere(replacements)
     if module.__name__ == collectives.C10D:
         _patches.extend(_install_p2p_op(module))
@@ -145,16 +166,33 @@ def _proxy_for(original: Any, row: Any, reader: Any) -> Any:
     return proxy
 
 
-def _replace_everywhere(replacements: dict[str, tuple[Any, Any]]) -> None:
-    """Swap each original for its proxy in every loaded module that binds it under its name."""
+def _wraps(obj: Any, original: Any) -> bool:
+    """Whether ``obj`` is someone else's wrapper (``__wrapped__`` chain) around ``original``."""
+    for _ in range(16):
+        obj = getattr(obj, "__wrapped__", None)
+        if obj is None:
+            return False
+        if obj is original:
+            return True
+    return False
+
+
+def _replace_everywhere(replacements: dict[str, tuple[Any, Any, Any]]) -> None:
+    """Swap each original for its proxy in every loaded module that binds it under its name.
+    A module that binds someone else's wrapper of it gets our proxy over that wrapper."""
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
-        for name, (original, proxy) in replacements.items():
-            if namespace.get(name) is original:
+        for name, (original, proxy, make_proxy) in replacements.items():
+            bound = namespace.get(name)
+            if bound is original:
                 setattr(module, name, proxy)
                 _patches.append(Patch(module, name, original, proxy))
+            elif bound is not None and not _is_our_proxy(bound) and _wraps(bound, original):
+                theirs = make_proxy(bound)
+                setattr(module, name, theirs)
+                _patches.append(Patch(module, name, bound, theirs))
 
 
 def _install_p2p_op(c10d: ModuleType) -> list[Patch]:

@@ -43,6 +43,36 @@ def record() -> Iterator[Recording]:
         STATE.close_recorder(recording)
 
 
+class FileSink:
+    """Appends each Record as one JSON line to a file (``AUTOANNOT_RECORD``).
+
+    ``{rank}`` and ``{pid}`` in the path are filled in at the first record: the rank from
+    torch.distributed when initialized, else the ``RANK`` variable torchrun sets.
+    """
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._file: Any = None
+
+    def _open(self) -> Any:
+        rank = os.environ.get("RANK", "0")
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank = str(dist.get_rank())
+        path = self.template.format(rank=rank, pid=os.getpid())
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return open(path, "a", encoding="utf-8", buffering=1)  # line-buffered
+
+    def append(self, entry: Record) -> None:
+        import json
+
+        if self._file is None:
+            self._file = self._open()
+        line = {"api": entry.api, "call_site": entry.call_site, "annotation": entry.annotation,
+                "param_comms": entry.param_comms}
+        self._file.write(json.dumps(line) + "\n")
+
+
 def publish(entry: Record) -> None:
     for recording in STATE.recorders:
         recording.append(entry)

@@ -44,22 +44,28 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, port: in
         pass
 
 
+def _entry_as(index: int, ranks: tuple[int, ...], *rest: Any) -> None:
+    _entry(ranks[index], *rest)
+
+
 def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",
-              args: tuple = ()) -> list[Any]:
+              args: tuple = (), ranks: tuple[int, ...] | None = None) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` processes; returns each rank's JSON-able result.
 
-    ``fn`` must be a module-level function (it is pickled by reference). A rank that raised
-    makes this raise with that rank's traceback.
+    ``fn`` must be a module-level function (it is pickled by reference). ``ranks`` runs only
+    those ranks (the ``fake`` backend needs no peers). A rank that raised makes this raise
+    with that rank's traceback.
     """
+    ranks = tuple(range(world)) if ranks is None else ranks
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
-            _entry,
-            args=(fn, world, backend, free_port(), out, args),
-            nprocs=world,
+            _entry_as,
+            args=(ranks, fn, world, backend, free_port(), out, args),
+            nprocs=len(ranks),
             join=True,
             start_method="spawn",
         )
-        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in ranks]
     errors = [f"rank {r}:\n{res['error']}" for r, res in enumerate(results) if "error" in res]
     if errors:
         raise RuntimeError("\n".join(errors))

@@ -1,0 +1,100 @@
+"""AUTOANNOT=1: processes are instrumented with no import of autoannot in their code, and the
+start-up hook imports no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import autoannot
+from autoannot.cli import HOOK_DIR
+
+PROGRAM = textwrap.dedent("""
+    import os, sys
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def worker(rank, world, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        dist.broadcast(t, src=1)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        assert "autoannot" not in sys.modules or os.environ.get("AUTOANNOT") == "1"
+        mp.spawn(worker, args=(2, int(sys.argv[1])), nprocs=2)
+""")
+
+
+def run_python(args, env_extra, tmp_path, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, *args], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=240, **kw)
+
+
+def test_autoannot_env_instruments_spawned_workers(tmp_path: Path) -> None:
+    from harness import free_port
+
+    (tmp_path / "program.py").write_text(PROGRAM)
+    record = tmp_path / "records" / "rank{rank}.jsonl"
+    done = run_python(["program.py", str(free_port())],
+                      {"AUTOANNOT": "1", "AUTOANNOT_RECORD": str(record)}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        lines = [json.loads(x) for x in
+                 (tmp_path / "records" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [x["api"] for x in lines] == ["all_reduce", "broadcast"]
+        assert lines[0]["annotation"]["Collective name"] == "allreduce"
+        assert lines[1]["param_comms"]["Rank"] == 1
+        assert lines[0]["call_site"].endswith("program.py:9")
+
+
+def test_without_autoannot_nothing_is_instrumented(tmp_path: Path) -> None:
+    code = ("import sys, torch.distributed as d; "
+            "print('autoannot' in sys.modules, type(d.all_reduce).__name__)")
+    done = run_python(["-c", code], {}, tmp_path)
+    assert done.stdout.split() == ["False", "function"], done.stderr
+
+
+def test_hook_imports_no_torch(tmp_path: Path) -> None:
+    done = run_python(["-X", "importtime", "-c", "pass"], {"AUTOANNOT": "1"}, tmp_path)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "autoannot._startup" in imported
+    assert not [m for m in imported if m == "torch" or m.startswith(("torch.", "wrapt"))]
+
+
+def test_post_import_hook_patches_when_torch_distributed_arrives(tmp_path: Path) -> None:
+    code = ("import sys, autoannot; autoannot.enable(); assert 'torch' not in sys.modules; "
+            "import torch.distributed as d, wrapt; print(type(d.all_reduce).__name__, "
+            "d.all_reduce.__wrapped__ is d.distributed_c10d.all_reduce.__wrapped__)")
+    done = run_python(["-c", code], {}, tmp_path)
+    assert done.stdout.split() == ["FunctionWrapper", "True"], done.stderr
+
+
+def test_sitecustomize_hook_chains_an_existing_one(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import builtins; builtins.THEIRS_RAN = True\n")
+    code = ("import builtins, autoannot; "
+            "print(getattr(builtins, 'THEIRS_RAN', False), autoannot.is_enabled())")
+    env = {"AUTOANNOT": "1", "PYTHONPATH": os.pathsep.join([str(HOOK_DIR), str(theirs)])}
+    done = run_python(["-c", code], env, tmp_path)
+    assert done.stdout.split() == ["True", "True"], done.stderr
+
+
+def test_cli_run_sets_the_environment(tmp_path: Path) -> None:
+    code = "import os, autoannot; print(os.environ['AUTOANNOT'], autoannot.is_enabled())"
+    done = run_python(["-m", "autoannot.cli", "run", sys.executable, "-c", code], {}, tmp_path)
+    assert done.stdout.split() == ["1", "True"], done.stderr
+    bad = run_python(["-m", "autoannot.cli", "run", "no-such-program-xyz"], {}, tmp_path)
+    assert bad.returncode == 127 and "cannot run" in bad.stderr
+    assert run_python(["-m", "autoannot.cli"], {}, tmp_path).returncode == 2
+    assert autoannot.__version__ in run_python(["-m", "autoannot.cli", "--version"], {},
+                                               tmp_path).stdout
