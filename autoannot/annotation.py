@@ -78,13 +78,9 @@ def annotate_collective(
               "output_tensor_list": output_tensor}
     if row.outputs == "tensor":  # scatter: the parameter named "tensor" is the output
         params["tensor"] = output_tensor
-    launch = metadata.derive(row, _DictReader(), (), params)
+    launch = metadata.derive(row, None, (), params)
     api = row.api if row.module == collectives.C10D else f"funcol.{row.api}"
-    return AnnotationContext(
-        api,
-        metadata.annotation_of(api, launch),
-        {**metadata.kernel_args(launch), **metadata.cpu_only_args(launch)},
-    )
+    return AnnotationContext(api, *metadata.annotation_and_param_comms(api, launch))
 
 
 def describe_call(function: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -101,12 +97,6 @@ def describe_call(function: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     row = collectives.BY_QUALNAME.get(qualname)
     if row is None or row.role is not collectives.Role.LAUNCH:
         raise ValueError(f"{qualname} is not a collective autoannot annotates on its own")
-    launch = metadata.derive(row, metadata.ArgReader(original), args, kwargs)
+    launch = metadata.derive(row, original, args, kwargs)
     return metadata.annotation_of(api_label(row), launch)
 
-
-class _DictReader:
-    """An ArgReader over keyword arguments only (for ``annotate_collective``)."""
-
-    def get(self, args: tuple, kwargs: dict[str, Any], name: str | None) -> Any:
-        return None if name is None else kwargs.get(name)

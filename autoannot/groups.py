@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -22,16 +23,27 @@ class GroupFacts:
     global_rank_start: int
     global_rank_stride: int
     lane: int  # "stream" of the annotation: one lane per group, >= 60
+    group_keys: dict[str, Any]  # the group's part of the kernel args, in the profiler's order
+    global_rank_keys: dict[str, int]  # "Global rank start/stride", where the profiler has them
 
-    def group_keys(self) -> dict[str, Any]:
-        """The group's part of the kernel args, in the profiler's order (empty names omitted)."""
-        keys: dict[str, Any] = {}
-        if self.name:
-            keys[V.PG_NAME] = self.name
-        if self.desc:
-            keys[V.PG_DESC] = self.desc
-        keys[V.PG_RANKS] = self.ranks_text
-        return keys
+
+def _group_keys(name: str, desc: str, ranks_text: str) -> dict[str, Any]:
+    keys: dict[str, Any] = {}
+    if name:  # the profiler omits empty names
+        keys[V.PG_NAME] = name
+    if desc:
+        keys[V.PG_DESC] = desc
+    keys[V.PG_RANKS] = ranks_text
+    return keys
+
+
+def _global_rank_keys(start: int, stride: int) -> dict[str, int]:
+    keys = {}
+    if start >= 0:
+        keys[V.GLOBAL_RANK_START] = start
+    if stride > 0:  # -1: not strided, 0: one rank
+        keys[V.GLOBAL_RANK_STRIDE] = stride
+    return keys
 
 
 _lock = threading.Lock()
@@ -81,16 +93,20 @@ def facts_of(pg: Any) -> GroupFacts:
     is_default = pg is c10d._get_default_group()
     start, stride = _stride_of(ranks, is_default)
     name = getattr(pg, "group_name", "") or ""
+    desc = getattr(pg, "group_desc", "") or ""
+    ranks_text = V.format_list(ranks)
     facts = GroupFacts(
         name=name,
-        desc=getattr(pg, "group_desc", "") or "",
+        desc=desc,
         ranks=ranks,
-        ranks_text=V.format_list(ranks),
+        ranks_text=ranks_text,
         size=pg.size(),
         rank=pg.rank(),
         global_rank_start=start,
         global_rank_stride=stride,
         lane=lane_for(name),
+        group_keys=_group_keys(name, desc, ranks_text),
+        global_rank_keys=_global_rank_keys(start, stride),
     )
     with _lock:
         _facts[id(pg)] = (pg, facts)
@@ -99,11 +115,12 @@ def facts_of(pg: Any) -> GroupFacts:
 
 def resolve_c10d(group: Any) -> Any:
     """The ProcessGroup a c10d call runs on (``None`` is the default group)."""
-    if group is None:
-        from torch.distributed import distributed_c10d as c10d
-
-        return c10d._get_default_group()
-    return group
+    if group is not None:
+        return group
+    world = sys.modules["torch.distributed.distributed_c10d"].GroupMember.WORLD
+    if world is None:
+        raise ValueError("the default process group is not initialized")
+    return world
 
 
 def resolve_any(group: Any, tag: str = "") -> Any:

@@ -1,49 +1,26 @@
-"""Turn one call of a wrapped collective into the args the eager profiler would record for it."""
+"""Turn one call of a wrapped collective into the args the eager profiler would record for it.
+
+Each table row is compiled once, against the installed function's signature, into a ``Plan``:
+a handful of closures picked by the row's rules, so a call pays for argument lookups and a
+few multiplications, not for interpreting the table.
+"""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoannot import groups
 from autoannot import vocabulary as V
 from autoannot.collectives import Collective, Rank, Sizes, Splits
 
-_MISSING = object()
+Getter = Callable[[tuple, dict], Any]
 
 
-class ArgReader:
-    """Reads named parameters from ``(args, kwargs)`` by position or keyword, without binding."""
-
-    __slots__ = ("_defaults", "_positions")
-
-    def __init__(self, function: Callable[..., Any]) -> None:
-        params = inspect.signature(function).parameters.values()
-        self._positions = {p.name: i for i, p in enumerate(params)}
-        self._defaults = {
-            p.name: (None if p.default is inspect.Parameter.empty else p.default)
-            for p in inspect.signature(function).parameters.values()
-        }
-
-    def get(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
-        if name is None:
-            return None
-        value = kwargs.get(name, _MISSING)
-        if value is not _MISSING:
-            return value
-        position = self._positions.get(name)
-        if position is not None and position < len(args):
-            return args[position]
-        return self._defaults.get(name)
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(NamedTuple):
     """The facts of one collective launch, before they become an annotation."""
 
-    row: Collective
     eager_name: str | None  # "Collective name"
     facts: groups.GroupFacts
     in_nelems: int
@@ -51,113 +28,161 @@ class Launch:
     dtype: str
     in_splits: str
     out_splits: str
-    rank: int
-    peer_global_rank: int | None = None
+    rank: int  # the CPU op's "Rank": own, root's or peer's group rank
+    peer_global_rank: int | None  # "Dst Rank" / "Src Rank"
+    coalesced_name: str | None  # "Collective name" of a _coalescing_manager block of these
 
 
-def _tensors(value: Any) -> Sequence[Any]:
+def _positions(function: Callable[..., Any] | None) -> dict[str, tuple[int, Any]]:
+    if function is None:
+        return {}
+    found = {}
+    for position, param in enumerate(inspect.signature(function).parameters.values()):
+        default = None if param.default is inspect.Parameter.empty else param.default
+        found[param.name] = (position, default)
+    return found
+
+
+def _getter(positions: dict[str, tuple[int, Any]], name: str | None) -> Getter:
+    """Read one parameter by keyword or position (``Signature.bind`` costs microseconds)."""
+    if name is None:
+        return lambda args, kwargs: None
+    if name not in positions:
+        return lambda args, kwargs: kwargs.get(name)
+    position, default = positions[name]
+
+    def get(args: tuple, kwargs: dict) -> Any:
+        if kwargs and name in kwargs:
+            return kwargs[name]
+        return args[position] if position < len(args) else default
+
+    return get
+
+
+def _as_list(value: Any) -> Sequence[Any]:
     if value is None:
         return ()
-    return value if isinstance(value, list | tuple) else (value,)
+    return value if type(value) in (list, tuple) else (value,)
 
 
-def _numel(tensors: Sequence[Any], complex_as_real: bool) -> int:
+def _numel(tensors: Sequence[Any], as_real: bool) -> int:
+    if len(tensors) == 1 and not as_real:
+        return tensors[0].numel()
     total = 0
     for t in tensors:
-        n = t.numel()
-        total += 2 * n if complex_as_real and t.is_complex() else n
+        total += 2 * t.numel() if as_real and t.is_complex() else t.numel()
     return total
 
 
-def _dtype(tensors: Sequence[Any], complex_as_real: bool) -> str:
+def _dtype(tensors: Sequence[Any], as_real: bool) -> str:
     dtype = tensors[0].dtype
-    if complex_as_real and dtype.is_complex:
+    if as_real and dtype.is_complex:
         dtype = V.complex_as_real(dtype)
     return V.dtype_name(dtype)
 
 
-def _group_rank(facts: groups.GroupFacts, global_rank: Any, group_rank: Any) -> int:
-    if group_rank is not None:
-        return int(group_rank)
-    if global_rank is None:
-        return -1
-    return facts.ranks.index(int(global_rank))
+#: (in nelems, out nelems) from (numel of inputs, numel of outputs, group size).
+_COUNTS: dict[Sizes, Callable[[int, int, int], tuple[int, int]]] = {
+    Sizes.SAME: lambda n_in, n_out, size: (n_in, n_in),
+    Sizes.GATHER: lambda n_in, n_out, size: (n_in, n_in * size),
+    Sizes.SCATTER: lambda n_in, n_out, size: (n_out * size, n_out),
+    Sizes.IN_OUT: lambda n_in, n_out, size: (n_in, n_out),
+    Sizes.SHARD: lambda n_in, n_out, size: (n_in, n_in // size),
+    Sizes.ALL_TO_ALL: lambda n_in, n_out, size: (n_in, n_in),
+    Sizes.SPLIT_ROWS: lambda n_in, n_out, size: (n_in, n_in),  # refined with the splits
+    Sizes.ZERO: lambda n_in, n_out, size: (0, 0),
+}
 
 
-def derive(row: Collective, reader: ArgReader, args: tuple, kwargs: dict) -> Launch:
-    """Apply the row's rules to one call; raises if the arguments do not allow it."""
-    group = reader.get(args, kwargs, row.group_param)
-    pg = groups.resolve_any(group) if row.any_group else groups.resolve_c10d(group)
-    facts = groups.facts_of(pg)
-    real = row.complex_as_real
-    inputs = _tensors(reader.get(args, kwargs, row.inputs))
-    outputs = _tensors(reader.get(args, kwargs, row.outputs))
-    n_in = _numel(inputs, real)
-    n_out = _numel(outputs, real)
-    size = facts.size
-    sizes = row.sizes
-    if sizes is Sizes.SAME:
-        counts = (n_in, n_in)
-    elif sizes is Sizes.GATHER:
-        counts = (n_in, n_in * size)
-    elif sizes is Sizes.SCATTER:
-        counts = (n_out * size, n_out)
-    elif sizes is Sizes.IN_OUT:
-        counts = (n_in, n_out)
-    elif sizes is Sizes.SHARD:
-        counts = (n_in, n_in // size)
-    elif sizes is Sizes.ALL_TO_ALL:
-        counts = (n_in, n_in)
-    elif sizes is Sizes.ZERO:
-        counts = (0, 0)
-    else:  # Sizes.SPLIT_ROWS
-        counts = (n_in, n_in)  # refined below once the splits are known
+class Plan:
+    """A row compiled against the signature of the function it wraps."""
 
-    in_splits = out_splits = V.EMPTY_LIST
-    if row.splits is Splits.GIVEN:
-        given_in = reader.get(args, kwargs, row.split_params[0])
-        given_out = reader.get(args, kwargs, row.split_params[1])
-        in_splits = V.format_list(given_in or ())
-        out_splits = V.format_list(given_out or ())
-    elif row.splits is Splits.NUMELS:
-        in_splits = V.format_list([_numel((t,), real) for t in inputs])
-        out_splits = V.format_list([_numel((t,), real) for t in outputs])
-    elif row.splits is Splits.EQUAL_IF_NONE:
-        given_in = reader.get(args, kwargs, row.split_params[0])
-        given_out = reader.get(args, kwargs, row.split_params[1])
-        rows = inputs[0].shape[0]
-        equal = [rows // size] * size
-        given_in = equal if given_in is None else given_in
-        given_out = equal if given_out is None else given_out
-        in_splits, out_splits = V.format_list(given_in), V.format_list(given_out)
-        row_numel = n_in // rows if rows else 0
-        counts = (n_in, sum(int(s) for s in given_out) * row_numel)
+    __slots__ = ("derive", "row")
 
-    if row.dtype_from == "byte":
-        dtype = "Byte"
-    else:
-        dtype = _dtype(inputs if row.dtype_from == "input" else outputs, real)
+    def __init__(self, row: Collective, function: Callable[..., Any] | None) -> None:
+        self.row = row
+        self.derive: Callable[[tuple, dict], Launch] = _compile(row, _positions(function))
 
-    rank, peer = facts.rank, None
-    if row.rank is not Rank.SELF:
-        named = [reader.get(args, kwargs, p) for p in row.root_params]
-        if row.root_is_group_rank:
-            rank = int(named[0])
-        else:
-            rank = _group_rank(facts, named[0], named[1] if len(named) > 1 else None)
-        if row.rank is Rank.PEER and 0 <= rank < len(facts.ranks):
-            peer = facts.ranks[rank]
-    return Launch(
-        row, row.eager_name, facts, counts[0], counts[1], dtype, in_splits, out_splits, rank, peer
-    )
+
+def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable:
+    get_group = _getter(positions, row.group_param)
+    get_inputs = _getter(positions, row.inputs)
+    get_outputs = _getter(positions, row.outputs)
+    get_roots = [_getter(positions, p) for p in row.root_params]
+    get_in_split = _getter(positions, row.split_params[0])
+    get_out_split = _getter(positions, row.split_params[1])
+    resolve = groups.resolve_any if row.any_group else groups.resolve_c10d
+    facts_of = groups.facts_of
+    counts_of = _COUNTS[row.sizes]
+    as_real = row.complex_as_real
+    # The rules as plain booleans: enum comparisons cost more than the rest of a call.
+    splits_given = row.splits is Splits.GIVEN
+    splits_numels = row.splits is Splits.NUMELS
+    splits_equal = row.splits is Splits.EQUAL_IF_NONE
+    has_outputs = row.outputs is not None
+    dtype_of_input, dtype_is_byte = row.dtype_from == "input", row.dtype_from == "byte"
+    self_rank = row.rank is Rank.SELF
+    peer_rank = row.rank is Rank.PEER
+    root_is_group_rank = row.root_is_group_rank
+    eager_name, coalesced_name = row.eager_name, row.coalesced_name
+    empty = V.EMPTY_LIST
+    fmt = V.format_list
+
+    def derive(args: tuple, kwargs: dict) -> Launch:
+        facts = facts_of(resolve(get_group(args, kwargs)))
+        inputs = _as_list(get_inputs(args, kwargs))
+        outputs = _as_list(get_outputs(args, kwargs)) if has_outputs else ()
+        n_in = _numel(inputs, as_real)
+        n_out = _numel(outputs, as_real) if has_outputs else 0
+        size = facts.size
+        n_in_msg, n_out_msg = counts_of(n_in, n_out, size)
+
+        in_splits = out_splits = empty
+        if splits_given:
+            in_splits = fmt(get_in_split(args, kwargs) or ())
+            out_splits = fmt(get_out_split(args, kwargs) or ())
+        elif splits_numels:
+            in_splits = fmt([_numel((t,), as_real) for t in inputs])
+            out_splits = fmt([_numel((t,), as_real) for t in outputs])
+        elif splits_equal:
+            given_in, given_out = get_in_split(args, kwargs), get_out_split(args, kwargs)
+            rows = inputs[0].shape[0]
+            equal = [rows // size] * size
+            given_in = equal if given_in is None else given_in
+            given_out = equal if given_out is None else given_out
+            in_splits, out_splits = fmt(given_in), fmt(given_out)
+            n_out_msg = sum(int(s) for s in given_out) * (n_in // rows if rows else 0)
+
+        dtype = "Byte" if dtype_is_byte else _dtype(inputs if dtype_of_input else outputs, as_real)
+
+        rank, peer = facts.rank, None
+        if not self_rank:
+            named = [get(args, kwargs) for get in get_roots]
+            if root_is_group_rank:
+                rank = int(named[0])
+            elif len(named) > 1 and named[1] is not None:
+                rank = int(named[1])
+            else:
+                rank = -1 if named[0] is None else facts.ranks.index(int(named[0]))
+            if peer_rank and 0 <= rank < len(facts.ranks):
+                peer = facts.ranks[rank]
+        return Launch(eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits, out_splits, rank,
+                      peer, coalesced_name)
+
+    return derive
+
+
+def derive(row: Collective, function: Callable[..., Any] | None, args: tuple,
+           kwargs: dict) -> Launch:
+    """Apply the row's rules to one call (compiling the row each time: for one-off use)."""
+    return Plan(row, function).derive(args, kwargs)
 
 
 def kernel_args(launch: Launch) -> dict[str, Any]:
     """The args the profiler puts on the eager NCCL kernel of this launch, in its key order."""
     facts = launch.facts
-    name = launch.eager_name
     args: dict[str, Any] = {
-        V.COLLECTIVE_NAME: name,
+        V.COLLECTIVE_NAME: launch.eager_name,
         V.IN_NELEMS: launch.in_nelems,
         V.OUT_NELEMS: launch.out_nelems,
         V.GROUP_SIZE: facts.size,
@@ -165,46 +190,46 @@ def kernel_args(launch: Launch) -> dict[str, Any]:
         V.IN_SPLIT: launch.in_splits,
         V.OUT_SPLIT: launch.out_splits,
     }
-    args.update(facts.group_keys())
+    args.update(facts.group_keys)
     if launch.peer_global_rank is not None:
-        args[V.DST_RANK if name == "send" else V.SRC_RANK] = launch.peer_global_rank
+        key = V.DST_RANK if launch.eager_name == "send" else V.SRC_RANK
+        args[key] = launch.peer_global_rank
     return args
 
 
 def cpu_only_args(launch: Launch) -> dict[str, Any]:
     """The keys the CPU ``record_param_comms`` op adds to the kernel's."""
-    facts = launch.facts
-    args: dict[str, Any] = {V.RANK: launch.rank}
-    if facts.global_rank_start >= 0:
-        args[V.GLOBAL_RANK_START] = facts.global_rank_start
-    if facts.global_rank_stride > 0:
-        args[V.GLOBAL_RANK_STRIDE] = facts.global_rank_stride
-    return args
+    cpu = {V.RANK: launch.rank}
+    cpu.update(launch.facts.global_rank_keys)
+    return cpu
+
+
+def annotation_and_param_comms(api: str, launch: Launch) -> tuple[dict, dict]:
+    """The annotation the agent attaches (the eager kernel args plus the lane's ``name`` and
+    ``stream``) and the eager CPU op's args (the kernel args plus the CPU-only keys)."""
+    args = kernel_args(launch)
+    param_comms = {**args, V.RANK: launch.rank, **launch.facts.global_rank_keys}
+    args[V.NAME] = api
+    args[V.STREAM] = launch.facts.lane
+    return args, param_comms
 
 
 def annotation_of(api: str, launch: Launch) -> dict[str, Any]:
-    """The annotation the agent attaches: the eager kernel args plus the lane's name and stream."""
-    args = kernel_args(launch)
-    args[V.NAME] = api
-    args[V.STREAM] = launch.facts.lane
-    return args
+    return annotation_and_param_comms(api, launch)[0]
 
 
 def coalesced(launches: Sequence[Launch]) -> Launch | None:
     """One launch for a ``_coalescing_manager`` block of same-kind collectives (sizes summed);
     None when the block holds point-to-point or mixed calls, whose kernel carries no args."""
     first = launches[0]
-    name = first.row.coalesced_name
-    if name is None or any(launch.row.coalesced_name != name for launch in launches):
+    name = first.coalesced_name
+    if name is None or any(launch.coalesced_name != name for launch in launches):
         return None
-    return Launch(
-        row=first.row,
+    return first._replace(
         eager_name=name,
-        facts=first.facts,
         in_nelems=sum(launch.in_nelems for launch in launches),
         out_nelems=sum(launch.out_nelems for launch in launches),
-        dtype=first.dtype,
         in_splits=V.EMPTY_LIST,
         out_splits=V.EMPTY_LIST,
-        rank=first.rank,
+        peer_global_rank=None,
     )

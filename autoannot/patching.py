@@ -137,10 +137,10 @@ def _install_module(module: ModuleType) -> None:
         original = module.__dict__.get(row.api)
         if original is None or _is_our_proxy(original):
             continue
-        reader = metadata.ArgReader(original)
-        proxy = _proxy_for(original, row, reader)
+        plan = metadata.Plan(row, original)
+        proxy = _proxy_for(original, row, plan)
         replacements[row.api] = (
-            original, proxy, lambda obj, row=row, reader=reader: _proxy_for(obj, row, reader)
+            original, proxy, lambda obj, row=row, plan=plan: _proxy_for(obj, row, plan)
         )
     _replace_everywhere(replacements)
     if module.__name__ == collectives.C10D:
@@ -152,7 +152,7 @@ def _is_our_proxy(obj: Any) -> bool:
     return entry is not None and entry[1] is obj
 
 
-def _proxy_for(original: Any, row: Any, reader: Any) -> Any:
+def _proxy_for(original: Any, row: Any, plan: Any) -> Any:
     import wrapt
 
     from autoannot import wrappers
@@ -160,7 +160,7 @@ def _proxy_for(original: Any, row: Any, reader: Any) -> Any:
     entry = _proxies.get(id(original))
     if entry is not None and entry[0] is original:
         return entry[1]
-    wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, reader)
+    wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, plan)
     proxy = wrapt.FunctionWrapper(original, wrapper)
     _proxies[id(original)] = (original, proxy)
     return proxy

@@ -6,20 +6,18 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoannot.state import STATE
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """One collective launch seen by the agent."""
 
     api: str  # the function called, e.g. "all_reduce" or "funcol.all_gather_tensor"
     annotation: dict[str, Any]  # what the annotation context was given
     call_site: str  # "path.py:123": the first frame outside torch and autoannot
-    param_comms: dict[str, Any] = field(default_factory=dict)  # the eager CPU op's args
+    param_comms: dict[str, Any]  # the eager CPU ``record_param_comms`` op's args
 
 
 class Recording(list):  # list[Record], live: grows while the block runs

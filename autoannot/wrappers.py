@@ -16,6 +16,7 @@ from autoannot import metadata, patching
 from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext
 from autoannot.collectives import C10D, Collective, Role
+from autoannot.recorder import Record, call_site, publish
 from autoannot.state import CALLS, STATE
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
@@ -76,9 +77,10 @@ def _run_unannotated(
     return result
 
 
-def launch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
+def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of a function that launches one collective."""
     label = api_label(row)
+    derive = plan.derive
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if not STATE.demand:
@@ -87,7 +89,7 @@ def launch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
         if calls.depth:  # launched from inside another wrapped call
             return wrapped(*args, **kwargs)
         try:
-            launch = metadata.derive(row, reader, args, kwargs)
+            launch = derive(args, kwargs)
         except Exception as exc:
             return _run_unannotated(label, exc, wrapped, args, kwargs)
         if calls.blocks:  # inside a _coalescing_manager block: the block is the launch
@@ -97,12 +99,20 @@ def launch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
                 return wrapped(*args, **kwargs)
             finally:
                 calls.depth -= 1
-        ctx = AnnotationContext(
-            label,
-            metadata.annotation_of(label, launch),
-            {**metadata.kernel_args(launch), **metadata.cpu_only_args(launch)},
-        )
-        return _run_annotated(label, ctx, wrapped, args, kwargs)
+        annotation, param_comms = metadata.annotation_and_param_comms(label, launch)
+        if STATE.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
+            ctx = AnnotationContext(label, annotation, param_comms)
+            return _run_annotated(label, ctx, wrapped, args, kwargs)
+        calls.depth += 1  # recorders only: run, then publish
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            calls.depth -= 1
+        try:
+            publish(Record(label, annotation, call_site(1), param_comms))
+        except Exception as exc:
+            warn_once(label, "recording", exc)
+        return result
 
     return wrapper
 
@@ -110,9 +120,8 @@ def launch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
 class CoalescingBlock:
     """Stands in for ``_coalescing_manager(...)``: the calls inside are one launch."""
 
-    def __init__(self, manager: Any, group: Any, label: str) -> None:
+    def __init__(self, manager: Any, label: str) -> None:
         self._manager = manager
-        self._group = group
         self._label = label
         self.launches: list[metadata.Launch] = []
 
@@ -135,15 +144,14 @@ class CoalescingBlock:
     def _context(self) -> AnnotationContext:
         launch = metadata.coalesced(self.launches)
         if launch is not None:
-            annotation = metadata.annotation_of(self._label, launch)
-            param_comms = {**metadata.kernel_args(launch), **metadata.cpu_only_args(launch)}
+            annotation, param_comms = metadata.annotation_and_param_comms(self._label, launch)
         else:  # point-to-point or mixed: eager gives this kernel no collective args
             lane = self.launches[0].facts.lane
             annotation, param_comms = {V.NAME: self._label, V.STREAM: lane}, {}
         return AnnotationContext(self._label, annotation, param_comms)
 
 
-def block_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
+def block_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of ``_coalescing_manager``."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -151,7 +159,7 @@ def block_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
         if not STATE.demand or CALLS.depth:
             return manager
         label = CALLS.batch_label or row.api
-        return CoalescingBlock(manager, reader.get(args, kwargs, "group"), label)
+        return CoalescingBlock(manager, label)
 
     return wrapper
 
@@ -189,7 +197,7 @@ def normalize_p2p_ops(ops: Any) -> Any:
     return fixed if changed else ops
 
 
-def batch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
+def batch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of ``batch_isend_irecv``: labels the launches made inside it."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -211,7 +219,7 @@ def batch_wrapper(row: Collective, reader: metadata.ArgReader) -> Wrapper:
     return wrapper
 
 
-WRAPPER_FACTORIES: dict[Role, Callable[[Collective, metadata.ArgReader], Wrapper]] = {
+WRAPPER_FACTORIES: dict[Role, Callable[[Collective, metadata.Plan], Wrapper]] = {
     Role.LAUNCH: launch_wrapper,
     Role.BLOCK: block_wrapper,
     Role.BATCH: batch_wrapper,
