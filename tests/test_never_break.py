@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import autoannot
-from autoannot import groups
+from autoannot import wrappers
 
 
 def bad_calls():
@@ -78,17 +78,19 @@ def test_return_values_are_the_originals(fake_world, agent) -> None:
 def test_a_metadata_failure_warns_once_per_api_and_the_call_still_runs(
     fake_world, agent, monkeypatch
 ) -> None:
-    def broken(pg):
+    def broken(group):
         raise LookupError("no facts today")
 
-    monkeypatch.setattr(groups, "facts_of", broken)
+    fresh = dist.new_group([0, 1])  # its facts are not cached yet: the agent must look them up
+    monkeypatch.setattr(dist, "get_process_group_ranks", broken)
+    monkeypatch.setattr(wrappers, "_warned", set())  # once per API per process: start afresh
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with autoannot.record() as records:
             for _ in range(3):
                 t = torch.ones(4)
-                dist.all_reduce(t)
-                dist.broadcast(t, src=0)
+                dist.all_reduce(t, group=fresh)
+                dist.broadcast(t, src=0, group=fresh)
     ours = [str(w.message) for w in caught if "autoannot" in str(w.message)]
     assert len(ours) == 2, ours
     assert "all_reduce" in ours[0] and "LookupError: no facts today" in ours[0]

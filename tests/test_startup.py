@@ -23,6 +23,7 @@ PROGRAM = textwrap.dedent("""
         t = torch.ones(4)
         dist.all_reduce(t)
         dist.broadcast(t, src=1)
+        dist.barrier()
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -53,6 +54,7 @@ def test_autoannot_env_instruments_spawned_workers(tmp_path: Path) -> None:
         assert lines[0]["annotation"]["Collective name"] == "allreduce"
         assert lines[1]["param_comms"]["Rank"] == 1
         assert lines[0]["call_site"].endswith("program.py:9")
+        assert lines[1]["call_site"].endswith("program.py:10")
 
 
 def test_without_autoannot_nothing_is_instrumented(tmp_path: Path) -> None:
