@@ -50,7 +50,7 @@ def test_autoannot_env_instruments_spawned_workers(tmp_path: Path) -> None:
     for rank in (0, 1):
         lines = [json.loads(x) for x in
                  (tmp_path / "records" / f"rank{rank}.jsonl").read_text().splitlines()]
-        assert [x["api"] for x in lines] == ["all_reduce", "broadcast"]
+        assert [x["api"] for x in lines] == ["all_reduce", "broadcast", "barrier"]
         assert lines[0]["annotation"]["Collective name"] == "allreduce"
         assert lines[1]["param_comms"]["Rank"] == 1
         assert lines[0]["call_site"].endswith("program.py:9")
