@@ -153,15 +153,22 @@ def _is_our_proxy(obj: Any) -> bool:
 
 
 def _proxy_for(original: Any, row: Any, plan: Any) -> Any:
+    import functools
+
     import wrapt
 
     from autoannot import wrappers
+    from autoannot.collectives import Role
 
     entry = _proxies.get(id(original))
     if entry is not None and entry[0] is original:
         return entry[1]
     wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, plan)
-    proxy = wrapt.FunctionWrapper(original, wrapper)
+    # The fast path: wrapt's C code asks ``enabled`` (a C-level callable, no Python frame) and,
+    # while nothing wants annotations, calls the original itself. The wrapper never runs, so
+    # no frame of ours sits between the caller and torch (warnings keep their stack levels).
+    enabled = None if row.role is Role.BATCH else functools.partial(getattr, STATE, "demand")
+    proxy = wrapt.FunctionWrapper(original, wrapper, enabled=enabled)
     _proxies[id(original)] = (original, proxy)
     return proxy
 

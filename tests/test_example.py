@@ -1,0 +1,25 @@
+"""The README's main command: the example runs on the CPU and prints what the agent attached."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "tensor_parallel.py"
+
+
+def test_example_prints_the_annotations_of_every_collective() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env["AUTOANNOT"] = "1"
+    done = subprocess.run([sys.executable, str(EXAMPLE)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for rank in (0, 1):
+        assert f"rank {rank}: 5 collectives annotated" in lines
+    apis = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert apis == 2 * ["broadcast", "funcol.all_gather_tensor_autograd",
+                        "funcol.reduce_scatter_tensor_autograd", "all_reduce", "barrier"]
+    assert '"Process Group Description": "tp"' in done.stdout
