@@ -71,6 +71,7 @@ def test_return_values_are_the_originals(fake_world, agent) -> None:
         assert isinstance(work, dist.Work)
         out = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
         assert isinstance(out, torch.Tensor)
+        funcol.wait_tensor(out)
         objects = [None, None]
         assert dist.all_gather_object(objects, {"a": 1}) is None
 
