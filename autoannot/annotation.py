@@ -21,18 +21,20 @@ capture_listeners: list[Callable[[AnnotationContext], None]] = []
 class AnnotationContext:
     """Context manager for one collective launch; reusable once entered and exited."""
 
-    __slots__ = ("_inner", "annotation", "api", "call_site", "param_comms")
+    __slots__ = ("_inner", "annotation", "api", "call_site", "kernels", "param_comms")
 
     def __init__(
         self,
         api: str,
         annotation: dict[str, Any],
         param_comms: dict[str, Any] | None = None,
+        kernels: tuple[str, ...] = (),
         site: str | None = None,
     ) -> None:
         self.api = api
         self.annotation = annotation
         self.param_comms = param_comms or {}
+        self.kernels = kernels  # NCCL kernel families the launch may run (for graph ledgers)
         self.call_site = site
         self._inner: Any = None
 
@@ -80,7 +82,8 @@ def annotate_collective(
         params["tensor"] = output_tensor
     launch = metadata.derive(row, None, (), params)
     api = row.api if row.module == collectives.C10D else f"funcol.{row.api}"
-    return AnnotationContext(api, *metadata.annotation_and_param_comms(api, launch))
+    return AnnotationContext(api, *metadata.annotation_and_param_comms(api, launch),
+                             kernels=launch.kernels)
 
 
 def describe_call(function: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

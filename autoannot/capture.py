@@ -1,53 +1,181 @@
-"""Know, with no CUDA call on the hot path, when a CUDA-graph capture is in progress.
+"""CUDA graphs: know when a capture is in progress, keep a ledger of the collectives each graph
+captured, and mark each replay in the profiler trace — with no CUDA call on the hot path and
+no toolsId support needed.
 
-``torch.cuda.CUDAGraph.capture_begin`` / ``capture_end`` (what ``torch.cuda.graph`` and CUDA graph
-trees call) are wrapped to keep a count; the collective wrappers only read it.
+* ``CUDAGraph.capture_begin`` / ``capture_end`` are wrapped to count captures (the collective
+  wrappers only read the count) and to name each graph ``autoannot.graph.<n>``.
+* While a graph is being captured, every annotation context entered on the capturing thread
+  appends ``{"annotation", "kernels"}`` to that graph's ledger, in capture order.
+* ``CUDAGraph.replay`` is wrapped: while the profiler runs, each replay of a graph with a ledger
+  runs inside ``record_function("autoannot.replay:<graph>")``, so the trace tool can tell which
+  graph each ``cudaGraphLaunch`` launched.
+* Where torch's own path works (``mark_kernels`` + ``cudaGraphNodeGetToolsId``), every
+  ``torch.cuda.graph`` capture gets ``enable_annotations=True`` unless the user said otherwise or
+  ``AUTOANNOT_TORCH_ANNOTATIONS=0``.
 """
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import inspect
+import itertools
 from types import ModuleType
 from typing import Any
 
 import wrapt
 
+from autoannot import features
 from autoannot.state import STATE
 
+REPLAY_PREFIX = "autoannot.replay:"
+GRAPH_PREFIX = "autoannot.graph."
 
-def _capture_begin(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+_counter = itertools.count()
+_lock = _thread.allocate_lock()
+
+
+class Ledger:
+    """What one captured graph launches, in capture order."""
+
+    __slots__ = ("entries", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.entries: list[dict[str, Any]] = []
+
+
+#: Every graph captured with the agent on, by name (kept for the ledger files).
+LEDGERS: dict[str, Ledger] = {}
+
+
+class _Capturing(_thread._local):
+    def __init__(self) -> None:
+        self.stack: list[Ledger] = []
+
+
+_capturing = _Capturing()
+
+
+def on_annotation(ctx: Any) -> None:
+    """A collective launched while a capture is in progress: add it to the graph's ledger."""
+    stack = _capturing.stack
+    if not stack:
+        return  # the capture runs on another thread; this launch is not in it
+    stack[-1].entries.append(
+        {"api": ctx.api, "annotation": ctx.annotation, "kernels": list(ctx.kernels)}
+    )
+
+
+def _ledger_of(graph: Any) -> Ledger | None:
+    name = getattr(graph, "_autoannot_graph", None)
+    return LEDGERS.get(name) if name is not None else None
+
+
+def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
+    name = f"{GRAPH_PREFIX}{next(_counter)}"
+    ledger = Ledger(name)
+    with _lock:
+        LEDGERS[name] = ledger
+    with contextlib.suppress(AttributeError):  # a graph class without attributes: no ledger
+        graph._autoannot_graph = name
+    _capturing.stack.append(ledger)
     STATE.capture_started()
     return result
 
 
-def _capture_end(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _capture_end(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return wrapped(*args, **kwargs)
     finally:
+        stack = _capturing.stack
+        ledger = _ledger_of(graph)
+        if ledger is not None and ledger in stack:
+            stack.remove(ledger)
+        elif stack:
+            stack.pop()
         STATE.capture_ended()
 
 
-_WRAPPERS = {"capture_begin": _capture_begin, "capture_end": _capture_end}
-_proxies: dict[str, tuple[Any, Any]] = {}
+def _profiler_running() -> bool:
+    import torch
+
+    return bool(torch.autograd.profiler._is_profiler_enabled)
+
+
+def _replay(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
+    name = getattr(graph, "_autoannot_graph", None)
+    if name is None or not STATE.live or not _profiler_running():
+        return wrapped(*args, **kwargs)
+    import torch
+
+    with torch.profiler.record_function(REPLAY_PREFIX + name):
+        return wrapped(*args, **kwargs)
+
+
+def _graph_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.cuda.graph(...)``: turn torch's own annotations on where they work."""
+    if "enable_annotations" not in kwargs and _torch_annotations_usable():
+        kwargs = {**kwargs, "enable_annotations": True}
+    return wrapped(*args, **kwargs)
+
+
+def _torch_annotations_usable() -> bool:
+    from autoannot import config
+
+    if not config.from_environment().torch_annotations:
+        return False
+    module = features.graph_annotations_module()
+    probe = getattr(module, "_is_tools_id_unavailable", None)
+    try:
+        return probe is not None and not probe()
+    except Exception:
+        return False
+
+
+_METHODS = {"capture_begin": _capture_begin, "capture_end": _capture_end, "replay": _replay}
+_proxies: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
+def wrap_attribute(owner: Any, name: str, wrapper: Any) -> list[Any]:
+    from autoannot.patching import Patch
+
+    original = owner.__dict__.get(name) if owner is not None else None
+    if original is None:
+        return []
+    key = (id(owner), name)
+    cached = _proxies.get(key)
+    if cached is not None and cached[1] is original:
+        return []  # already ours
+    if cached is not None and cached[0] is original:
+        proxy = cached[1]
+    else:
+        proxy = wrapt.FunctionWrapper(original, wrapper)
+        _proxies[key] = (original, proxy)
+    setattr(owner, name, proxy)
+    return [Patch(owner, name, original, proxy)]
 
 
 def install(graphs: ModuleType) -> list[Any]:
-    """Wrap the capture methods of ``graphs.CUDAGraph``; returns the patches made."""
-    from autoannot.patching import Patch
+    """Wrap ``graphs.CUDAGraph``'s capture and replay methods and ``graphs.graph.__init__``."""
+    from autoannot import annotation
 
+    patches: list[Any] = []
     graph_class = getattr(graphs, "CUDAGraph", None)
-    patches = []
-    for name, wrapper in _WRAPPERS.items():
-        original = graph_class.__dict__.get(name) if graph_class is not None else None
-        if original is None:
-            continue
-        cached = _proxies.get(name)
-        if cached is not None and cached[1] is original:
-            continue  # already ours
-        proxy = cached[1] if cached is not None and cached[0] is original else (
-            wrapt.FunctionWrapper(original, wrapper)
-        )
-        _proxies[name] = (original, proxy)
-        setattr(graph_class, name, proxy)
-        patches.append(Patch(graph_class, name, original, proxy))
+    for name, wrapper in _METHODS.items():
+        patches += wrap_attribute(graph_class, name, wrapper)
+    context_class = getattr(graphs, "graph", None)
+    init = getattr(context_class, "__init__", None)
+    if init is not None and "enable_annotations" in _parameters(init):
+        patches += wrap_attribute(context_class, "__init__", _graph_init)
+    if on_annotation not in annotation.capture_listeners:
+        annotation.capture_listeners.append(on_annotation)
     return patches
+
+
+def _parameters(function: Any) -> Any:
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}

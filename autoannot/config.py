@@ -20,10 +20,15 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 class Config:
     """``AUTOANNOT``: turn the agent on at start-up in every Python process that inherits it.
     ``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
-    torch has it."""
+    torch has it. ``AUTOANNOT_TORCH_ANNOTATIONS`` (default 1): where torch's toolsId path works,
+    turn ``enable_annotations`` on for every ``torch.cuda.graph`` capture.
+    ``AUTOANNOT_ANNOTATE_ON_EXPORT`` (default 0): each rank annotates the trace it exports, in
+    place."""
 
     enabled: bool = False
     mark_kernels: bool = True
+    torch_annotations: bool = True
+    annotate_on_export: bool = False
 
 
 def from_environment(env: Mapping[str, str] | None = None) -> Config:
@@ -31,4 +36,6 @@ def from_environment(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         enabled=_flag(env, "AUTOANNOT", False),
         mark_kernels=_flag(env, "AUTOANNOT_MARK_KERNELS", True),
+        torch_annotations=_flag(env, "AUTOANNOT_TORCH_ANNOTATIONS", True),
+        annotate_on_export=_flag(env, "AUTOANNOT_ANNOTATE_ON_EXPORT", False),
     )

@@ -31,6 +31,7 @@ class Launch(NamedTuple):
     rank: int  # the CPU op's "Rank": own, root's or peer's group rank
     peer_global_rank: int | None  # "Dst Rank" / "Src Rank"
     coalesced_name: str | None  # "Collective name" of a _coalescing_manager block of these
+    kernels: tuple[str, ...]  # the NCCL kernel families this launch may run
 
 
 def _positions(function: Callable[..., Any] | None) -> dict[str, tuple[int, Any]]:
@@ -125,6 +126,7 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
     peer_rank = row.rank is Rank.PEER
     root_is_group_rank = row.root_is_group_rank
     eager_name, coalesced_name = row.eager_name, row.coalesced_name
+    kernels = tuple(sorted(row.kernels))
     empty = V.EMPTY_LIST
     fmt = V.format_list
 
@@ -167,7 +169,7 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
             if peer_rank and 0 <= rank < len(facts.ranks):
                 peer = facts.ranks[rank]
         return Launch(eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits, out_splits, rank,
-                      peer, coalesced_name)
+                      peer, coalesced_name, kernels)
 
     return derive
 

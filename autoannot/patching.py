@@ -20,12 +20,13 @@ if TYPE_CHECKING:
 
 _lock = _thread.RLock()
 
-#: Modules whose import triggers instrumentation.
-HOOKED_MODULES = (
-    "torch.distributed.distributed_c10d",
-    "torch.distributed._functional_collectives",
-    "torch.cuda.graphs",
-)
+#: Modules whose import triggers instrumentation, and the module that instruments each.
+HOOKED_MODULES = {
+    "torch.distributed.distributed_c10d": "autoannot.patching",  # the collectives
+    "torch.distributed._functional_collectives": "autoannot.patching",
+    "torch.cuda.graphs": "autoannot.capture",  # captures, replays, ledgers
+    "torch.profiler.profiler": "autoannot.export",  # ledger files next to exported traces
+}
 
 
 class Patch:
@@ -116,12 +117,13 @@ def _on_import(module: ModuleType) -> None:
         if not STATE.live:
             return
         try:
-            if module.__name__ == "torch.cuda.graphs":
-                from autoannot import capture
-
-                _patches.extend(capture.install(module))
-            else:
+            installer = HOOKED_MODULES[module.__name__]
+            if installer == __name__:
                 _install_module(module)
+            else:
+                import importlib
+
+                _patches.extend(importlib.import_module(installer).install(module))
         except Exception as exc:  # never break the import of torch
             from autoannot import wrappers
 

@@ -101,7 +101,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
                 calls.depth -= 1
         annotation, param_comms = metadata.annotation_and_param_comms(label, launch)
         if STATE.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
-            ctx = AnnotationContext(label, annotation, param_comms)
+            ctx = AnnotationContext(label, annotation, param_comms, launch.kernels)
             return _run_annotated(label, ctx, wrapped, args, kwargs)
         calls.depth += 1  # recorders only: run, then publish
         try:
@@ -148,7 +148,8 @@ class CoalescingBlock:
         else:  # point-to-point or mixed: eager gives this kernel no collective args
             lane = self.launches[0].facts.lane
             annotation, param_comms = {V.NAME: self._label, V.STREAM: lane}, {}
-        return AnnotationContext(self._label, annotation, param_comms)
+        kernels = tuple(sorted({k for launch in self.launches for k in launch.kernels}))
+        return AnnotationContext(self._label, annotation, param_comms, kernels)
 
 
 def block_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:

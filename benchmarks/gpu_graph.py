@@ -1,0 +1,112 @@
+"""On 2 GPUs: what the agent costs a CUDA graph of 100 collectives — capture and replay.
+
+    PYTHONPATH=. python benchmarks/gpu_graph.py [OUT.json]
+
+Each rank captures the same body (100 small all_reduces over two process groups) with the
+agent off and on, alternately, ROUNDS times; it times each capture (wall clock, synchronized)
+and REPLAYS replays of each graph (CUDA events), with no profiler running. Prints a table and a
+final JSON line (rank 0's medians); writes the JSON to OUT.json when given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import autoannot
+
+COLLECTIVES, ROUNDS, REPLAYS = 100, 5, 200
+
+
+def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    groups = [dist.group.WORLD, dist.new_group(list(range(world)), group_desc="tp")]
+    tensors = [torch.ones(1024, device="cuda") for _ in range(COLLECTIVES)]
+
+    def body() -> None:
+        for i, t in enumerate(tensors):
+            dist.all_reduce(t, group=groups[i % 2])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    samples: dict[str, dict[str, list[float]]] = {m: {"capture_ms": [], "replay_us": []}
+                                                   for m in ("agent off", "agent on")}
+    for _ in range(ROUNDS):
+        for mode in ("agent off", "agent on"):
+            (autoannot.enable if mode == "agent on" else autoannot.disable)()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = time.perf_counter()
+            with torch.cuda.graph(graph):
+                body()
+            torch.cuda.synchronize()
+            samples[mode]["capture_ms"].append((time.perf_counter() - start) * 1e3)
+            graph.replay()
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(REPLAYS):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            samples[mode]["replay_us"].append(begin.elapsed_time(end) * 1e3 / REPLAYS)
+            del graph
+    autoannot.disable()
+    if rank == 0:
+        medians = {mode: {k: statistics.median(v) for k, v in values.items()}
+                   for mode, values in samples.items()}
+        print(f"{'':10} {'capture (ms)':>13} {'replay (us)':>12}   median of {ROUNDS}, "
+              f"{COLLECTIVES} all_reduces, {REPLAYS} replays timed")
+        for mode, m in medians.items():
+            print(f"{mode:10} {m['capture_ms']:13.2f} {m['replay_us']:12.2f}")
+        summary = {
+            "torch": torch.__version__, "gpus": torch.cuda.get_device_name(0),
+            "collectives": COLLECTIVES,
+            "capture_ms_off": round(medians["agent off"]["capture_ms"], 3),
+            "capture_ms_on": round(medians["agent on"]["capture_ms"], 3),
+            "capture_on_over_off": round(medians["agent on"]["capture_ms"]
+                                         / medians["agent off"]["capture_ms"], 3),
+            "replay_us_off": round(medians["agent off"]["replay_us"], 2),
+            "replay_us_on": round(medians["agent on"]["replay_us"], 2),
+            "replay_on_over_off": round(medians["agent on"]["replay_us"]
+                                        / medians["agent off"]["replay_us"], 3),
+            "samples": samples,
+        }
+        print(json.dumps({k: v for k, v in summary.items() if k != "samples"}))
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(summary, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    import socket
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    torch.multiprocessing.spawn(worker, args=(2, port, out_path), nprocs=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
