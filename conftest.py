@@ -50,8 +50,3 @@ def agent():
 
 pytest_plugins = ["pytester"]
 
-
-def pytest_ignore_collect(collection_path, config):
-    """tests/gpu holds scripts for the GPU machine (run by hand there), not CPU tests."""
-    return "gpu" in collection_path.parts and collection_path.suffix == ".py" and \
-        collection_path.name != "test_gpu_data.py"
