@@ -1,12 +1,16 @@
 """The ``autoannot`` command line.
 
-    autoannot run CMD [ARGS...]   run CMD with every Python process in it instrumented
-    autoannot hook-path           the directory to put first on PYTHONPATH (sitecustomize hook)
+    autoannot annotate TRACE... [-o OUT]   merge the annotations into Kineto traces
+    autoannot run CMD [ARGS...]            run CMD with every Python process in it instrumented
+    autoannot hook-path                    the directory of the sitecustomize hook
+
+Exit codes: 0 done; 1 done, but some kernels could not be matched (reported); 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -34,6 +38,63 @@ def _run(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _outputs(traces: list[Path], output: str | None) -> list[Path]:
+    from autoannot import tracetool
+
+    if output is None:
+        return [tracetool.default_output(t) for t in traces]
+    out = Path(output)
+    if len(traces) > 1 or out.is_dir() or output.endswith(("/", os.sep)):
+        out.mkdir(parents=True, exist_ok=True)
+        return [out / t.name for t in traces]
+    return [out]
+
+
+def _annotate(args: argparse.Namespace) -> int:
+    from autoannot import tracetool
+
+    traces = [Path(t) for t in args.traces]
+    if args.ledger and len(traces) != 1:
+        print("autoannot annotate: --ledger takes one trace", file=sys.stderr)
+        return 2
+    try:
+        outputs = _outputs(traces, args.output)
+    except OSError as exc:
+        print(f"autoannot annotate: {args.output}: cannot create: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    for out in outputs:
+        if not out.name.endswith((".json", ".json.gz", ".pftrace")):
+            print(f"autoannot annotate: {out}: unknown output format (use .json, .json.gz "
+                  "or .pftrace)", file=sys.stderr)
+            return 2
+    reports, status = [], 0
+    for n, (trace, out) in enumerate(zip(traces, outputs, strict=True), 1):
+        if len(traces) > 1:
+            print(f"[{n}/{len(traces)}] {trace}", file=sys.stderr)
+        try:
+            report = tracetool.annotate_file(trace, out, args.ledger)
+        except tracetool.TraceError as exc:
+            print(f"autoannot annotate: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"autoannot annotate: {out}: cannot write: {exc.strerror}", file=sys.stderr)
+            return 2
+        reports.append({**report.as_dict(), "output": str(out)})
+        for problem in report.mismatches:
+            print(f"{trace}: mismatch: {problem}", file=sys.stderr)
+        if report.mismatches:
+            status = 1
+        if not args.json:
+            print(f"{trace} -> {out}: {report.kernels_annotated}/{report.kernels_expected} "
+                  f"graphed NCCL kernels annotated in {report.launches_of_known_graphs} "
+                  f"replays ({report.order_resolved} by capture order, "
+                  f"{len(report.mismatches)} mismatches)")
+    if args.json:
+        print(json.dumps(reports, indent=1))
+    return status
+
+
 def _hook_path(args: argparse.Namespace) -> int:
     print(HOOK_DIR)
     return 0
@@ -47,6 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=autoannot.__version__)
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    annotate = sub.add_parser(
+        "annotate", help="merge the agent's annotations into Kineto traces",
+        description="Give every graphed NCCL kernel the args of its eager kernel, from the "
+        "ledger each rank wrote next to its trace (NAME.autoannot.json), and put each "
+        "collective on its process group's lane. Exit 0: done; 1: some kernels could not be "
+        "matched (reported); 2: bad input.")
+    annotate.add_argument("traces", nargs="+", metavar="TRACE",
+                          help="Kineto traces (.json or .json.gz), one per rank")
+    annotate.add_argument("-o", "--output", metavar="OUT", help="output file (one trace) or "
+                          "directory; .json, .json.gz or .pftrace (Perfetto). Default: "
+                          "NAME.annotated.json next to each trace")
+    annotate.add_argument("--ledger", metavar="LEDGER",
+                          help="the ledger file, when it is not next to the (single) trace")
+    annotate.add_argument("--json", action="store_true", help="print the reports as JSON")
+    annotate.set_defaults(func=_annotate)
     run = sub.add_parser("run", help="run a command with the agent on in every Python process",
                          description="Run CMD with AUTOANNOT=1 and the start-up hook on "
                          "PYTHONPATH, so every Python process it starts is instrumented.")

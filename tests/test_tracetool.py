@@ -1,0 +1,113 @@
+"""The trace tool on real traces from 2 and 4 H200s (tests/data/gpu, made by tests/gpu/*.py):
+every graphed NCCL kernel of every replay gets the args of the eager kernel of the same call."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import verify_traces as verify
+
+from autoannot import cli, tracetool
+from autoannot import vocabulary as V
+
+DATA = Path(__file__).parent / "data" / "gpu"
+SETS = {"graphs": (2, [7, 5]), "mesh": (4, [4])}  # ranks, collectives per graph body
+
+
+def copy_set(name: str, tmp_path: Path) -> Path:
+    target = tmp_path / name
+    shutil.copytree(DATA / name, target)
+    return target
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_graphed_kernels_read_like_eager_ones(name: str, tmp_path: Path, figures) -> None:
+    world, sizes = SETS[name]
+    folder = copy_set(name, tmp_path)
+    total = matching = 0
+    for rank in range(world):
+        out = folder / f"annotated_rank{rank}.json"
+        report = tracetool.annotate_file(folder / f"graph_rank{rank}.json", out)
+        assert not report.mismatches
+        assert report.kernels_annotated == report.kernels_expected > 0
+        eager = verify.eager_calls(folder / f"eager_rank{rank}.json")
+        result = verify.compare(out, verify.split_bodies(eager, sizes))
+        assert result["problems"] == []
+        total += result["kernels"]
+        matching += result["kernels_matching"]
+    figures[f"graphed NCCL kernels with eager args ({name}, {world} ranks)"] = (
+        f"{matching}/{total}")
+    assert matching == total
+
+
+def test_values_keep_json_types_and_kernels_sit_on_their_group_lane(tmp_path: Path) -> None:
+    folder = copy_set("graphs", tmp_path)
+    tracetool.annotate_file(folder / "graph_rank0.json", folder / "out.json")
+    doc = json.loads((folder / "out.json").read_text())
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"
+               and V.COLLECTIVE_NAME in e.get("args", {})]
+    lanes = {}
+    for k in kernels:
+        args = k["args"]
+        assert isinstance(args[V.IN_NELEMS], int) and isinstance(args[V.GROUP_SIZE], int)
+        assert isinstance(args[V.PG_RANKS], str)
+        assert k["tid"] == args["stream"] >= V.FIRST_LANE
+        lanes.setdefault(args[V.PG_NAME], set()).add(k["tid"])
+    assert all(len(tids) == 1 for tids in lanes.values()) and len(lanes) == 2
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    for group, (tid,) in lanes.items():
+        assert f"(pg {group})" in names[tid]
+    raw = (folder / "out.json").read_text()
+    assert '"distributedInfo"' in raw and '"rank": 0' in raw  # what HTA reads
+
+
+def test_a_kernel_that_fits_no_capture_is_reported_not_guessed(tmp_path: Path) -> None:
+    folder = copy_set("graphs", tmp_path)
+    ledger_file = folder / "graph_rank0.autoannot.json"
+    ledger = json.loads(ledger_file.read_text())
+    entry = ledger["graphs"]["autoannot.graph.0"][3]
+    assert entry["annotation"][V.COLLECTIVE_NAME] == "_reduce_scatter_base"
+    entry["kernels"] = ["Broadcast"]  # the ledger now disagrees with the kernel that ran
+    ledger_file.write_text(json.dumps(ledger))
+    report = tracetool.annotate_file(folder / "graph_rank0.json", folder / "out.json")
+    assert len(report.mismatches) == 3  # the 3 replays of graph 0
+    assert "ReduceScatter" in report.mismatches[0]
+    assert report.kernels_annotated == 3 * 5  # graph 1's replays only
+    code = cli.main(["annotate", str(folder / "graph_rank0.json"), "-o",
+                     str(folder / "cli.json")])
+    assert code == 1
+
+
+def test_compact_json_and_gzip_give_the_same_result(tmp_path: Path) -> None:
+    folder = copy_set("graphs", tmp_path)
+    tracetool.annotate_file(folder / "graph_rank1.json", folder / "kineto.json")
+    compact = folder / "compact.json"
+    compact.write_text(json.dumps(json.loads((folder / "graph_rank1.json").read_text())))
+    shutil.copy(folder / "graph_rank1.autoannot.json", folder / "compact.autoannot.json")
+    tracetool.annotate_file(compact, folder / "compact_out.json.gz")
+    with gzip.open(folder / "compact_out.json.gz", "rt") as f:
+        from_compact = json.load(f)
+    from_kineto = json.loads((folder / "kineto.json").read_text())
+    assert from_compact == from_kineto
+
+
+def test_cli_outputs_and_exit_codes(tmp_path: Path, capsys) -> None:
+    folder = copy_set("graphs", tmp_path)
+    traces = [str(folder / f"graph_rank{r}.json") for r in range(2)]
+    assert cli.main(["annotate", *traces, "-o", str(tmp_path / "outdir")]) == 0
+    assert sorted(p.name for p in (tmp_path / "outdir").iterdir()) == [
+        "graph_rank0.json", "graph_rank1.json"]
+    assert "36/36 graphed NCCL kernels annotated in 6 replays" in capsys.readouterr().out
+    assert cli.main(["annotate", traces[0]]) == 0
+    assert (folder / "graph_rank0.annotated.json").exists()
+    capsys.readouterr()
+    assert cli.main(["annotate", traces[0], "--json", "-o", str(tmp_path / "a.json")]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["kernels_annotated"] == 36
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["annotate", "--help"])
+    assert exc.value.code == 0
