@@ -1,0 +1,119 @@
+"""torch's own path (mark_kernels + cudaGraphNodeGetToolsId), exercised with torch's real module
+where it imports (torch.cuda._graph_annotations in 2.12-2.13, torch.cuda.graph_annotations from
+2.14). No machine here has the CUDA 13.1 driver the toolsId call needs: these tests check that
+the agent enters torch's real ``mark_kernels`` during captures, turns ``enable_annotations`` on,
+saves torch's annotation map in the ledger, and that the trace tool merges a toolsId map."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import autoannot
+from autoannot import capture, export, features, tracetool
+from autoannot import vocabulary as V
+from autoannot.state import STATE
+
+torch_module = features.graph_annotations_module()
+needs_torch_annotations = pytest.mark.skipif(
+    torch_module is None, reason="this torch has no graph-annotation module (torch < 2.12)")
+
+
+def test_feature_detection_finds_the_installed_module() -> None:
+    import importlib.util
+
+    shipped = [name for name in features.GRAPH_ANNOTATION_MODULES
+               if importlib.util.find_spec(name) is not None]
+    assert (torch_module is not None) == bool(shipped)
+    if torch_module is not None:
+        assert torch_module.__name__ == shipped[0]  # the public module first, where it exists
+        assert callable(torch_module.mark_kernels)
+
+
+@needs_torch_annotations
+def test_annotation_context_enters_torchs_mark_kernels_during_capture(
+        fake_world, agent, monkeypatch) -> None:
+    entered = []
+    real = torch_module.mark_kernels
+
+    def spy(annotation):
+        entered.append(dict(annotation))
+        return real(annotation)  # the real one: a no-op here (no toolsId), but it runs
+
+    monkeypatch.setattr(torch_module, "mark_kernels", spy)
+    dist.all_reduce(torch.ones(4))
+    assert entered == []  # no capture: torch's context is not entered
+    STATE.capture_started()  # what CUDAGraph.capture_begin's wrapper does
+    try:
+        with autoannot.record() as records:
+            dist.all_reduce(torch.ones(4))
+    finally:
+        STATE.capture_ended()
+    assert entered == [records[0].annotation]
+
+
+@needs_torch_annotations
+def test_capture_turns_torchs_annotations_on_where_they_work(agent, monkeypatch) -> None:
+    graphs = torch.cuda.graphs
+    assert not graphs.graph(None, stream="s")._enable_annotations  # no toolsId here: left off
+    monkeypatch.setattr(torch_module, "_is_tools_id_unavailable", lambda: False)
+    assert graphs.graph(None, stream="s")._enable_annotations
+    assert not graphs.graph(None, stream="s", enable_annotations=False)._enable_annotations
+    monkeypatch.setenv("AUTOANNOT_TORCH_ANNOTATIONS", "0")
+    assert not graphs.graph(None, stream="s")._enable_annotations
+
+
+@needs_torch_annotations
+def test_exported_trace_gets_a_ledger_with_torchs_annotation_map(
+        agent, monkeypatch, tmp_path: Path) -> None:
+    tools_id = (7 << 32) | 3
+    monkeypatch.setitem(torch_module._kernel_annotations, tools_id, [{"name": "x"}])
+    monkeypatch.setitem(capture.LEDGERS, "autoannot.graph.test", capture.Ledger("g"))
+    with torch.profiler.profile() as prof:
+        torch.ones(3).sum()
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    ledger = json.loads(Path(export.ledger_path(trace)).read_text())
+    assert ledger["tools_id"] == {str(tools_id): [{"name": "x"}]}
+    assert "autoannot.graph.test" in ledger["graphs"]
+    assert oct(Path(export.ledger_path(trace)).stat().st_mode & 0o777) == oct(trace.stat(
+    ).st_mode & 0o777)
+
+
+def test_tool_merges_a_tools_id_map_with_json_types(tmp_path: Path) -> None:
+    """Kernels that carry "graph node id" (a CUDA 13.1 driver) are annotated from the ledger's
+    toolsId map: built here from a real trace and the eager args of the same calls."""
+    import verify_traces as verify
+
+    source = Path(__file__).parent / "data" / "gpu" / "graphs"
+    eager = verify.eager_calls(source / "eager_rank0.json")
+    doc = json.loads((source / "graph_rank0.json").read_text())
+    bodies = verify.split_bodies(eager, [7, 5])
+    tools_map = {}
+    for n, kernels in enumerate(verify.replays(source / "graph_rank0.json")):
+        body = bodies[n % 2]
+        for k, kernel in enumerate(kernels):
+            node = ((n % 2 + 1) << 32) | (k + 1)
+            for event in doc["traceEvents"]:
+                if event is kernel or (event.get("ts") == kernel["ts"]
+                                       and event.get("name") == kernel["name"]):
+                    event["args"]["graph node id"] = node
+            tools_map[str(node)] = [{**body[k], "name": "c", "stream": 60 + n % 2}]
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(doc))
+    ledger = {"format": export.FORMAT, "version": 1, "rank": 0, "graphs": {},
+              "tools_id": tools_map}
+    (tmp_path / "t.autoannot.json").write_text(json.dumps(ledger))
+    report = tracetool.annotate_file(trace, tmp_path / "out.json")
+    assert report.by_tools_id == report.kernels_annotated == 36
+    result = verify.compare(tmp_path / "out.json", bodies)
+    assert result["problems"] == [] and result["kernels_matching"] == 36
+    out = json.loads((tmp_path / "out.json").read_text())
+    sample = next(e for e in out["traceEvents"] if V.IN_NELEMS in e.get("args", {}))
+    assert isinstance(sample["args"][V.IN_NELEMS], int)  # torch's own tool writes strings
+    shutil.rmtree(tmp_path, ignore_errors=True)
