@@ -111,3 +111,31 @@ def test_cli_outputs_and_exit_codes(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         cli.main(["annotate", "--help"])
     assert exc.value.code == 0
+
+
+def test_perfetto_output_parses_back_with_typed_args_and_nested_tracks(tmp_path: Path) -> None:
+    from autoannot import perfetto
+
+    folder = copy_set("mesh", tmp_path)
+    out = folder / "rank0.pftrace"
+    assert cli.main(["annotate", str(folder / "graph_rank0.json"), "-o", str(out)]) == 0
+    packets = perfetto.read(out)
+    tracks = {p["track"]["uuid"]: p["track"] for p in packets if "track" in p}
+    events = [p for p in packets if "event" in p]
+    nccl = [p for p in events if p["event"].get("name", "").startswith("ncclDevKernel")]
+    annotated = [p for p in nccl if "Collective name" in p["event"]["args"]]
+    assert len(annotated) == 12  # 4 collectives x 3 replays, as in the JSON output
+    sample = annotated[0]["event"]["args"]
+    assert isinstance(sample["In msg nelems"], int) and isinstance(sample["dtype"], str)
+    lane_names = {tracks[p["event"]["track"]]["name"] for p in annotated}
+    assert all(name.startswith("nccl mesh_") for name in lane_names)
+    # every track's slices nest: a begin/end stack never closes out of order
+    open_slices: dict[int, list[int]] = {}
+    for p in sorted(events, key=lambda p: (p["ts"], p["event"].get("type") != 2)):
+        stack = open_slices.setdefault(p["event"]["track"], [])
+        if p["event"].get("type") == 1:
+            stack.append(p["ts"])
+        elif p["event"].get("type") == 2:
+            assert stack, "an end without a begin on its track"
+            stack.pop()
+    assert all(not stack for stack in open_slices.values())
