@@ -172,11 +172,10 @@ def encode(events: list[dict[str, Any]]) -> bytes:
     return b"".join(out)
 
 
-def write(trace: Any, path: Path) -> None:
-    """Write a ``tracetool.Trace`` (annotated in memory) as ``path``."""
+def write(events: list[dict[str, Any]], path: Path) -> None:
+    """Write Chrome-trace events as a Perfetto trace at ``path`` (atomically)."""
     from autoannot import export
 
-    events = [trace.event(i) for i in range(len(trace.events))] + list(trace.added)
     export.atomic_write_bytes(path, encode(events))
 
 

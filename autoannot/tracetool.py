@@ -25,11 +25,12 @@ import gzip
 import json
 import os
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoannot import export
 from autoannot import vocabulary as V
@@ -67,69 +68,99 @@ def write_text(path: Path, text: str) -> None:
 
 
 class Trace:
-    """A trace as a list of events, each parsed lazily when Kineto's layout allows it."""
+    """A trace read in two streaming passes when it has Kineto's layout (one event per
+    ``"  {...}"`` block): the first parses only the events the caller wants, the second copies
+    every other event's text unchanged. Other layouts are parsed whole."""
 
-    def __init__(self, path: Path, text: str) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self._split = self._split_kineto(text)
-        if self._split is None:  # not Kineto's layout: parse it whole
-            try:
-                doc = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(
-                    f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-                raise TraceError(f"{path}: no traceEvents list: not a Kineto/Chrome trace")
-            self.document: dict[str, Any] | None = doc
-            self.chunks: list[str] = []
-            self.events: list[Any] = doc["traceEvents"]
-        else:
-            self.document = None
-            head, self.chunks, self.tail = self._split
-            self.head = head
-            self.events = [None] * len(self.chunks)
-        self.added: list[dict[str, Any]] = []
+        self.events: dict[int, Event] = {}  # the scanned events, by index
+        self.added: list[dict[str, Any]] = []  # events to append
+        self.document: dict[str, Any] | None = None
+        self.head = self._read_head()
+        if self.head is None:  # not Kineto's layout: parse it whole
+            self.document = self._parse_whole()
 
-    @staticmethod
-    def _split_kineto(text: str) -> tuple[str, list[str], str] | None:
-        start = text.find(_EVENTS_KEY)
-        if start < 0:
-            return None
-        body_start = start + len(_EVENTS_KEY)
-        end = text.rfind("\n  }\n  ]")
-        if not text.startswith("\n  {\n", body_start) or end < body_start:
-            return None
-        head = text[: body_start + len("\n  {\n")]
-        tail = text[end:]  # "\n  }\n  ]...": closes the last event, the list, the document
-        body = text[body_start + len("\n  {\n") : end]
-        chunks = body.split(_SEPARATOR) if body else []
-        # The tail must close the list and the document: else this is not Kineto's layout.
-        if not tail.startswith("\n  }\n  ]") or not tail.rstrip().endswith("}"):
-            return None
-        return head, chunks, tail
+    def _open(self) -> Any:
+        if self.path.name.endswith(".gz"):
+            return gzip.open(self.path, "rt", encoding="utf-8")
+        return open(self.path, encoding="utf-8")
 
-    def event(self, index: int) -> dict[str, Any]:
-        """The parsed event at ``index`` (parsed on first use)."""
-        event = self.events[index]
-        if event is None:
-            try:
-                event = json.loads("{" + self.chunks[index] + "}")
-            except json.JSONDecodeError as exc:
-                raise TraceError(
-                    f"{self.path}: event {index} is not valid JSON ({exc.msg})") from None
-            self.events[index] = event
-        return event
+    def _read_head(self) -> str | None:
+        """The text before the first event, if the trace has Kineto's layout."""
+        if not self.path.is_file():
+            raise TraceError(f"{self.path}: no such file")
+        try:
+            with self._open() as f:
+                start = f.read(1 << 16)
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc}") from None
+        key = start.find(_EVENTS_KEY)
+        opening = key + len(_EVENTS_KEY)
+        if key < 0 or not start.startswith("\n  {\n", opening):
+            return None
+        return start[: opening + len("\n  {\n")]
+
+    def _parse_whole(self) -> dict[str, Any]:
+        try:
+            with self._open() as f:
+                doc = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{self.path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+                             "truncated?") from None
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            raise TraceError(f"{self.path}: no traceEvents list: not a Kineto/Chrome trace")
+        return doc
+
+    def _blocks(self) -> Iterator[list[str]]:
+        """The events' texts (without their braces), a few MiB at a time; then ``self.tail``
+        is set."""
+        assert self.head is not None
+        try:
+            with self._open() as f:
+                f.read(len(self.head))
+                pending, eof = "", False
+                while not eof:
+                    block = f.read(_BLOCK)
+                    eof = not block
+                    parts = (pending + block).split(_SEPARATOR)
+                    pending = parts.pop()
+                    if parts:
+                        yield parts
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc}") from None
+        end = pending.rfind(_CLOSING)
+        if end < 0 or not pending.rstrip().endswith("}"):
+            raise TraceError(f"{self.path}: the event list is not closed: truncated trace?")
+        self.tail = pending[end:]
+        yield [pending[:end]]
+
+    def _chunks(self) -> Iterator[str]:
+        for block in self._blocks():
+            yield from block
 
     def scan(self, wanted: Callable[[str], bool]) -> Iterator[int]:
-        """Indices of events worth parsing: ``wanted`` sees each raw chunk (Kineto layout) or
-        each event's JSON (other layouts)."""
+        """Parse and yield the events ``wanted`` accepts (given each event's raw text); every
+        event when the trace was parsed whole."""
         if self.document is not None:
-            for i in range(len(self.events)):
-                yield i
+            for index, event in enumerate(self.document["traceEvents"]):
+                if isinstance(event, dict):
+                    self.events[index] = Event.of(event)
+                    yield index
             return
-        for i, chunk in enumerate(self.chunks):
+        for index, chunk in enumerate(self._chunks()):
             if wanted(chunk):
-                yield i
+                try:
+                    self.events[index] = Event.parse(chunk)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"{self.path}: event {index} is not valid JSON "
+                                     f"({exc.msg})") from None
+                yield index
+
+    def event(self, index: int) -> Event:
+        return self.events[index]
 
     def metadata(self) -> dict[str, Any]:
         """The document's top-level keys other than the events (``distributedInfo``, ...)."""
@@ -141,16 +172,128 @@ class Trace:
         except json.JSONDecodeError:
             return {}
 
-    def render(self, changed: set[int]) -> str:
+    def all_events(self, patches: Patches) -> list[dict[str, Any]]:
+        """Every event, parsed and patched (for formats that need them all)."""
         if self.document is not None:
-            self.document["traceEvents"].extend(self.added)
-            return json.dumps(self.document)
-        chunks = self.chunks
-        for i in changed:
-            chunks[i] = _dump_event(self.events[i])
-        for event in self.added:
-            chunks.append(_dump_event(event))
-        return self.head + _SEPARATOR.join(chunks) + self.tail
+            events = self.document["traceEvents"]
+        else:
+            events = [json.loads("{" + chunk + "}") for chunk in self._chunks()]
+        return [patches.apply_to_event(i, e) if i in patches else e
+                for i, e in enumerate(events)] + self.added
+
+    def write(self, output: Path, patches: Patches) -> None:
+        """Write the patched trace and the added events, atomically; streaming when the trace
+        has Kineto's layout (unchanged events are copied as text)."""
+        if self.document is not None:
+            events = self.document["traceEvents"]
+            for index in list(patches.kernels) + list(patches.flows):
+                patches.apply_to_event(index, events[index])
+            events.extend(self.added)
+            write_text(output, json.dumps(self.document))
+            return
+        with _AtomicOutput(output) as out:
+            out.write(self.head)
+            index = 0
+            for block in self._blocks():
+                if index:
+                    out.write(_SEPARATOR)
+                for i in patches.indices_between(index, index + len(block)):
+                    block[i - index] = patches.apply_to_text(i, block[i - index])
+                out.write(_SEPARATOR.join(block))
+                index += len(block)
+            for event in self.added:
+                out.write(_SEPARATOR)
+                out.write(_dump_event(event))
+            out.write(self.tail)
+
+
+_BLOCK = 1 << 20
+# Kineto's text of an "X" event: "ph", "cat", "name", "pid", "tid", then "ts", "dur".
+_HEAD = re.compile(r'^\s*"ph": "X", "cat": "(kernel|cuda_runtime|user_annotation)", '
+                   r'"name": "([^"\\]*)", "pid": ([^,]+), "tid": ([^,]+),\s*'
+                   r'"ts": ([-0-9.e+]+), "dur": ([-0-9.e+]+)')
+_CORRELATION = re.compile(r'"correlation": (-?\d+)')
+_NODE = re.compile(r'"graph node id": (\d+)')
+
+
+def _number(text: str) -> Any:
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return json.loads(text)
+
+
+class Event(NamedTuple):
+    """What matching reads of an event (the event's text is what gets written)."""
+
+    cat: Any
+    ph: Any
+    name: str
+    pid: Any
+    tid: Any
+    ts: float
+    dur: float
+    correlation: Any
+    node: Any  # "graph node id"
+    label: Any  # args "name" (thread names)
+
+    @staticmethod
+    def parse(chunk: str) -> Event:
+        """From Kineto's text of a kernel or runtime event: a regex where it fits, else JSON."""
+        head = _HEAD.match(chunk)
+        if head is not None:
+            cat, name, pid, tid, ts, dur = head.groups()
+            correlation = _CORRELATION.search(chunk)
+            node = _NODE.search(chunk)
+            pid = int(pid) if pid.isdigit() else _number(pid)
+            tid = int(tid) if tid.isdigit() else _number(tid)
+            return Event(cat, "X", sys.intern(name), pid, tid, float(ts),
+                         float(dur), int(correlation.group(1)) if correlation else None,
+                         int(node.group(1)) if node else None, None)
+        return Event.of(json.loads("{" + chunk + "}"))
+
+    @staticmethod
+    def of(event: dict[str, Any]) -> Event:
+        args = event.get("args") or {}
+        return Event(event.get("cat"), event.get("ph"), sys.intern(str(event.get("name", ""))),
+                     event.get("pid"), event.get("tid"), float(event.get("ts", 0)),
+                     float(event.get("dur", 0)), args.get("correlation"),
+                     args.get("graph node id"), args.get("name"))
+_CLOSING = "\n  }\n  ]"
+
+
+class _AtomicOutput:
+    """A text file written to a temporary name and renamed into place on success."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> Any:
+        import tempfile
+
+        fd, self.tmp = tempfile.mkstemp(prefix=".autoannot-", dir=self.path.parent)
+        raw = os.fdopen(fd, "wb")
+        if self.path.name.endswith(".gz"):
+            self.stream = gzip.open(raw, "wt", encoding="utf-8", compresslevel=3)
+            self.raw = raw
+        else:
+            self.stream = open(fd, "w", encoding="utf-8", closefd=False)
+            self.raw = raw
+        return self.stream
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.stream.close()
+            self.raw.close()
+            if exc_type is None:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(self.tmp, 0o666 & ~umask)
+                os.replace(self.tmp, self.path)
+        finally:
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
 
 
 def _dump_event(event: dict[str, Any]) -> str:
@@ -187,8 +330,9 @@ class Report:
 
 
 def _wanted(chunk: str) -> bool:
-    return ('"cat": "kernel"' in chunk and "nccl" in chunk) or "cudaGraphLaunch" in chunk or (
-        REPLAY_PREFIX in chunk) or '"cat": "ac2g"' in chunk or '"thread_name"' in chunk
+    """Cheap first look at an event's text: might matching need it? (``annotate`` decides.)"""
+    return "nccl" in chunk or "GraphLaunch" in chunk or REPLAY_PREFIX in chunk or (
+        '"thread_name"' in chunk)
 
 
 def load_ledger(path: Path) -> dict[str, Any]:
@@ -203,8 +347,77 @@ def load_ledger(path: Path) -> dict[str, Any]:
     return document
 
 
-def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, set[int]]:
-    """Annotate ``trace`` in memory with ``ledger``; returns the report and the changed events."""
+class Patches:
+    """What annotating changes: kernel index -> (annotation, lane); flow index -> lane."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[int, tuple[dict[str, Any], Any]] = {}
+        self.flows: dict[int, Any] = {}
+        # Kineto writes a kernel's flow-end event right after it: index -> (lane, kernel ts)
+        self.maybe_flows: dict[int, tuple[Any, float]] = {}
+        self._texts: dict[int, str] = {}  # id(annotation) -> its args, as JSON text
+        self._sorted: list[int] | None = None
+
+    def apply_to_event(self, index: int, event: dict[str, Any]) -> dict[str, Any]:
+        if index in self.kernels:
+            annotation, lane = self.kernels[index]
+            args = event.setdefault("args", {})
+            for key, value in annotation.items():
+                if key not in (V.NAME, V.STREAM):
+                    args[key] = value
+            if lane is not None:
+                event["tid"] = lane
+                args["stream"] = lane
+        elif index in self.flows:
+            event["tid"] = self.flows[index]
+        return event
+
+    def apply_to_text(self, index: int, chunk: str) -> str:
+        """Patch an event's Kineto text in place of parsing and re-dumping it."""
+        if index in self.kernels:
+            annotation, lane = self.kernels[index]
+            text = self._texts.get(id(annotation))
+            if text is None:
+                pairs = {k: v for k, v in annotation.items() if k not in (V.NAME, V.STREAM)}
+                text = self._texts[id(annotation)] = json.dumps(pairs)[1:-1]
+            body = chunk.rstrip()
+            if not body.endswith("}") or '"Collective name"' in chunk:  # unusual: go slow
+                return _dump_event(self.apply_to_event(index, json.loads("{" + chunk + "}")))
+            close = body.rfind("}")
+            inner = body[:close].rstrip()
+            body = inner + ("" if inner.endswith("{") else ",") + " " + text + " " + body[close:]
+            if lane is not None:
+                body = _TID.sub(f'"tid": {lane}', body, count=1)
+                body = _STREAM.sub(f'"stream": {lane}', body, count=1)
+            return body
+        if index in self.flows:
+            return _TID.sub(f'"tid": {self.flows[index]}', chunk, count=1)
+        if index in self.maybe_flows and '"ac2g"' in chunk and '"ph": "f"' in chunk:
+            lane, ts = self.maybe_flows[index]
+            found = _TS.search(chunk)
+            if found is not None and float(found.group(1)) == ts:
+                return _TID.sub(f'"tid": {lane}', chunk, count=1)
+        return chunk
+
+    def __contains__(self, index: int) -> bool:
+        return index in self.kernels or index in self.flows
+
+    def indices_between(self, start: int, stop: int) -> list[int]:
+        """The patched indices in ``[start, stop)``, in order."""
+        if self._sorted is None:
+            self._sorted = sorted({*self.kernels, *self.flows, *self.maybe_flows})
+        low = bisect.bisect_left(self._sorted, start)
+        high = bisect.bisect_left(self._sorted, stop)
+        return self._sorted[low:high]
+
+
+_TID = re.compile(r'"tid": [^,\n}]+')
+_STREAM = re.compile(r'"stream": -?\d+')
+_TS = re.compile(r'"ts": ([-0-9.e+]+)')
+
+
+def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, Patches]:
+    """Annotate ``trace`` with ``ledger``; returns the report and the patches to write."""
     report = Report(str(trace.path))
     graphs: dict[str, list[dict]] = ledger.get("graphs") or {}
     tools_id = {int(k): v for k, v in (ledger.get("tools_id") or {}).items()}
@@ -222,46 +435,42 @@ def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, set[int]]:
     by_node: list[int] = []
     for i in trace.scan(_wanted):
         event = trace.event(i)
-        cat, name = event.get("cat"), event.get("name", "")
+        cat, name = event.cat, event.name
         if cat == "kernel" and kernel_family(name):
-            args = event.get("args", {})
-            if args.get("graph node id"):
+            if event.node:
                 by_node.append(i)
-            kernels[args.get("correlation")].append(i)
+            kernels[event.correlation].append(i)
         elif cat == "cuda_runtime" and name.startswith(("cudaGraphLaunch", "cuGraphLaunch")):
             report.graph_launches += 1
-            launches.append((event["ts"], event.get("pid"), event.get("tid"),
-                             event.get("args", {}).get("correlation")))
+            launches.append((event.ts, event.pid, event.tid, event.correlation))
         elif cat == "user_annotation" and name.startswith(REPLAY_PREFIX):
-            markers[(event.get("pid"), event.get("tid"))].append(
-                (event["ts"], event["ts"] + event.get("dur", 0), name[len(REPLAY_PREFIX):]))
-        elif cat == "ac2g" and event.get("ph") == "f":
-            flows[(event.get("tid"), event.get("ts"))].append(i)
-        elif event.get("ph") == "M" and name == "thread_name":
-            named_tids.add((event.get("pid"), event.get("tid")))
+            markers[(event.pid, event.tid)].append(
+                (event.ts, event.ts + event.dur, name[len(REPLAY_PREFIX):]))
+        elif cat == "ac2g" and event.ph == "f":
+            flows[(event.tid, event.ts)].append(i)
+        elif event.ph == "M" and name == "thread_name":
+            named_tids.add((event.pid, event.tid))
 
-    changed: set[int] = set()
+    patches = Patches()
     lanes: dict[Any, tuple[Any, str]] = {}
+    streamed = trace.document is None
 
     def apply(index: int, annotation: dict[str, Any]) -> None:
         event = trace.event(index)
-        args = event.setdefault("args", {})
-        for key, value in annotation.items():
-            if key not in (V.NAME, V.STREAM):
-                args[key] = value
         lane = annotation.get(V.STREAM)
+        patches.kernels[index] = (annotation, lane)
         if lane is not None:
-            for flow in flows.get((event.get("tid"), event.get("ts")), ()):
-                trace.event(flow)["tid"] = lane
-                changed.add(flow)
-            event["tid"] = lane
-            args["stream"] = lane
-            lanes[lane] = (event.get("pid"), _lane_name(annotation))
-        changed.add(index)
+            if streamed:
+                patches.maybe_flows[index + 1] = (lane, event.ts)
+            else:
+                for flow in flows.get((event.tid, event.ts), ()):
+                    patches.flows[flow] = lane
+            if lane not in lanes:
+                lanes[lane] = (event.pid, _lane_name(annotation))
         report.kernels_annotated += 1
 
     for index in by_node:  # torch's toolsId path
-        entry = tools_id.get(int(trace.event(index)["args"]["graph node id"]))
+        entry = tools_id.get(int(trace.event(index).node))
         if entry:
             merged: dict[str, Any] = {}
             for annotation in entry:
@@ -272,16 +481,19 @@ def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, set[int]]:
 
     for marker_list in markers.values():
         marker_list.sort()
+    ledgers: dict[str, _Ledger] = {}
     for ts, pid, tid, correlation in sorted(launches, key=lambda launch: launch[0]):
         graph = _enclosing(markers.get((pid, tid), []), ts)
         entries = graphs.get(graph) if graph is not None else None
         if entries is None:
             continue
+        if graph not in ledgers:
+            ledgers[graph] = _Ledger(entries)
         report.launches_of_known_graphs += 1
-        ordered = sorted(kernels.get(correlation, []), key=lambda i: trace.event(i)["ts"])
-        todo = [i for i in ordered if i not in changed]
+        ordered = sorted(kernels.get(correlation, []), key=lambda i: trace.event(i).ts)
+        todo = [i for i in ordered if i not in patches.kernels]
         report.kernels_expected += len(ordered)
-        _match(trace, graph, correlation, todo, entries, apply, report)
+        _match(trace, graph, correlation, todo, ledgers[graph], apply, report)
 
     for lane, (pid, name) in sorted(lanes.items(), key=lambda item: item[0]):
         if (pid, lane) not in named_tids:
@@ -289,7 +501,7 @@ def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, set[int]]:
                                 "args": {"name": name}})
             trace.added.append({"name": "thread_sort_index", "ph": "M", "pid": pid,
                                 "tid": lane, "args": {"sort_index": lane}})
-    return report, changed
+    return report, patches
 
 
 def _lane_name(annotation: dict[str, Any]) -> str:
@@ -298,9 +510,10 @@ def _lane_name(annotation: dict[str, Any]) -> str:
 
 
 def _enclosing(markers: list[tuple[float, float, str]], ts: float) -> str | None:
-    """The innermost replay range that contains ``ts``."""
+    """The innermost replay range that contains ``ts`` (``markers`` sorted by start)."""
     position = bisect.bisect_right(markers, (ts, float("inf"), "\uffff"))
-    for start, end, graph in reversed(markers[:position]):
+    for i in range(position - 1, max(-1, position - 65), -1):  # ranges nest only so deep
+        start, end, graph = markers[i]
         if start <= ts <= end:
             return graph
     return None
@@ -311,82 +524,107 @@ OVERLAP_TOLERANCE_US = 1.0
 _SEARCH_LIMIT = 100_000
 
 
-def _match(trace: Trace, graph: str, correlation: Any, kernels: list[int],
-           entries: list[dict[str, Any]], apply: Callable[[int, dict], None],
-           report: Report) -> None:
-    """Assign the ledger's entries to one replay's NCCL kernels (see the module docstring).
+class _Ledger:
+    """One graph's captured collectives, grouped by process group (lane), in capture order."""
 
-    A depth-first search over the kernels in start order: a kernel takes the next entry of a
-    process group whose kernel family fits and whose previous kernel has ended (one group's
-    collectives run one after another). Candidates are tried in capture order; the first
-    complete assignment wins; the kernels that had more than one candidate on its path are
-    counted as ``order_resolved``.
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        lanes: dict[Any, list[tuple[int, frozenset[str], dict[str, Any]]]] = {}
+        for position, entry in enumerate(entries):
+            lane = entry["annotation"].get(V.STREAM)
+            kinds = frozenset(entry.get("kernels") or ())
+            lanes.setdefault(lane, []).append((position, kinds, entry["annotation"]))
+        self.lanes = list(lanes.values())
+        self.size = len(entries)
+        self.apis = [entry.get("api", "?") for entry in entries]
+
+
+def _match(trace: Trace, graph: str, correlation: Any, kernels: list[int], ledger: _Ledger,
+           apply: Callable[[int, dict], None], report: Report) -> None:
+    """Assign a graph's captured collectives to one replay's NCCL kernels.
+
+    The kernels, in start order, each take the next collective of a process group whose
+    kernel family fits and whose previous kernel has ended (one group's collectives run one
+    after another); among several, the one captured first. Where that greedy walk gets stuck,
+    a depth-first search tries the other choices. Kernels that had a choice are counted as
+    ``order_resolved``; a replay no assignment fits is reported.
     """
-    lanes: dict[Any, list[tuple[int, dict]]] = defaultdict(list)
-    for position, entry in enumerate(entries):
-        lanes[entry["annotation"].get(V.STREAM)].append((position, entry))
     events = [trace.event(i) for i in kernels]
-    families = [kernel_family(e["name"]) for e in events]
-    starts = [float(e["ts"]) for e in events]
-    ends = [float(e["ts"]) + float(e.get("dur", 0)) for e in events]
-    if len(kernels) != len(entries):
+    families = [kernel_family(e.name) for e in events]
+    starts = [e.ts + OVERLAP_TOLERANCE_US for e in events]
+    ends = [e.ts + e.dur for e in events]
+    if len(kernels) != ledger.size:
         report.mismatches.append(
             f"{graph} (correlation {correlation}): {len(kernels)} NCCL kernels for "
-            f"{len(entries)} captured collectives")
+            f"{ledger.size} captured collectives")
         return
-    head = dict.fromkeys(lanes, 0)
-    lane_end = dict.fromkeys(lanes, float("-inf"))
-    chosen: list[Any] = []
-    steps = [0]
-    deepest = [0]
+    lanes = ledger.lanes
+    head = [0] * len(lanes)
+    lane_end = [float("-inf")] * len(lanes)
 
-    def candidates(k: int) -> list[Any]:
-        fits = []
-        for lane, queue in lanes.items():
-            if head[lane] < len(queue):
-                position, entry = queue[head[lane]]
-                kinds = entry.get("kernels")
-                if (not kinds or families[k] in kinds) and (
-                        starts[k] >= lane_end[lane] - OVERLAP_TOLERANCE_US):
-                    fits.append((position, lane))
-        fits.sort()
+    def candidates(k: int) -> list[tuple[int, int]]:
+        family, start, fits = families[k], starts[k], []
+        for li, queue in enumerate(lanes):
+            h = head[li]
+            if h < len(queue) and start >= lane_end[li]:
+                position, kinds, _ = queue[h]
+                if not kinds or family in kinds:
+                    fits.append((position, li))
         return fits
 
-    def search(k: int) -> bool:
-        steps[0] += 1
-        if k == len(kernels):
-            return True
-        if steps[0] > _SEARCH_LIMIT:
-            return False
-        deepest[0] = max(deepest[0], k)
-        for _, lane in candidates(k):
-            saved = lane_end[lane]
-            head[lane] += 1
-            lane_end[lane] = ends[k]
-            chosen.append(lane)
-            if search(k + 1):
-                return True
-            chosen.pop()
-            head[lane] -= 1
-            lane_end[lane] = saved
-        return False
+    chosen: list[int] = []
+    choices = 0
+    for k in range(len(kernels)):  # the greedy walk
+        fits = candidates(k)
+        if not fits:
+            break
+        if len(fits) > 1:
+            choices += 1
+        li = min(fits)[1]
+        chosen.append(li)
+        head[li] += 1
+        lane_end[li] = ends[k]
+    if len(chosen) < len(kernels):  # stuck: search the other choices
+        chosen, head[:], lane_end[:] = [], [0] * len(lanes), [float("-inf")] * len(lanes)
+        steps, deepest = [0], [0]
 
-    if not search(0):
-        k = deepest[0]
-        expected = sorted({queue[head[lane]][1]["api"] for lane, queue in lanes.items()
-                           if head[lane] < len(queue)})
-        report.mismatches.append(
-            f"{graph} (correlation {correlation}): no assignment fits NCCL kernel {k} "
-            f"({families[k]}); captured collectives left: {', '.join(expected) or 'none'}")
-        return
-    head.update(dict.fromkeys(lanes, 0))  # walk the assignment found, counting the choices
-    lane_end.update(dict.fromkeys(lanes, float("-inf")))
-    for k, lane in enumerate(chosen):
-        if len(candidates(k)) > 1:
-            report.order_resolved += 1
-        apply(kernels[k], lanes[lane][head[lane]][1]["annotation"])
-        head[lane] += 1
-        lane_end[lane] = ends[k]
+        def search(k: int) -> bool:
+            steps[0] += 1
+            if k == len(kernels):
+                return True
+            if steps[0] > _SEARCH_LIMIT:
+                return False
+            deepest[0] = max(deepest[0], k)
+            for _, li in sorted(candidates(k)):
+                saved = lane_end[li]
+                head[li] += 1
+                lane_end[li] = ends[k]
+                chosen.append(li)
+                if search(k + 1):
+                    return True
+                chosen.pop()
+                head[li] -= 1
+                lane_end[li] = saved
+            return False
+
+        if not search(0):
+            k = deepest[0]
+            left = sorted({ledger.apis[q[h][0]] for q, h in zip(lanes, head, strict=True)
+                           if h < len(q)})
+            report.mismatches.append(
+                f"{graph} (correlation {correlation}): no assignment fits NCCL kernel {k} "
+                f"({families[k]}); captured collectives left: {', '.join(left) or 'none'}")
+            return
+        choices = 0
+        head[:], lane_end[:] = [0] * len(lanes), [float("-inf")] * len(lanes)
+        for k, li in enumerate(chosen):
+            choices += len(candidates(k)) > 1
+            head[li] += 1
+            lane_end[li] = ends[k]
+    report.order_resolved += choices
+    taken = [0] * len(lanes)
+    for k, li in enumerate(chosen):
+        apply(kernels[k], lanes[li][taken[li]][2])
+        taken[li] += 1
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -411,12 +649,12 @@ def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[
         raise TraceError(f"{trace_path}: no ledger {ledger_file.name} next to it (was the agent "
                          "on when the trace was exported? pass --ledger)")
     ledger = load_ledger(ledger_file)
-    trace = Trace(trace_path, read_text(trace_path))
-    report, changed = annotate(trace, ledger)
+    trace = Trace(trace_path)
+    report, patches = annotate(trace, ledger)
     if output.suffix == ".pftrace":
         from autoannot import perfetto
 
-        perfetto.write(trace, output)
+        perfetto.write(trace.all_events(patches), output)
     else:
-        write_text(output, trace.render(changed))
+        trace.write(output, patches)
     return report

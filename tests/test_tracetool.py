@@ -62,6 +62,9 @@ def test_values_keep_json_types_and_kernels_sit_on_their_group_lane(tmp_path: Pa
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     for group, (tid,) in lanes.items():
         assert f"(pg {group})" in names[tid]
+    flows = {(e["ts"]): e["tid"] for e in doc["traceEvents"]
+             if e.get("cat") == "ac2g" and e.get("ph") == "f"}
+    assert all(flows[k["ts"]] == k["tid"] for k in kernels)  # flow arrows follow the kernels
     raw = (folder / "out.json").read_text()
     assert '"distributedInfo"' in raw and '"rank": 0' in raw  # what HTA reads
 

@@ -113,15 +113,13 @@ _KEEP_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "ac2g
 def trim(source: Path, target: Path) -> None:
     """Keep what annotation and verification read (kernels, graph launches, replay ranges,
     flows, metadata, the eager ``record_param_comms`` ops); drop the rest. Kineto layout kept."""
-    trace = tracetool.Trace(source, tracetool.read_text(source))
+    doc = json.loads(tracetool.read_text(source))
     keep = []
-    for i in range(len(trace.chunks)):
-        event = trace.event(i)
+    for event in doc["traceEvents"]:
         name, cat = event.get("name", ""), event.get("cat")
         if (cat in _KEEP_CATS or event.get("ph") == "M" or name == "record_param_comms"
                 or name.startswith("cudaGraphLaunch")
                 or (cat == "user_annotation" and name.startswith(tracetool.REPLAY_PREFIX))):
-            keep.append(trace.chunks[i])
-    trace.chunks = keep
-    trace.events = [None] * len(keep)
-    tracetool.write_text(target, trace.render(set()))
+            keep.append(event)
+    doc["traceEvents"] = keep
+    tracetool.write_text(target, json.dumps(doc, indent=2))
