@@ -21,19 +21,19 @@ capture_listeners: list[Callable[[AnnotationContext], None]] = []
 class AnnotationContext:
     """Context manager for one collective launch; reusable once entered and exited."""
 
-    __slots__ = ("_inner", "annotation", "api", "call_site", "kernels", "param_comms")
+    __slots__ = ("_inner", "annotation", "api", "call_site", "cpu_only", "kernels")
 
     def __init__(
         self,
         api: str,
         annotation: dict[str, Any],
-        param_comms: dict[str, Any] | None = None,
+        cpu_only: dict[str, Any] | None = None,
         kernels: tuple[str, ...] = (),
         site: str | None = None,
     ) -> None:
         self.api = api
         self.annotation = annotation
-        self.param_comms = param_comms or {}
+        self.cpu_only = cpu_only or {}  # the CPU op's own keys ("Rank", ...)
         self.kernels = kernels  # NCCL kernel families the launch may run (for graph ledgers)
         self.call_site = site
         self._inner: Any = None
@@ -54,7 +54,7 @@ class AnnotationContext:
             inner.__exit__(exc_type, exc, tb)
         if exc_type is None and STATE.recorders:
             site = self.call_site or call_site(2)
-            publish(Record(self.api, self.annotation, site, self.param_comms))
+            publish(Record(self.api, self.annotation, site, self.cpu_only))
 
     def __repr__(self) -> str:
         return f"AnnotationContext({self.api!r}, {self.annotation!r})"
@@ -82,8 +82,8 @@ def annotate_collective(
         params["tensor"] = output_tensor
     launch = metadata.derive(row, None, (), params)
     api = row.api if row.module == collectives.C10D else f"funcol.{row.api}"
-    return AnnotationContext(api, *metadata.annotation_and_param_comms(api, launch),
-                             kernels=launch.kernels)
+    return AnnotationContext(api, metadata.annotation_of(api, launch),
+                             metadata.cpu_only_args(launch), launch.kernels)
 
 
 def describe_call(function: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -201,23 +201,16 @@ def kernel_args(launch: Launch) -> dict[str, Any]:
 
 def cpu_only_args(launch: Launch) -> dict[str, Any]:
     """The keys the CPU ``record_param_comms`` op adds to the kernel's."""
-    cpu = {V.RANK: launch.rank}
-    cpu.update(launch.facts.global_rank_keys)
-    return cpu
-
-
-def annotation_and_param_comms(api: str, launch: Launch) -> tuple[dict, dict]:
-    """The annotation the agent attaches (the eager kernel args plus the lane's ``name`` and
-    ``stream``) and the eager CPU op's args (the kernel args plus the CPU-only keys)."""
-    args = kernel_args(launch)
-    param_comms = {**args, V.RANK: launch.rank, **launch.facts.global_rank_keys}
-    args[V.NAME] = api
-    args[V.STREAM] = launch.facts.lane
-    return args, param_comms
+    return {V.RANK: launch.rank, **launch.facts.global_rank_keys}
 
 
 def annotation_of(api: str, launch: Launch) -> dict[str, Any]:
-    return annotation_and_param_comms(api, launch)[0]
+    """The annotation the agent attaches: the eager kernel args, then the lane's ``name``
+    and ``stream``."""
+    args = kernel_args(launch)
+    args[V.NAME] = api
+    args[V.STREAM] = launch.facts.lane
+    return args
 
 
 def coalesced(launches: Sequence[Launch]) -> Launch | None:

@@ -17,7 +17,19 @@ class Record(NamedTuple):
     api: str  # the function called, e.g. "all_reduce" or "funcol.all_gather_tensor"
     annotation: dict[str, Any]  # what the annotation context was given
     call_site: str  # "path.py:123": the first frame outside torch and autoannot
-    param_comms: dict[str, Any]  # the eager CPU ``record_param_comms`` op's args
+    cpu_only: dict[str, Any]  # "Rank", "Global rank start/stride": the CPU op's own keys
+
+    @property
+    def param_comms(self) -> dict[str, Any]:
+        """The args of the eager CPU ``record_param_comms`` op: the kernel's plus its own
+        (empty for a launch whose eager kernel carries no collective args)."""
+        if not self.cpu_only:
+            return {}
+        kernel = {k: v for k, v in self.annotation.items() if k not in _LANE_KEYS}
+        return {**kernel, **self.cpu_only}
+
+
+_LANE_KEYS = ("name", "stream")
 
 
 class Recording(list):  # list[Record], live: grows while the block runs

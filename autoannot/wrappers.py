@@ -99,9 +99,10 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
                 return wrapped(*args, **kwargs)
             finally:
                 calls.depth -= 1
-        annotation, param_comms = metadata.annotation_and_param_comms(label, launch)
+        annotation = metadata.annotation_of(label, launch)
         if STATE.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
-            ctx = AnnotationContext(label, annotation, param_comms, launch.kernels)
+            cpu_only = metadata.cpu_only_args(launch) if STATE.recorders else None
+            ctx = AnnotationContext(label, annotation, cpu_only, launch.kernels)
             return _run_annotated(label, ctx, wrapped, args, kwargs)
         calls.depth += 1  # recorders only: run, then publish
         try:
@@ -109,7 +110,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
         finally:
             calls.depth -= 1
         try:
-            publish(Record(label, annotation, call_site(1), param_comms))
+            publish(Record(label, annotation, call_site(1), metadata.cpu_only_args(launch)))
         except Exception as exc:
             warn_once(label, "recording", exc)
         return result
@@ -144,12 +145,13 @@ class CoalescingBlock:
     def _context(self) -> AnnotationContext:
         launch = metadata.coalesced(self.launches)
         if launch is not None:
-            annotation, param_comms = metadata.annotation_and_param_comms(self._label, launch)
+            annotation = metadata.annotation_of(self._label, launch)
+            cpu_only = metadata.cpu_only_args(launch)
         else:  # point-to-point or mixed: eager gives this kernel no collective args
             lane = self.launches[0].facts.lane
-            annotation, param_comms = {V.NAME: self._label, V.STREAM: lane}, {}
+            annotation, cpu_only = {V.NAME: self._label, V.STREAM: lane}, {}
         kernels = tuple(sorted({k for launch in self.launches for k in launch.kernels}))
-        return AnnotationContext(self._label, annotation, param_comms, kernels)
+        return AnnotationContext(self._label, annotation, cpu_only, kernels)
 
 
 def block_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
