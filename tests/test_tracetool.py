@@ -142,3 +142,36 @@ def test_perfetto_output_parses_back_with_typed_args_and_nested_tracks(tmp_path:
             assert stack, "an end without a begin on its track"
             stack.pop()
     assert all(not stack for stack in open_slices.values())
+
+
+def test_traces_annotated_inside_the_job_match_eager(figures) -> None:
+    """AUTOANNOT_ANNOTATE_ON_EXPORT=1 on the GPU machine: each rank annotated its own trace
+    as the profiler exported it (tests/gpu/graph_replay.py, "inline" traces)."""
+    total = matching = 0
+    for rank in range(2):
+        eager = verify.eager_calls(DATA / "graphs" / f"eager_rank{rank}.json")
+        result = verify.compare(DATA / "graphs" / f"inline_rank{rank}.json",
+                                verify.split_bodies(eager, SETS["graphs"][1]))
+        assert result["problems"] == []
+        total += result["kernels"]
+        matching += result["kernels_matching"]
+    figures["graphed NCCL kernels annotated inside the job (2 ranks)"] = f"{matching}/{total}"
+    assert matching == total == 72
+
+
+def test_export_hook_annotates_in_place_on_the_cpu(agent, monkeypatch, tmp_path: Path) -> None:
+    import torch
+
+    from autoannot import capture, export
+
+    ledger = capture.Ledger("autoannot.graph.cpu")
+    monkeypatch.setitem(capture.LEDGERS, ledger.name, ledger)
+    monkeypatch.setenv("AUTOANNOT_ANNOTATE_ON_EXPORT", "1")
+    with torch.profiler.profile() as prof:
+        torch.ones(3).sum()
+    trace = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(trace))
+    assert Path(export.ledger_path(trace)).exists()
+    doc = json.loads(trace.read_text())  # rewritten in place, still a valid trace
+    assert any(e.get("name") == "aten::sum" for e in doc["traceEvents"])
+    assert not list(tmp_path.glob(".autoannot-*"))  # no temporary file left behind

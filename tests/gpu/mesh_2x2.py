@@ -89,8 +89,9 @@ def worker(rank: int, world: int, out_dir: str, port: int) -> None:
             graph.replay()
         torch.cuda.synchronize()
     graphed.export_chrome_trace(str(out / f"graph_rank{rank}.json"))
-    dist.barrier()
-    dist.destroy_process_group()
+    torch.cuda.synchronize()
+    sys.stdout.flush()
+    os._exit(0)  # NCCL teardown with live graphs can hang; the traces are written
 
 
 def main() -> int:
