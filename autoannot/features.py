@@ -31,9 +31,16 @@ def _mark_kernels_allowed() -> bool:
 
 
 def mark_kernels():  # type: ignore[no-untyped-def]
-    """torch's ``mark_kernels`` context-manager factory; None where torch has none or
-    ``AUTOANNOT_MARK_KERNELS=0``."""
+    """torch's ``mark_kernels`` context-manager factory, when entering it would record
+    something: torch has it, its annotations are on for this capture, the driver answers
+    ``cudaGraphNodeGetToolsId``, and ``AUTOANNOT_MARK_KERNELS`` is not 0. Else None (entering
+    a no-op generator context costs microseconds per collective)."""
     if not _mark_kernels_allowed():
         return None
     module = graph_annotations_module()
-    return None if module is None else module.mark_kernels
+    if module is None or not getattr(module, "_annotations_enabled", True):
+        return None
+    unavailable = getattr(module, "_is_tools_id_unavailable", None)
+    if unavailable is not None and unavailable():
+        return None
+    return module.mark_kernels

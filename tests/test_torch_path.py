@@ -38,18 +38,23 @@ def test_feature_detection_finds_the_installed_module() -> None:
 @needs_torch_annotations
 def test_annotation_context_enters_torchs_mark_kernels_during_capture(
         fake_world, agent, monkeypatch) -> None:
-    entered = []
-    real = torch_module.mark_kernels
+    import contextlib
 
-    def spy(annotation):
+    entered = []
+
+    def spy(annotation):  # the real one would call the CUDA driver, absent here
         entered.append(dict(annotation))
-        return real(annotation)  # the real one: a no-op here (no toolsId), but it runs
+        return contextlib.nullcontext()
 
     monkeypatch.setattr(torch_module, "mark_kernels", spy)
     dist.all_reduce(torch.ones(4))
     assert entered == []  # no capture: torch's context is not entered
     STATE.capture_started()  # what CUDAGraph.capture_begin's wrapper does
     try:
+        dist.all_reduce(torch.ones(4))
+        assert entered == []  # torch's annotations off / no toolsId here: it would do nothing
+        monkeypatch.setattr(torch_module, "_annotations_enabled", True)
+        monkeypatch.setattr(torch_module, "_is_tools_id_unavailable", lambda: False)
         with autoannot.record() as records:
             dist.all_reduce(torch.ones(4))
     finally:
