@@ -12,8 +12,6 @@ Importing this package imports neither torch nor wrapt: the rest loads on first 
 
 from __future__ import annotations
 
-import importlib
-
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
     from typing import Any
@@ -39,6 +37,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'autoannot' has no attribute {name!r}")
+    import importlib  # here, not at the top: the start-up hook imports this package
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

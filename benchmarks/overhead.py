@@ -1,12 +1,13 @@
 """What the agent adds to a collective call, measured in one process and one run.
 
-    python benchmarks/overhead.py [--calls N] [--repeats R] [--json-only]
+    python benchmarks/overhead.py [--calls N] [--repeats R] [--worlds 2,64,1024] [--no-gloo]
 
-On the ``fake`` process group (no communication: the pure overhead), per call of each
-collective: the unwrapped call; a bare wrapt pass-through (the floor for any wrapt proxy); the
-agent on with no recorder and no capture (the fast path); the agent annotating (a recorder
-open); and the tutorial's hand-written helper around the same call. Prints a table, then one
-line of JSON. A benchmark, not a test: it never fails on a figure.
+On ``fake`` process groups of 2, 64 and 1024 ranks (no communication: the pure overhead)
+and on a real 2-rank gloo group, per call of each collective: the unwrapped call; a bare
+wrapt pass-through (the floor for any wrapt proxy); the agent on with no recorder and no
+capture (the fast path); the agent annotating (a recorder open); and the tutorial's
+hand-written helper around the same call. Prints a table, then one line of JSON. A
+benchmark, not a test: it never fails on a figure.
 """
 
 from __future__ import annotations
@@ -103,36 +104,76 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, tutorial: tuple, gro
     return {mode: min(values) for mode, values in samples.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=2000, help="calls per sample")
-    parser.add_argument("--repeats", type=int, default=25, help="samples per mode (min taken)")
-    parser.add_argument("--json-only", action="store_true", help="print only the JSON line")
-    args = parser.parse_args(argv)
+def added(m: dict[str, float], mode: str) -> float:
+    return m[mode] - m["unwrapped"]
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+
+def measure_here(label: str, calls: int, repeats: int) -> list[dict[str, Any]]:
+    """Every workload on this process's default group."""
     rows = []
-    sizes = {"2 ranks": dist.group.WORLD}
-    for label, group in sizes.items():
-        for name, (fn, fargs, *tutorial) in workloads(group).items():
-            medians = measure(name, fn, fargs, tuple(tutorial), group, args.calls, args.repeats)
-            rows.append((name, label, medians))
-            if not args.json_only:
-                print(f"  measured {name} ({label})", file=sys.stderr)
+    group = dist.group.WORLD
+    for name, (fn, fargs, *tutorial) in workloads(group).items():
+        best = measure(name, fn, fargs, tuple(tutorial), group, calls, repeats)
+        rows.append({"collective": name, "group": label, **best})
+    return rows
 
-    def added(m: dict[str, float], mode: str) -> float:
-        return m[mode] - m["unwrapped"]
 
-    if not args.json_only:
-        header = (f"{'collective':24} {'group':8} {'unwrapped':>10} {'wrapt +':>8} "
-                  f"{'fast +':>8} {'annot. +':>9} {'tutorial +':>11}   (us per call)")
-        print(header)
-        for name, label, m in rows:
-            print(f"{name:24} {label:8} {m['unwrapped']:10.2f} {added(m, 'wrapt floor'):8.2f} "
-                  f"{added(m, 'fast path'):8.2f} {added(m, 'annotating'):9.2f} "
-                  f"{added(m, 'tutorial helper'):11.2f}")
-    ar = next(m for name, _, m in rows if name == "all_reduce")
-    summary = {
+def _fake_child(world: int, calls: int, repeats: int) -> None:
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    print(json.dumps(measure_here(f"fake {world}", calls, repeats)))
+    dist.destroy_process_group()
+
+
+def _gloo_rank(rank: int, world: int, port: int, calls: int, repeats: int, out: str) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = measure_here(f"gloo {world}", calls, repeats)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_fake(world: int, calls: int, repeats: int) -> list[dict[str, Any]]:
+    """In a fresh process: one default group per process."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "--child", str(world), "--calls",
+                           str(calls), "--repeats", str(repeats)], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_gloo(calls: int, repeats: int) -> list[dict[str, Any]]:
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        mp.spawn(_gloo_rank, args=(2, port, calls, repeats, out.name), nprocs=2)
+        return json.loads(open(out.name).read())
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'collective':24} {'group':10} {'unwrapped':>10} {'wrapt +':>8} {'fast +':>8} "
+             f"{'annot. +':>9} {'tutorial +':>11}   (us per call, best of interleaved samples)"]
+    for m in rows:
+        lines.append(f"{m['collective']:24} {m['group']:10} {m['unwrapped']:10.2f} "
+                     f"{added(m, 'wrapt floor'):8.2f} {added(m, 'fast path'):8.2f} "
+                     f"{added(m, 'annotating'):9.2f} {added(m, 'tutorial helper'):11.2f}")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ar = next(m for m in rows if m["collective"] == "all_reduce" and m["group"] == "fake 2")
+    return {
         "collective": "all_reduce (fake group, 2 ranks)",
         "unwrapped_us": round(ar["unwrapped"], 3),
         "fast_path_added_us": round(added(ar, "fast path"), 3),
@@ -142,8 +183,37 @@ def main(argv: list[str] | None = None) -> int:
         "manual_added_us": round(added(ar, "tutorial helper"), 3),
         "annotate_over_manual": round(added(ar, "annotating") / added(ar, "tutorial helper"), 2),
     }
-    print(json.dumps(summary))
-    dist.destroy_process_group()
+
+
+def run(worlds: list[int], gloo: bool, calls: int, repeats: int,
+        progress: bool = True) -> list[dict[str, Any]]:
+    rows = []
+    for world in worlds:
+        if progress:
+            print(f"  per-call cost on a fake group of {world} ranks ...", file=sys.stderr)
+        rows += measure_fake(world, calls, repeats)
+    if gloo:
+        if progress:
+            print("  per-call cost on a real 2-rank gloo group ...", file=sys.stderr)
+        rows += measure_gloo(max(50, calls // 10), max(5, repeats // 3))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000, help="calls per sample")
+    parser.add_argument("--repeats", type=int, default=25, help="samples per mode (min taken)")
+    parser.add_argument("--worlds", default="2,64,1024", help="fake group sizes")
+    parser.add_argument("--no-gloo", action="store_true", help="skip the real gloo group")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _fake_child(args.child, args.calls, args.repeats)
+        return 0
+    rows = run([int(w) for w in args.worlds.split(",")], not args.no_gloo, args.calls,
+               args.repeats)
+    print(table(rows))
+    print(json.dumps(summary(rows)))
     return 0
 
 
