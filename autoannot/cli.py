@@ -1,6 +1,9 @@
 """The ``autoannot`` command line.
 
     autoannot annotate TRACE... [-o OUT]   merge the annotations into Kineto traces
+    autoannot summary TRACE...             per process group: what moved, how fast
+    autoannot plot TRACE... -o PNG         a timeline picture, one band per rank
+    autoannot doctor [--json]              what this machine has, which path the agent takes
     autoannot run CMD [ARGS...]            run CMD with every Python process in it instrumented
     autoannot hook-path                    the directory of the sitecustomize hook
 
@@ -95,6 +98,68 @@ def _annotate(args: argparse.Namespace) -> int:
     return status
 
 
+def _summary(args: argparse.Namespace) -> int:
+    from autoannot import summary, tracetool
+
+    try:
+        rows = summary.summarize([Path(t) for t in args.traces], progress=not args.quiet)
+    except tracetool.TraceError as exc:
+        print(f"autoannot summary: {exc}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("autoannot summary: no NCCL kernel carries collective args in these traces "
+              "(annotate graphed traces first: autoannot annotate)", file=sys.stderr)
+        return 1
+    print(summary.format_table(rows))
+    try:
+        if args.csv:
+            summary.write_csv(rows, Path(args.csv))
+        if args.json:
+            from autoannot import export
+
+            export.atomic_write_text(args.json, json.dumps(rows, indent=1))
+    except OSError as exc:
+        print(f"autoannot summary: cannot write: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from autoannot import tracetool
+
+    output = Path(args.output)
+    if output.suffix not in (".png", ".svg", ".pdf"):
+        print(f"autoannot plot: {output}: use .png, .svg or .pdf", file=sys.stderr)
+        return 2
+    try:
+        from autoannot import plot
+    except ImportError:
+        print("autoannot plot: needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return 2
+    try:
+        drawn = plot.plot([Path(t) for t in args.traces], output, args.title)
+    except ImportError:
+        print("autoannot plot: needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return 2
+    except tracetool.TraceError as exc:
+        print(f"autoannot plot: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"autoannot plot: {output}: cannot write: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(f"{output}: {drawn['ranks']} ranks, {drawn['lanes']} lanes, {drawn['kernels']} "
+          "kernels")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from autoannot import doctor
+
+    report = doctor.diagnose()
+    print(json.dumps(report, indent=1) if args.json else doctor.format_report(report))
+    return 0
+
+
 def _hook_path(args: argparse.Namespace) -> int:
     print(HOOK_DIR)
     return 0
@@ -123,6 +188,30 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the ledger file, when it is not next to the (single) trace")
     annotate.add_argument("--json", action="store_true", help="print the reports as JSON")
     annotate.set_defaults(func=_annotate)
+    summ = sub.add_parser(
+        "summary", help="per process group, collective, dtype and size: counts, time, bandwidth",
+        description="Summarize the NCCL kernels that carry collective args (eager traces, and "
+        "graphed traces after `autoannot annotate`), one trace per rank: count, bytes, total "
+        "and median time, algbw and busbw (nccl-tests factors), across ranks.")
+    summ.add_argument("traces", nargs="+", metavar="TRACE")
+    summ.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
+    summ.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    summ.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    summ.set_defaults(func=_summary)
+    plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",
+                          description="Draw compute and each process group's collectives, "
+                          "one band per rank (needs matplotlib).")
+    plot.add_argument("traces", nargs="+", metavar="TRACE")
+    plot.add_argument("-o", "--output", required=True, metavar="PNG",
+                      help="the picture (.png, .svg or .pdf)")
+    plot.add_argument("--title", help="the picture's title")
+    plot.set_defaults(func=_plot)
+    doc = sub.add_parser("doctor", help="versions, the annotation path, what is missing",
+                         description="What this machine has, which annotation path the agent "
+                         "will take, what is missing for torch's toolsId path and how to get "
+                         "it, and whether the AUTOANNOT start-up hook would fire.")
+    doc.add_argument("--json", action="store_true", help="the report as JSON")
+    doc.set_defaults(func=_doctor)
     run = sub.add_parser("run", help="run a command with the agent on in every Python process",
                          description="Run CMD with AUTOANNOT=1 and the start-up hook on "
                          "PYTHONPATH, so every Python process it starts is instrumented.")

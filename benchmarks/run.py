@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, a smaller trace")
     args = parser.parse_args(argv)
-    calls, repeats = (500, 8) if args.quick else (2000, 25)
+    calls, repeats = (500, 8) if args.quick else (2000, 15)
 
     print("1/4 per-call cost", file=sys.stderr)
     rows = overhead.run([2, 64, 1024], True, calls, repeats)

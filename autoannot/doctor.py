@@ -1,0 +1,128 @@
+"""``autoannot doctor``: what this machine has, which annotation path the agent will take, and
+what is missing for torch's own (toolsId) path. Works on a CPU-only machine."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import site
+import sys
+from pathlib import Path
+from typing import Any
+
+NEEDED_CUDA_BINDINGS = (13, 1)
+NEEDED_DRIVER = 13010  # CUDA 13.1, as cudaDriverGetVersion reports it
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _tuple(version: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (version or "").split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _hook_state() -> dict[str, Any]:
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    pth = [str(Path(r) / "autoannot-startup.pth") for r in roots
+           if (Path(r) / "autoannot-startup.pth").exists()]
+    hook_dir = str(Path(__file__).parent / "_hook")
+    on_path = any(os.path.abspath(p) == hook_dir for p in sys.path)
+    value = os.environ.get("AUTOANNOT", "")
+    fires = value.strip().lower() not in ("", "0", "false", "no", "off")
+    return {"pth_files": pth, "sitecustomize_on_path": on_path,
+            "installed": bool(pth) or on_path, "AUTOANNOT": value or None,
+            "would_fire": (bool(pth) or on_path) and fires}
+
+
+def diagnose() -> dict[str, Any]:
+    """Everything the report says, as data."""
+    report: dict[str, Any] = {"python": sys.version.split()[0], "autoannot": None,
+                              "wrapt": _version("wrapt"), "cuda_bindings": None,
+                              "torch": None, "cuda_runtime": None, "driver": None,
+                              "nccl": None, "gpus": 0}
+    import autoannot
+
+    report["autoannot"] = autoannot.__version__
+    missing: list[str] = []
+    try:
+        import torch
+    except ImportError:
+        report["path"] = "none"
+        report["missing"] = ["torch is not installed: pip install torch (./install.sh takes "
+                             "the CPU wheel)"]
+        report["hook"] = _hook_state()
+        return report
+    report["torch"] = torch.__version__
+    report["cuda_runtime"] = torch.version.cuda
+    cuda = torch.cuda.is_available()
+    report["gpus"] = torch.cuda.device_count() if cuda else 0
+    if cuda:
+        try:
+            report["driver"] = torch._C._cuda_getDriverVersion()
+        except Exception:
+            report["driver"] = None
+        try:
+            report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            report["nccl"] = None
+    bindings = _version("cuda-bindings") or _version("cuda-python")
+    report["cuda_bindings"] = bindings
+
+    from autoannot import features
+
+    module = features.graph_annotations_module()
+    report["torch_annotation_module"] = module.__name__ if module is not None else None
+    if module is None:
+        missing.append("torch has no graph-annotation module (torch.cuda.graph_annotations "
+                       "from 2.14, torch.cuda._graph_annotations in 2.12-2.13): upgrade torch "
+                       "to >= 2.12")
+    if not cuda:
+        missing.append("no CUDA device: CUDA graphs (and toolsId) need a GPU; on this machine "
+                       "the agent annotates eager collectives and records them")
+    if bindings is None:
+        missing.append("cuda-bindings is not installed: pip install 'cuda-bindings>=13.1'")
+    elif _tuple(bindings) < NEEDED_CUDA_BINDINGS:
+        missing.append(f"cuda-bindings {bindings} has no cudaGraphNodeGetToolsId: pip install "
+                       "--upgrade 'cuda-bindings>=13.1'")
+    driver = report["driver"]
+    if cuda and isinstance(driver, int) and driver < NEEDED_DRIVER:
+        missing.append(f"the CUDA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}; "
+                       "cudaGraphNodeGetToolsId needs 13.1 (a newer driver, or cuda-compat)")
+    if not missing and module is not None:
+        try:
+            if module._is_tools_id_unavailable():
+                missing.append("cudaGraphNodeGetToolsId is unavailable (the driver answered "
+                               "cudaErrorCallRequiresNewerDriver)")
+        except Exception as exc:
+            missing.append(f"probing cudaGraphNodeGetToolsId failed: {exc}")
+    report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
+    report["missing"] = missing
+    report["hook"] = _hook_state()
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = ["autoannot doctor", ""]
+    for key in ("python", "autoannot", "torch", "cuda_runtime", "driver", "nccl", "gpus",
+                "cuda_bindings", "wrapt", "torch_annotation_module"):
+        lines.append(f"  {key:24} {report.get(key) if report.get(key) is not None else '-'}")
+    lines += ["", f"  annotation path: {report['path']}"]
+    if report.get("missing"):
+        lines.append("  for torch's toolsId path:")
+        lines += [f"    - {m}" for m in report["missing"]]
+    hook = report["hook"]
+    lines += ["", f"  start-up hook installed: {'yes' if hook['installed'] else 'no'}"
+              + (f" ({', '.join(hook['pth_files'])})" if hook["pth_files"] else ""),
+              f"  AUTOANNOT={hook['AUTOANNOT'] or '(unset)'}: the hook "
+              + ("would fire in a new process" if hook["would_fire"] else "would not fire")]
+    if not hook["installed"]:
+        lines.append("    install with pip (./install.sh), or run under `autoannot run`")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""``autoannot plot``: a timeline picture of communication and computation, one band per rank.
+
+Each rank's band has a compute lane (every non-NCCL kernel) and one lane per process group
+(its NCCL kernels, labelled with the collective and its size where there is room), so where
+communication and computation overlap shows at a glance. Needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from autoannot import summary, tracetool
+from autoannot import vocabulary as V
+
+_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
+           "#8C8C8C"]
+COMPUTE = "compute"
+
+
+def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, str]]]]:
+    trace = tracetool.Trace(path)
+    rank = trace.metadata().get("distributedInfo", {}).get("rank")
+    events = (trace.document["traceEvents"] if trace.document is not None
+              else (json.loads("{" + c + "}") for c in trace._chunks() if '"kernel"' in c))
+    lanes: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for event in events:
+        if not isinstance(event, dict) or event.get("cat") != "kernel":
+            continue
+        args = event.get("args", {})
+        start, dur = float(event["ts"]), float(event.get("dur", 0))
+        if tracetool.kernel_family(event.get("name", "")):
+            name = args.get(V.COLLECTIVE_NAME)
+            if name is None:
+                lanes["nccl (unannotated)"].append((start, dur, ""))
+                continue
+            nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
+            size = summary._size(nelems * summary.DTYPE_BYTES.get(args.get(V.DTYPE), 0))
+            name_of_group = str(args.get(V.PG_NAME, "?"))
+            if len(name_of_group) > 10:  # mesh groups are named by a hash
+                name_of_group = name_of_group[:8] + "…"
+            group = f"{args.get(V.PG_DESC, '?')} (pg {name_of_group})"
+            lanes[group].append((start, dur, f"{name} {size}"))
+        else:
+            lanes[COMPUTE].append((start, dur, ""))
+    return rank, lanes
+
+
+def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str, Any]:
+    """Draw the timeline; returns what was drawn (ranks, lanes, kernels)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = []
+    for n, path in enumerate(paths):
+        rank, lanes = _lanes(path)
+        ranks.append((rank if isinstance(rank, int) else n, lanes))
+    ranks.sort(key=lambda item: item[0])
+    starts = [s for _, lanes in ranks for lane in lanes.values() for s, _, _ in lane]
+    if not starts:
+        raise tracetool.TraceError(f"{paths[0]}: no kernels to draw")
+    origin = min(starts)
+    end = max(s + d for _, lanes in ranks for lane in lanes.values() for s, d, _ in lane)
+    span = max(end - origin, 1e-3)
+    groups = sorted({g for _, lanes in ranks for g in lanes if g != COMPUTE})
+    colors = {g: _COLORS[i % len(_COLORS)] for i, g in enumerate(groups)}
+    colors[COMPUTE] = "#B0B0B0"
+    rows = [(rank, lane) for rank, lanes in ranks for lane in [COMPUTE, *groups]
+            if lane in lanes]
+    height = max(2.5, 0.45 * len(rows) + 1.2)
+    fig, ax = plt.subplots(figsize=(14, height), dpi=110)
+    labels, drawn = [], 0
+    for y, (rank, lane) in enumerate(reversed(rows)):
+        lanes = dict(ranks)[rank]
+        bars = [((s - origin) / 1e3, max(d / 1e3, span / 1e3 / 2000)) for s, d, _ in lanes[lane]]
+        ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colors[lane], edgecolor="none")
+        for (_, _, text), (x, w) in zip(lanes[lane], bars, strict=True):
+            if text and w > span / 1e3 * 0.04:  # label only where there is room
+                ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=7,
+                        color="white", clip_on=True)
+        drawn += len(bars)
+        labels.append(f"rank {rank} · {lane}")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel("time (ms) since the first kernel")
+    ax.set_xlim(0, span / 1e3 * 1.01)
+    for boundary in range(1, len(ranks)):  # a line between rank bands
+        per_rank = [sum(1 for r, _ in rows if r == rank) for rank, _ in ranks]
+        ax.axhline(len(rows) - sum(per_rank[:boundary]) - 0.5, color="black", lw=0.6)
+    ax.set_title(title or "communication lanes (one per process group) and compute, per rank")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    import io
+
+    from autoannot import export
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=output.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    export.atomic_write_bytes(output, buffer.getvalue())
+    return {"ranks": len(ranks), "lanes": len(rows), "kernels": drawn}
