@@ -112,3 +112,37 @@ def functional_forms(rank: int, world: int) -> list[dict[str, Any]]:
                 funcol.wait_tensor(tensor)
         out.append({"call": name, "records": _records(records)})
     return out
+
+
+def fsdp_and_dtensor(rank: int, world: int) -> dict[str, Any]:
+    """FSDP2 forward/backward and DTensor redistributions, agent off then on: same numbers,
+    and the collectives annotated with their mesh groups."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    shape = (world // 2, 2) if world >= 4 else (world,)
+    names = ("rep", "dp") if world >= 4 else ("dp",)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    dp = mesh["dp"]
+
+    def step() -> list[list[float]]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 4))
+        fully_shard(model, mesh=dp)
+        x = torch.randn(3, 8) + rank
+        loss = model(x).square().mean()
+        loss.backward()
+        grads = [p.grad.to_local().flatten().tolist() for p in model.parameters()]
+        t = distribute_tensor(torch.arange(16.0).reshape(4, 4), dp, [Shard(0)])
+        full = t.redistribute(dp, [Replicate()]).to_local()
+        return [[loss.item()], *grads, full.flatten().tolist()]
+
+    off = step()
+    autoannot.enable()
+    with autoannot.record() as records:
+        on = step()
+    autoannot.disable()
+    return {"same": off == on, "records": _records(records),
+            "dp_desc": dp.get_group().group_desc}
