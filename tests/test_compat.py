@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from unittest import mock
 
 import pytest
@@ -44,6 +45,7 @@ def test_threads_and_a_toggling_thread(fake_world) -> None:
             generation[0] += 1  # before and after: a call that saw one value saw no toggle
             autoannot.disable() if autoannot.is_enabled() else autoannot.enable()
             generation[0] += 1
+            time.sleep(0.002)  # let calls run between toggles too
 
     def work(t: int) -> None:
         for i in range(150):
