@@ -1,0 +1,151 @@
+"""Differential fuzzing of the wrapped APIs: generated calls (valid and not) run with the agent
+off, on with nothing to do, and on annotating; return values (tensors bitwise), in-place
+results and exceptions (type and message) must not differ."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import autoannot
+
+APIS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+        "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all", "gather",
+        "scatter", "barrier", "all_reduce_coalesced", "send", "isend"]
+# Not recv/irecv: on a one-rank group a receive from itself waits forever.
+DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.float16, torch.complex64,
+          torch.bool, torch.uint8]
+OPS = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT,
+       dist.ReduceOp.AVG]
+
+tensor_spec = st.tuples(st.just("tensor"), st.sampled_from(DTYPES), st.integers(0, 5),
+                        st.booleans())  # (kind, dtype, numel, 2-D)
+value_spec = st.one_of(
+    tensor_spec,
+    st.lists(tensor_spec, max_size=3).map(lambda items: ("list", items)),
+    st.integers(-2, 3).map(lambda n: ("int", n)),
+    st.sampled_from([("none",), ("str",), ("float",), ("world",), ("garbage",), ("true",),
+                     ("false",)]),
+    st.sampled_from(range(len(OPS))).map(lambda i: ("op", i)),
+    st.lists(st.integers(0, 4), max_size=3).map(lambda xs: ("ints", xs)),
+)
+
+
+def build(spec: Any) -> Any:
+    kind = spec[0]
+    if kind == "tensor":
+        _, dtype, numel, two_d = spec
+        t = (torch.arange(numel) % 3).to(dtype)
+        return t.view(1, numel) if two_d else t
+    if kind == "list":
+        return [build(s) for s in spec[1]]
+    if kind == "int":
+        return spec[1]
+    if kind == "op":
+        return OPS[spec[1]]
+    if kind == "ints":
+        return list(spec[1])
+    return {"none": None, "str": "x", "float": 0.5, "world": dist.group.WORLD,
+            "garbage": object(), "true": True, "false": False}[kind]
+
+
+same_size = st.tuples(st.sampled_from(DTYPES[:4]), st.integers(1, 4)).map(
+    lambda dn: ("tensor", dn[0], dn[1], False))
+tensor_list = st.lists(same_size, min_size=1, max_size=2).map(lambda items: ("list", items))
+
+
+def _likely(name: str) -> st.SearchStrategy:
+    """Mostly well-typed values for a parameter, sometimes anything: valid calls get through,
+    invalid ones test the error paths."""
+    if name.endswith(("_list", "tensors")):
+        good = tensor_list
+    elif name in ("tensor", "input", "output", "output_tensor", "input_tensor"):
+        good = same_size
+    elif name in ("src", "dst", "group_src", "group_dst"):
+        good = st.sampled_from([("int", 0), ("none",)])
+    elif name == "op":
+        good = st.sampled_from(range(3)).map(lambda i: ("op", i))
+    elif name == "group":
+        good = st.sampled_from([("none",), ("world",)])
+    elif name.endswith("split_sizes"):
+        good = st.sampled_from([("none",), ("ints", [1]), ("ints", [2])])
+    else:
+        good = st.sampled_from([("none",), ("false",)])
+    return st.one_of(good, good, good, value_spec)
+
+
+def call_spec():
+    @st.composite
+    def draw(draw_fn):
+        api = draw_fn(st.sampled_from(APIS))
+        signature = inspect.signature(getattr(dist, api)).parameters
+        params = list(signature)
+        chosen = [p for p in params if signature[p].default is inspect.Parameter.empty
+                  or draw_fn(st.integers(0, 3)) == 0]
+        values = [draw_fn(_likely(p)) for p in chosen]
+        positional = draw_fn(st.integers(0, len(chosen)))
+        if chosen[:positional] != params[:positional]:  # positional only as a prefix
+            positional = 0
+        return api, chosen, values, positional
+    return draw()
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().contiguous().flatten().view(torch.uint8).tolist())
+
+
+def _summary(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), _bytes(value))
+    if isinstance(value, list | tuple):
+        return [_summary(v) for v in value]
+    if value is None or isinstance(value, int | float | str | bool):
+        return value
+    return type(value).__name__
+
+
+def run_once(api: str, chosen: list[str], values: list[Any], positional: int) -> Any:
+    args = [build(v) for v in values]
+    pos, kw = args[:positional], dict(zip(chosen[positional:], args[positional:], strict=True))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = getattr(dist, api)(*pos, **kw)
+            if hasattr(result, "wait"):
+                result.wait()
+        outcome: tuple = ("returned", _summary(result))
+    except Exception as exc:
+        message = re.sub(r"0x[0-9a-f]+", "0x?", str(exc))  # object addresses
+        message = re.sub(r"\[[A-Z]\d{4} [\d:.]+ ", "[", message)  # c10 log timestamps
+        outcome = ("raised", type(exc).__name__, message)
+    return outcome, _summary(args)
+
+
+def fuzz(rank: int, world: int, examples: int) -> dict[str, Any]:
+    stats = {"calls": 0, "raised": 0, "differences": []}
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(call_spec())
+    def check(spec: tuple) -> None:
+        autoannot.disable()
+        off = run_once(*spec)
+        autoannot.enable()
+        fast = run_once(*spec)
+        with autoannot.record():
+            annotating = run_once(*spec)
+        autoannot.disable()
+        stats["calls"] += 1
+        stats["raised"] += off[0][0] == "raised"
+        if not off == fast == annotating:
+            stats["differences"].append(repr((spec, off, fast, annotating))[:2000])
+
+    check()
+    return stats

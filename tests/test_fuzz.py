@@ -1,0 +1,23 @@
+"""Differential fuzzing on a real gloo group: the agent changes no result, no exception.
+
+CI runs a small budget; the full run is
+
+    AUTOANNOT_FUZZ_EXAMPLES=10000 python -m pytest tests/test_fuzz.py -q
+"""
+
+from __future__ import annotations
+
+import os
+
+import fuzz_calls
+from harness import run_ranks
+
+
+def test_generated_calls_behave_the_same_with_the_agent(figures) -> None:
+    examples = int(os.environ.get("AUTOANNOT_FUZZ_EXAMPLES", "400"))
+    (stats,) = run_ranks(fuzz_calls.fuzz, 1, "gloo", (examples,))
+    figures["fuzzed calls (agent off / fast path / annotating)"] = (
+        f"{stats['calls']} calls, {stats['raised']} raising, "
+        f"{len(stats['differences'])} differences")
+    assert stats["calls"] >= min(examples, 100)
+    assert stats["differences"] == [], stats["differences"][:3]
