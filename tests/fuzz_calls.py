@@ -81,6 +81,9 @@ def _likely(name: str) -> st.SearchStrategy:
     return st.one_of(good, good, good, value_spec)
 
 
+_RANKS = ("src", "dst", "group_src", "group_dst")
+
+
 def call_spec():
     @st.composite
     def draw(draw_fn):
@@ -90,6 +93,11 @@ def call_spec():
         chosen = [p for p in params if signature[p].default is inspect.Parameter.empty
                   or draw_fn(st.integers(0, 3)) == 0]
         values = [draw_fn(_likely(p)) for p in chosen]
+        # torch 2.13 itself crashes (SIGSEGV) on a ReduceOp given as a peer rank to send, and
+        # a send to a rank outside a one-rank gloo group waits forever: not what we fuzz.
+        if api in ("send", "isend"):
+            values = [("int", 0) if p in _RANKS and v[0] in ("op", "int") else v
+                      for p, v in zip(chosen, values, strict=True)]
         positional = draw_fn(st.integers(0, len(chosen)))
         if chosen[:positional] != params[:positional]:  # positional only as a prefix
             positional = 0
@@ -128,10 +136,10 @@ def run_once(api: str, chosen: list[str], values: list[Any], positional: int) ->
     return outcome, _summary(args)
 
 
-def fuzz(rank: int, world: int, examples: int) -> dict[str, Any]:
+def fuzz(rank: int, world: int, examples: int, fixed: bool) -> dict[str, Any]:
     stats = {"calls": 0, "raised": 0, "differences": []}
 
-    @settings(max_examples=examples, deadline=None, database=None,
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=fixed,
               suppress_health_check=list(HealthCheck))
     @given(call_spec())
     def check(spec: tuple) -> None:
