@@ -81,6 +81,14 @@ def test_mesh_summary_reports_the_same_counts_and_sizes_per_group_on_every_rank(
     rows = summary.summarize(outs, progress=False)
     assert {r["collective"] for r in rows} == {"_reduce_scatter_base", "_allgather_base",
                                                "allreduce"}
+    for out in outs:  # each group's collectives sit on that group's own lane
+        events = json.loads(out.read_text())["traceEvents"]
+        lanes: dict[str, set] = {}
+        for e in events:
+            if e.get("cat") == "kernel" and "Collective name" in e.get("args", {}):
+                lanes.setdefault(e["args"]["Process Group Name"], set()).add(e["tid"])
+        assert len(lanes) == 2 and all(len(t) == 1 for t in lanes.values())
+        assert len({next(iter(t)) for t in lanes.values()}) == 2
     for row in rows:
         assert row["ranks"] == 2 and row["count_min"] == row["count_max"] == 3
     assert len({r["group"] for r in rows}) == 4  # 2 dp groups, 2 tp groups
