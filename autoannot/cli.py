@@ -131,11 +131,8 @@ def _plot(args: argparse.Namespace) -> int:
     if output.suffix not in (".png", ".svg", ".pdf"):
         print(f"autoannot plot: {output}: use .png, .svg or .pdf", file=sys.stderr)
         return 2
-    try:
-        from autoannot import plot
-    except ImportError:
-        print("autoannot plot: needs matplotlib: pip install matplotlib", file=sys.stderr)
-        return 2
+    from autoannot import plot  # matplotlib itself is imported when drawing
+
     try:
         drawn = plot.plot([Path(t) for t in args.traces], output, args.title)
     except ImportError:
