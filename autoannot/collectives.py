@@ -187,10 +187,6 @@ COLLECTIVES: tuple[Collective, ...] = (
     ),
 )
 
-#: The object collectives launch c10d collectives that are annotated themselves.
-OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_object",
-                      "scatter_object_list", "send_object_list", "recv_object_list")
-
 BY_QUALNAME: dict[str, Collective] = {c.qualname: c for c in COLLECTIVES}
 
 

@@ -18,14 +18,12 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 @dataclass(frozen=True)
 class Config:
-    """``AUTOANNOT``: turn the agent on at start-up in every Python process that inherits it.
-    ``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
+    """``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
     torch has it. ``AUTOANNOT_TORCH_ANNOTATIONS`` (default 1): where torch's toolsId path works,
     turn ``enable_annotations`` on for every ``torch.cuda.graph`` capture.
     ``AUTOANNOT_ANNOTATE_ON_EXPORT`` (default 0): each rank annotates the trace it exports, in
-    place."""
+    place. (``AUTOANNOT`` itself is read by the start-up hooks, which must not import this.)"""
 
-    enabled: bool = False
     mark_kernels: bool = True
     torch_annotations: bool = True
     annotate_on_export: bool = False
@@ -34,7 +32,6 @@ class Config:
 def from_environment(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     return Config(
-        enabled=_flag(env, "AUTOANNOT", False),
         mark_kernels=_flag(env, "AUTOANNOT_MARK_KERNELS", True),
         torch_annotations=_flag(env, "AUTOANNOT_TORCH_ANNOTATIONS", True),
         annotate_on_export=_flag(env, "AUTOANNOT_ANNOTATE_ON_EXPORT", False),

@@ -145,8 +145,3 @@ def resolve_any(group: Any, tag: str = "") -> Any:
 
     return c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
 
-
-def clear_cache() -> None:
-    """Forget cached group facts (groups destroyed and re-created get fresh facts)."""
-    with _lock:
-        _facts.clear()
