@@ -90,16 +90,22 @@ def describe_call(function: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """The annotation the agent would attach to ``function(*args, **kwargs)``, without running it.
 
     ``function`` is a wrapped collective (``dist.all_reduce``, ``funcol.all_gather_tensor``, ...),
-    patched or not. Raises if it is not one, or if its metadata cannot be derived.
+    patched or not, or a ``torch.ops._c10d_functional`` op. Raises if it is not one, or if its
+    metadata cannot be derived.
     """
     from autoannot import collectives, metadata
-    from autoannot.wrappers import api_label
 
     original = getattr(function, "__wrapped__", function)
-    qualname = f"{getattr(original, '__module__', '')}.{getattr(original, '__name__', '')}"
+    original = getattr(original, "default", original)  # an op's packet: its only overload
+    schema = getattr(original, "_schema", None)
+    if schema is not None:  # torch.ops._c10d_functional.<op>.default
+        namespace, _, name = schema.name.partition("::")
+        qualname = f"torch.ops.{namespace}.{name}"
+    else:
+        qualname = f"{getattr(original, '__module__', '')}.{getattr(original, '__name__', '')}"
     row = collectives.BY_QUALNAME.get(qualname)
     if row is None or row.role is not collectives.Role.LAUNCH:
         raise ValueError(f"{qualname} is not a collective autoannot annotates on its own")
     launch = metadata.derive(row, original, args, kwargs)
-    return metadata.annotation_of(api_label(row), launch)
+    return metadata.annotation_of(row.label, launch)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 C10D = "torch.distributed.distributed_c10d"
 FUNCOL = "torch.distributed._functional_collectives"
+OPS = "torch.ops._c10d_functional"  # the ops compiled code calls (annotated in dispatch.py)
 
 
 class Role(enum.Enum):
@@ -83,6 +84,12 @@ class Collective:
     def qualname(self) -> str:
         return f"{self.module}.{self.api}"
 
+    @property
+    def label(self) -> str:
+        """The annotation's "name": ``all_reduce``, ``funcol.all_reduce``,
+        ``_c10d_functional.all_reduce_``."""
+        return {C10D: "", FUNCOL: "funcol.", OPS: "_c10d_functional."}[self.module] + self.api
+
 
 def _c10d(api: str, eager_name: str | None, kernels: tuple[str, ...] = (), **rules) -> Collective:
     return Collective(api, C10D, eager_name, kernels=frozenset(kernels), **rules)
@@ -92,6 +99,11 @@ def _funcol(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Col
     return Collective(
         api, FUNCOL, eager_name, kernels=frozenset(kernels), any_group=True, **rules
     )
+
+
+def _op(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
+    return Collective(api, OPS, eager_name, kernels=frozenset(kernels), any_group=True,
+                      group_param="group_name", **rules)
 
 
 _ALL_REDUCE = dict(inputs="tensor", complex_as_real=True, coalesced_name="allreduce_coalesced")
@@ -121,6 +133,12 @@ _F_A2A = dict(
     splits=Splits.EQUAL_IF_NONE,
 )
 _AG, _RS, _AR = (ALL_GATHER,), (REDUCE_SCATTER,), (ALL_REDUCE,)
+# The ops pass complex tensors to the process group as view_as_real (Functional.cpp), and the
+# "_out" forms launch what their c10d namesakes launch.
+_O_BROADCAST = dict(inputs="input", rank=Rank.ROOT, root_params=("src",),
+                    root_is_group_rank=True, complex_as_real=True)
+_O_GATHER = dict(inputs="input", sizes=Sizes.GATHER, complex_as_real=True)
+_O_SCATTER = dict(inputs="input", sizes=Sizes.SHARD, complex_as_real=True)
 
 #: Every wrapped function. Functions missing from the installed torch are skipped.
 COLLECTIVES: tuple[Collective, ...] = (
@@ -185,17 +203,38 @@ COLLECTIVES: tuple[Collective, ...] = (
         _funcol(api, "all_to_allv", (SEND_RECV,), **_F_A2A)
         for api in ("all_to_all_single", "all_to_all_single_autograd")
     ),
+    # torch.ops._c10d_functional (what torch.compile'd code launches)
+    *(_op(api, "allreduce", _AR, inputs="input", complex_as_real=True)
+      for api in ("all_reduce", "all_reduce_")),
+    *(_op(api, "allreduce_coalesced", _AR, inputs="inputs", complex_as_real=True)
+      for api in ("all_reduce_coalesced", "all_reduce_coalesced_")),
+    _op("all_gather_into_tensor", "allgather_into_tensor_coalesced", _AG, **_O_GATHER),
+    _op("all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced", _AG,
+        inputs="inputs", sizes=Sizes.GATHER),
+    _op("all_gather_into_tensor_out", "_allgather_base", _AG, inputs="input", outputs="out",
+        sizes=Sizes.IN_OUT),
+    _op("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", _RS, **_O_SCATTER),
+    _op("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", _RS,
+        inputs="inputs", sizes=Sizes.SHARD),
+    _op("reduce_scatter_tensor_out", "reduce_scatter_tensor_coalesced", _RS, inputs="input",
+        outputs="out", sizes=Sizes.IN_OUT, complex_as_real=True),
+    _op("all_to_all_single", "all_to_allv", (SEND_RECV,), inputs="input",
+        sizes=Sizes.SPLIT_ROWS, splits=Splits.EQUAL_IF_NONE),
+    *(_op(api, "broadcast", (BROADCAST,), **_O_BROADCAST) for api in ("broadcast", "broadcast_")),
 )
 
 BY_QUALNAME: dict[str, Collective] = {c.qualname: c for c in COLLECTIVES}
 
 
+BY_LABEL: dict[str, Collective] = {c.label: c for c in COLLECTIVES}
+
+
 def lookup(api: str) -> Collective:
-    """The row of an API by name ("all_reduce", "funcol.all_reduce") or eager name ("allreduce")."""
-    for prefix in (C10D, FUNCOL):
-        row = BY_QUALNAME.get(f"{prefix}.{api.removeprefix('funcol.')}")
-        if row is not None and (prefix == FUNCOL) == api.startswith("funcol."):
-            return row
+    """The row of an API by label ("all_reduce", "funcol.all_reduce",
+    "_c10d_functional.all_reduce_") or eager name ("allreduce")."""
+    row = BY_LABEL.get(api)
+    if row is not None:
+        return row
     for row in COLLECTIVES:
         if row.eager_name == api and row.module == C10D:
             return row

@@ -34,9 +34,16 @@ class Launch(NamedTuple):
     kernels: tuple[str, ...]  # the NCCL kernel families this launch may run
 
 
-def _positions(function: Callable[..., Any] | None) -> dict[str, tuple[int, Any]]:
+def _positions(function: Any) -> dict[str, tuple[int, Any]]:
+    """Each parameter's position and default, from a Python signature or an op's schema
+    (keyword-only arguments get no position a call can reach)."""
     if function is None:
         return {}
+    schema = getattr(function, "_schema", None)
+    if schema is not None:  # an OpOverload: torch's dispatcher passes kwarg-only args by name
+        return {arg.name: (len(schema.arguments) if arg.kwarg_only else position,
+                           arg.default_value if arg.has_default_value() else None)
+                for position, arg in enumerate(schema.arguments)}
     found = {}
     for position, param in enumerate(inspect.signature(function).parameters.values()):
         default = None if param.default is inspect.Parameter.empty else param.default

@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 
 _lock = _thread.RLock()
 
-#: Modules whose import triggers instrumentation, and the module that instruments each.
+#: Modules whose import triggers instrumentation, and the modules that instrument each.
 HOOKED_MODULES = {
-    "torch.distributed.distributed_c10d": "autoannot.patching",  # the collectives
-    "torch.distributed._functional_collectives": "autoannot.patching",
-    "torch.cuda.graphs": "autoannot.capture",  # captures, replays, ledgers
-    "torch.profiler.profiler": "autoannot.export",  # ledger files next to exported traces
+    "torch.distributed.distributed_c10d": ("autoannot.patching",),  # the collectives
+    "torch.distributed._functional_collectives": (
+        "autoannot.patching",
+        "autoannot.dispatch",  # the _c10d_functional ops, for compiled code
+    ),
+    "torch.cuda.graphs": ("autoannot.capture",),  # captures, replays, ledgers
+    "torch.profiler.profiler": ("autoannot.export",),  # ledger files next to exported traces
 }
 
 
@@ -116,18 +119,18 @@ def _on_import(module: ModuleType) -> None:
     with _lock:
         if not STATE.live:
             return
-        try:
-            installer = HOOKED_MODULES[module.__name__]
-            if installer == __name__:
-                _install_module(module)
-            else:
-                import importlib
+        for installer in HOOKED_MODULES[module.__name__]:
+            try:
+                if installer == __name__:
+                    _install_module(module)
+                else:
+                    import importlib
 
-                _patches.extend(importlib.import_module(installer).install(module))
-        except Exception as exc:  # never break the import of torch
-            from autoannot import wrappers
+                    _patches.extend(importlib.import_module(installer).install(module))
+            except Exception as exc:  # never break the import of torch
+                from autoannot import wrappers
 
-            wrappers.warn_once(module.__name__, "instrumenting", exc)
+                wrappers.warn_once(module.__name__, f"instrumenting ({installer})", exc)
 
 
 def _install_module(module: ModuleType) -> None:

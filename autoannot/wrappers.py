@@ -38,10 +38,6 @@ def warn_once(api: str, what: str, exc: BaseException) -> None:
     )
 
 
-def api_label(row: Collective) -> str:
-    return row.api if row.module == C10D else f"funcol.{row.api}"
-
-
 def _run_annotated(
     label: str, ctx: AnnotationContext, wrapped: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
@@ -79,7 +75,7 @@ def _run_unannotated(
 
 def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of a function that launches one collective."""
-    label = api_label(row)
+    label = row.label
     derive = plan.derive
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -210,10 +206,10 @@ def batch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
             elif "p2p_op_list" in kwargs:
                 kwargs = {**kwargs, "p2p_op_list": normalize_p2p_ops(kwargs["p2p_op_list"])}
         except Exception as exc:
-            warn_once(api_label(row), "matching P2POp functions", exc)
+            warn_once(row.label, "matching P2POp functions", exc)
         if not STATE.demand:
             return wrapped(*args, **kwargs)
-        previous, CALLS.batch_label = CALLS.batch_label, api_label(row)
+        previous, CALLS.batch_label = CALLS.batch_label, row.label
         try:
             return wrapped(*args, **kwargs)
         finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+import time
 import warnings
 from typing import Any
 
@@ -82,6 +84,7 @@ def _likely(name: str) -> st.SearchStrategy:
 
 
 _RANKS = ("src", "dst", "group_src", "group_dst")
+_INT_LIKE = ("op", "int", "true", "false", "float")
 
 
 def call_spec():
@@ -95,8 +98,9 @@ def call_spec():
         values = [draw_fn(_likely(p)) for p in chosen]
         # torch 2.13 itself crashes (SIGSEGV) on a ReduceOp given as a peer rank to send, and
         # a send to a rank outside a one-rank gloo group waits forever: not what we fuzz.
+        # Anything that converts to an int (True, 0.5, a ReduceOp) is such a rank.
         if api in ("send", "isend"):
-            values = [("int", 0) if p in _RANKS and v[0] in ("op", "int") else v
+            values = [("int", 0) if p in _RANKS and v[0] in _INT_LIKE else v
                       for p, v in zip(chosen, values, strict=True)]
         positional = draw_fn(st.integers(0, len(chosen)))
         if chosen[:positional] != params[:positional]:  # positional only as a prefix
@@ -138,6 +142,7 @@ def run_once(api: str, chosen: list[str], values: list[Any], positional: int) ->
 
 def fuzz(rank: int, world: int, examples: int, fixed: bool) -> dict[str, Any]:
     stats = {"calls": 0, "raised": 0, "differences": []}
+    started = time.monotonic()
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=fixed,
               suppress_health_check=list(HealthCheck))
@@ -151,6 +156,9 @@ def fuzz(rank: int, world: int, examples: int, fixed: bool) -> dict[str, Any]:
             annotating = run_once(*spec)
         autoannot.disable()
         stats["calls"] += 1
+        if not fixed and stats["calls"] % 500 == 0:  # long runs show progress
+            print(f"fuzz: {stats['calls']}/{examples} calls, {time.monotonic() - started:.0f} s",
+                  file=sys.stderr, flush=True)
         stats["raised"] += off[0][0] == "raised"
         if not off == fast == annotating:
             stats["differences"].append(repr((spec, off, fast, annotating))[:2000])

@@ -21,7 +21,9 @@ def free_port() -> int:
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, port: int,
-           out: str, args: tuple) -> None:
+           out: str, args: tuple, timeout_s: float) -> None:
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -32,7 +34,8 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, port: in
 
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
         else:
-            dist.init_process_group(backend, rank=rank, world_size=world)
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=timeout_s))
         result = {"ok": fn(rank, world, *args)}
     except BaseException:
         result = {"error": traceback.format_exc()}
@@ -49,18 +52,20 @@ def _entry_as(index: int, ranks: tuple[int, ...], *rest: Any) -> None:
 
 
 def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",
-              args: tuple = (), ranks: tuple[int, ...] | None = None) -> list[Any]:
+              args: tuple = (), ranks: tuple[int, ...] | None = None,
+              timeout_s: float = 300) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` processes; returns each rank's JSON-able result.
 
     ``fn`` must be a module-level function (it is pickled by reference). ``ranks`` runs only
     those ranks (the ``fake`` backend needs no peers). A rank that raised makes this raise
-    with that rank's traceback.
+    with that rank's traceback. A collective that waits longer than ``timeout_s`` raises
+    (torch's default waits 30 minutes).
     """
     ranks = tuple(range(world)) if ranks is None else ranks
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
             _entry_as,
-            args=(ranks, fn, world, backend, free_port(), out, args),
+            args=(ranks, fn, world, backend, free_port(), out, args, timeout_s),
             nprocs=len(ranks),
             join=True,
             start_method="spawn",

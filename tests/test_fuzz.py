@@ -16,7 +16,8 @@ from harness import run_ranks
 def test_generated_calls_behave_the_same_with_the_agent(figures) -> None:
     budget = os.environ.get("AUTOANNOT_FUZZ_EXAMPLES")  # set: a new random run of that size
     examples = int(budget or 400)
-    (stats,) = run_ranks(fuzz_calls.fuzz, 1, "gloo", (examples, budget is None))
+    (stats,) = run_ranks(fuzz_calls.fuzz, 1, "gloo", (examples, budget is None),
+                         timeout_s=20)  # a generated call that would hang raises instead
     figures["fuzzed calls (agent off / fast path / annotating)"] = (
         f"{stats['calls']} calls, {stats['raised']} raising, "
         f"{len(stats['differences'])} differences")
