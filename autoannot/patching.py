@@ -22,11 +22,11 @@ _lock = _thread.RLock()
 
 #: Modules whose import triggers instrumentation, and the modules that instrument each.
 HOOKED_MODULES = {
+    # The _c10d_functional ops, which compiled code calls: once torch has finished importing
+    # (torch.distributed may be imported halfway through it, before torch.library).
+    "torch": ("autoannot.dispatch",),
     "torch.distributed.distributed_c10d": ("autoannot.patching",),  # the collectives
-    "torch.distributed._functional_collectives": (
-        "autoannot.patching",
-        "autoannot.dispatch",  # the _c10d_functional ops, for compiled code
-    ),
+    "torch.distributed._functional_collectives": ("autoannot.patching",),
     "torch.cuda.graphs": ("autoannot.capture",),  # captures, replays, ledgers
     "torch.profiler.profiler": ("autoannot.export",),  # ledger files next to exported traces
 }
@@ -104,7 +104,7 @@ def _unbind_proxies_everywhere() -> None:
     from autoannot import collectives
 
     originals = {id(proxy): original for original, proxy in _proxies.values()}
-    names = {row.api for row in collectives.COLLECTIVES}
+    names = {row.api for row in collectives.COLLECTIVES if row.module != collectives.OPS}
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):

@@ -18,10 +18,17 @@ from hypothesis import strategies as st
 
 import autoannot
 
+#: c10d functions, and the _c10d_functional ops compiled code calls ("ops." + op name).
 APIS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
         "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all", "gather",
         "scatter", "barrier", "all_reduce_coalesced", "send", "isend"]
 # Not recv/irecv: on a one-rank group a receive from itself waits forever.
+APIS += [f"ops.{name}" for name in (
+    "all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_",
+    "all_gather_into_tensor", "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor", "reduce_scatter_tensor_out", "reduce_scatter_tensor_coalesced",
+    "all_to_all_single", "broadcast", "broadcast_")
+    if hasattr(torch.ops._c10d_functional, name)]
 DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.float16, torch.complex64,
           torch.bool, torch.uint8]
 OPS = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT,
@@ -54,8 +61,11 @@ def build(spec: Any) -> Any:
         return OPS[spec[1]]
     if kind == "ints":
         return list(spec[1])
+    if kind == "reduce_op":
+        return spec[1]
     return {"none": None, "str": "x", "float": 0.5, "world": dist.group.WORLD,
-            "garbage": object(), "true": True, "false": False}[kind]
+            "garbage": object(), "true": True, "false": False,
+            "group_name": dist.group.WORLD.group_name}[kind]
 
 
 same_size = st.tuples(st.sampled_from(DTYPES[:4]), st.integers(1, 4)).map(
@@ -66,10 +76,16 @@ tensor_list = st.lists(same_size, min_size=1, max_size=2).map(lambda items: ("li
 def _likely(name: str) -> st.SearchStrategy:
     """Mostly well-typed values for a parameter, sometimes anything: valid calls get through,
     invalid ones test the error paths."""
-    if name.endswith(("_list", "tensors")):
+    if name.endswith(("_list", "tensors")) or name == "inputs":
         good = tensor_list
-    elif name in ("tensor", "input", "output", "output_tensor", "input_tensor"):
+    elif name in ("tensor", "input", "output", "output_tensor", "input_tensor", "out"):
         good = same_size
+    elif name == "reduce_op":
+        good = st.sampled_from(["sum", "max", "avg", "nope"]).map(lambda op: ("reduce_op", op))
+    elif name == "group_name":
+        good = st.sampled_from([("group_name",), ("world",), ("str",)])
+    elif name == "group_size":
+        good = st.sampled_from([("int", 1), ("int", 2)])
     elif name in ("src", "dst", "group_src", "group_dst"):
         good = st.sampled_from([("int", 0), ("none",)])
     elif name == "op":
@@ -80,7 +96,26 @@ def _likely(name: str) -> st.SearchStrategy:
         good = st.sampled_from([("none",), ("ints", [1]), ("ints", [2])])
     else:
         good = st.sampled_from([("none",), ("false",)])
-    return st.one_of(good, good, good, value_spec)
+    return good
+
+
+def _anything(name: str) -> st.SearchStrategy:
+    return st.one_of(_likely(name), _likely(name), _likely(name), value_spec)
+
+
+def _parameters(api: str) -> list[tuple[str, bool, bool]]:
+    """(name, required, keyword-only) of each parameter of a c10d function or an op."""
+    if api.startswith("ops."):
+        schema = getattr(torch.ops._c10d_functional, api[4:]).default._schema
+        return [(a.name, not a.has_default_value(), a.kwarg_only) for a in schema.arguments]
+    params = inspect.signature(getattr(dist, api)).parameters.values()
+    return [(p.name, p.default is inspect.Parameter.empty, False) for p in params]
+
+
+def target(api: str) -> Any:
+    if api.startswith("ops."):
+        return getattr(torch.ops._c10d_functional, api[4:]).default
+    return getattr(dist, api)
 
 
 _RANKS = ("src", "dst", "group_src", "group_dst")
@@ -91,11 +126,14 @@ def call_spec():
     @st.composite
     def draw(draw_fn):
         api = draw_fn(st.sampled_from(APIS))
-        signature = inspect.signature(getattr(dist, api)).parameters
-        params = list(signature)
-        chosen = [p for p in params if signature[p].default is inspect.Parameter.empty
-                  or draw_fn(st.integers(0, 3)) == 0]
-        values = [draw_fn(_likely(p)) for p in chosen]
+        parameters = _parameters(api)
+        params = [name for name, _, _ in parameters]
+        chosen = [name for name, required, _ in parameters
+                  if required or draw_fn(st.integers(0, 3)) == 0]
+        # Half the calls are well-typed throughout (most of them succeed); the others may
+        # put anything anywhere (most of them raise).
+        strategy = _likely if draw_fn(st.booleans()) else _anything
+        values = [draw_fn(strategy(p)) for p in chosen]
         # torch 2.13 itself crashes (SIGSEGV) on a ReduceOp given as a peer rank to send, and
         # a send to a rank outside a one-rank gloo group waits forever: not what we fuzz.
         # Anything that converts to an int (True, 0.5, a ReduceOp) is such a rank.
@@ -103,7 +141,9 @@ def call_spec():
             values = [("int", 0) if p in _RANKS and v[0] in _INT_LIKE else v
                       for p, v in zip(chosen, values, strict=True)]
         positional = draw_fn(st.integers(0, len(chosen)))
-        if chosen[:positional] != params[:positional]:  # positional only as a prefix
+        keyword_only = {name for name, _, kw_only in parameters if kw_only}
+        if chosen[:positional] != params[:positional] or keyword_only & set(
+                chosen[:positional]):  # positional only as a prefix, never keyword-only
             positional = 0
         return api, chosen, values, positional
     return draw()
@@ -129,9 +169,12 @@ def run_once(api: str, chosen: list[str], values: list[Any], positional: int) ->
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = getattr(dist, api)(*pos, **kw)
+            result = target(api)(*pos, **kw)
             if hasattr(result, "wait"):
                 result.wait()
+            elif api.startswith("ops."):  # an op's outputs are waited on, as compiled code does
+                for tensor in result if isinstance(result, list) else [result]:
+                    torch.ops._c10d_functional.wait_tensor(tensor)
         outcome: tuple = ("returned", _summary(result))
     except Exception as exc:
         message = re.sub(r"0x[0-9a-f]+", "0x?", str(exc))  # object addresses

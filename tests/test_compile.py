@@ -8,12 +8,14 @@ Real 2- and 4-rank gloo groups; backends ``aot_eager`` (AOTAutograd's graph, run
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+import verify_traces
 from harness import run_ranks
 
 import autoannot
@@ -238,3 +240,19 @@ def test_enable_twice_registers_each_kernel_once(fake_world) -> None:
     assert torch._C._dispatch_has_kernel_for_dispatch_key(
         "_c10d_functional::all_reduce_", "BackendSelect")
     autoannot.disable()
+
+
+def test_complex_tensors_are_counted_as_on_the_gpu(fake_world) -> None:
+    """Functional collectives send complex tensors as view_as_real: the eager kernels of these
+    calls on 2 x H200 (tests/gpu/compile_graphs.py) say Float and twice the elements."""
+    trace = Path(__file__).parent / "data" / "gpu" / "compile" / "complex_rank0.json"
+    eager = verify_traces.eager_calls(trace)
+    c = torch.zeros(64, dtype=torch.complex64)
+    world, ops = dist.group.WORLD, torch.ops._c10d_functional
+    calls = [(funcol.all_reduce, (c, "sum", world)), (funcol.broadcast, (c, 0, world)),
+             (funcol.all_gather_tensor, (c, 0, world)),
+             (funcol.reduce_scatter_tensor, (c, "sum", 0, world)),
+             (ops.all_reduce_, (c, "sum", "0")), (ops.all_reduce, (c, "avg", "0"))]
+    described = [verify_traces.vocab(autoannot.describe_call(f, *args)) for f, args in calls]
+    assert [d["dtype"] for d in eager] == ["Float"] * len(calls)
+    assert described == eager

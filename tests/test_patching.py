@@ -15,7 +15,8 @@ import wrapt
 import autoannot
 from autoannot import collectives, patching
 
-ROWS = [row for row in collectives.COLLECTIVES if hasattr(sys.modules[row.module], row.api)]
+ROWS = [row for row in collectives.COLLECTIVES
+        if row.module != collectives.OPS and hasattr(sys.modules[row.module], row.api)]
 
 
 def originals() -> dict[tuple[str, str], object]:

@@ -100,3 +100,42 @@ def test_cli_run_sets_the_environment(tmp_path: Path) -> None:
     assert run_python(["-m", "autoannot.cli"], {}, tmp_path).returncode == 2
     assert autoannot.__version__ in run_python(["-m", "autoannot.cli", "--version"], {},
                                                tmp_path).stdout
+
+
+NESTED = textwrap.dedent("""
+    import os, subprocess, sys
+    import torch, torch.distributed as dist
+    from autoannot import patching
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.all_reduce(torch.ones(2))
+    wrapped = dist.all_reduce.__wrapped__
+    kernels = [p for p in patching.installed() if "Kernel" in repr(p)]
+    owners = [(id(p.owner), p.name) for p in patching.installed() if hasattr(p, "owner")]
+    print(os.getpid(), type(wrapped).__name__, len(kernels), len(owners) == len(set(owners)))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    if len(sys.argv) > 2:  # start the same program again, inheriting AUTOANNOT=1
+        subprocess.run([sys.executable, __file__, sys.argv[2]], check=True)
+""")
+
+
+def test_nested_processes_are_each_instrumented_once(tmp_path: Path) -> None:
+    """Both start-up hooks present (the .pth and the sitecustomize directory), and a child
+    python that inherits AUTOANNOT=1: every process is patched once and records each call
+    once."""
+    from harness import free_port
+
+    (tmp_path / "nested.py").write_text(NESTED)
+    record = tmp_path / "records" / "{pid}.jsonl"
+    env = {"AUTOANNOT": "1", "AUTOANNOT_RECORD": str(record), "PYTHONPATH": str(HOOK_DIR)}
+    done = run_python(["nested.py", str(free_port()), str(free_port())], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    processes = [line.split() for line in done.stdout.splitlines()]
+    assert len(processes) == 2  # the program and its nested copy
+    for pid, wrapped, kernels, distinct in processes:
+        assert wrapped == "function"  # one proxy over torch's function, not a proxy of one
+        assert kernels == "1" and distinct == "True"  # one set of dispatcher kernels
+        lines = (tmp_path / "records" / f"{pid}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["api"] for x in lines] == ["all_reduce"]

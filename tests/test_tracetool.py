@@ -15,7 +15,7 @@ from autoannot import cli, tracetool
 from autoannot import vocabulary as V
 
 DATA = Path(__file__).parent / "data" / "gpu"
-SETS = {"graphs": (2, [7, 5]), "mesh": (4, [4])}  # ranks, collectives per graph body
+SETS = {"graphs": (2, [7, 5]), "mesh": (4, [4]), "compile": (2, [8])}  # ranks, calls per body
 
 
 def copy_set(name: str, tmp_path: Path) -> Path:
