@@ -11,13 +11,15 @@ redispatch to the keys below ``BackendSelect``, that is, to torch's own kernel.
   kernel only redispatches.
 * Tracing is untouched: fake, functional and meta tensors go straight through, and compiled
   graphs hold torch's own ``OpOverload`` objects (we replace no Python object).
-* ``disable()`` deregisters the kernels; an op that already has a ``BackendSelect`` kernel
-  (someone else's) is left alone.
+* The kernels are registered when a recorder first opens or a capture first starts (a Python
+  kernel costs ~5 us per call even when it only redispatches), and stay until ``disable()``.
+  An op that already has a ``BackendSelect`` kernel (someone else's) is left alone.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -29,20 +31,41 @@ DISPATCH_KEY = "BackendSelect"
 
 
 class KernelRegistration:
-    """Our kernels on torch's dispatcher; ``undo()`` takes them off (like ``Patch.undo``)."""
+    """Our kernels on torch's dispatcher, registered on the first demand (a recorder opened or
+    a capture started: until then compiled code pays nothing); ``undo()`` takes them off, or
+    cancels the registration still pending (like ``Patch.undo``)."""
 
     __slots__ = ("library", "ops")
 
-    def __init__(self, library: Any, ops: list[str]) -> None:
-        self.library = library
-        self.ops = ops
+    def __init__(self) -> None:
+        self.library: Any = None
+        self.ops: list[str] = []
 
     def __repr__(self) -> str:
-        return f"KernelRegistration({DISPATCH_KEY}: {', '.join(self.ops)})"
+        what = ", ".join(self.ops) if self.library is not None else "on first demand"
+        return f"KernelRegistration({DISPATCH_KEY}: {what})"
+
+    def register(self) -> None:
+        with _lock:
+            if self.library is None and self in _armed:
+                try:
+                    self.library, self.ops = _register_kernels()
+                except Exception as exc:  # the collectives still run, unannotated
+                    wrappers.warn_once("_c10d_functional", "registering dispatcher kernels", exc)
 
     def undo(self) -> bool:
-        self.library._destroy()
+        with _lock:
+            if self in _armed:
+                _armed.remove(self)
+            STATE.cancel_first_demand(self.register)
+            if self.library is not None:
+                self.library._destroy()
+                self.library, self.ops = None, []
         return True
+
+
+_lock = threading.Lock()
+_armed: list[KernelRegistration] = []
 
 
 def available() -> bool:
@@ -83,11 +106,19 @@ def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any
 
 
 def install(module: ModuleType) -> list[KernelRegistration]:
-    """Register a kernel for every op of the table that this torch has."""
-    import torch
-
+    """Arm the registration of a kernel for every op of the table that this torch has."""
     if not available():
         return []
+    registration = KernelRegistration()
+    with _lock:
+        _armed.append(registration)
+    STATE.on_first_demand(registration.register)
+    return [registration]
+
+
+def _register_kernels() -> tuple[Any, list[str]]:
+    import torch
+
     namespace = torch.ops._c10d_functional
     below = torch._C._dispatch_keyset_full_after(getattr(torch._C.DispatchKey, DISPATCH_KEY))
     library = torch.library.Library("_c10d_functional", "IMPL")
@@ -100,11 +131,8 @@ def install(module: ModuleType) -> list[KernelRegistration]:
         except AttributeError:  # not in this torch
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), DISPATCH_KEY):
-            continue  # someone else's kernel (or ours, still registered)
+            continue  # someone else's kernel: leave it
         wrapper = wrappers.launch_wrapper(row, metadata.Plan(row, op))
         library.impl(row.api, _kernel(op, wrapper, below), DISPATCH_KEY, with_keyset=True)
         registered.append(row.api)
-    if not registered:
-        library._destroy()
-        return []
-    return [KernelRegistration(library, registered)]
+    return library, registered

@@ -140,6 +140,10 @@ def call_spec():
         if api in ("send", "isend"):
             values = [("int", 0) if p in _RANKS and v[0] in _INT_LIKE else v
                       for p, v in zip(chosen, values, strict=True)]
+        # The ops divide by group_size in C++: 0 (or False, or ReduceOp.SUM) is a SIGFPE.
+        values = [("int", v[1] or 1) if p == "group_size" and v[0] == "int" else
+                  ("int", 2) if p == "group_size" and v[0] in _INT_LIKE else v
+                  for p, v in zip(chosen, values, strict=True)]
         positional = draw_fn(st.integers(0, len(chosen)))
         keyword_only = {name for name, _, kw_only in parameters if kw_only}
         if chosen[:positional] != params[:positional] or keyword_only & set(

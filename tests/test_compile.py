@@ -224,22 +224,30 @@ def test_ops_raise_and_return_what_torch_does() -> None:
     assert results["kernel left after disable"] == [False]
 
 
-def test_enable_twice_registers_each_kernel_once(fake_world) -> None:
+def test_kernels_are_registered_once_on_first_demand(fake_world) -> None:
     from autoannot import patching
+
+    def registered() -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(
+            "_c10d_functional::all_reduce_", "BackendSelect")
 
     autoannot.enable()
     autoannot.enable()
     kernels = [p for p in patching.installed() if "Kernel" in repr(p)]
     assert len(kernels) == 1
-    assert torch._C._dispatch_has_kernel_for_dispatch_key(
-        "_c10d_functional::all_reduce_", "BackendSelect")
+    assert not registered()  # nothing wants annotations yet: compiled code pays nothing
+    with autoannot.record():
+        assert registered()
+    assert registered()  # kept until disable(): registering is not free, nor thread-safe
     autoannot.disable()
-    assert not torch._C._dispatch_has_kernel_for_dispatch_key(
-        "_c10d_functional::all_reduce_", "BackendSelect")
+    assert not registered()
     autoannot.enable()
-    assert torch._C._dispatch_has_kernel_for_dispatch_key(
-        "_c10d_functional::all_reduce_", "BackendSelect")
+    assert not registered()
+    with autoannot.record() as records:
+        torch.ops._c10d_functional.all_reduce_.default(torch.ones(2), "sum", "0")
+    assert [r.api for r in records] == ["_c10d_functional.all_reduce_"]
     autoannot.disable()
+    assert not registered()
 
 
 def test_complex_tensors_are_counted_as_on_the_gpu(fake_world) -> None:
