@@ -12,8 +12,9 @@ redispatch to the keys below ``BackendSelect``, that is, to torch's own kernel.
 * Tracing is untouched: fake, functional and meta tensors go straight through, and compiled
   graphs hold torch's own ``OpOverload`` objects (we replace no Python object).
 * The kernels are registered when a recorder first opens or a capture first starts (a Python
-  kernel costs ~5 us per call even when it only redispatches), and stay until ``disable()``.
-  An op that already has a ``BackendSelect`` kernel (someone else's) is left alone.
+  kernel costs ~5 us per call even when it only redispatches) and removed by ``disable()``
+  when that is safe (see ``KernelRegistration``). An op that already has a ``BackendSelect``
+  kernel (someone else's) is left alone.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ DISPATCH_KEY = "BackendSelect"
 
 
 class KernelRegistration:
-    """Our kernels on torch's dispatcher, registered on the first demand (a recorder opened or
-    a capture started: until then compiled code pays nothing); ``undo()`` takes them off, or
-    cancels the registration still pending (like ``Patch.undo``)."""
+    """Our kernels on torch's dispatcher (one per process).
 
-    __slots__ = ("library", "ops")
+    Registered on the first demand (a recorder opened or a capture started: until then
+    compiled code pays nothing). ``undo()`` (from ``disable()``) takes them off only while this
+    is the only Python thread: torch's dispatcher is not safe against a kernel removed while
+    another thread dispatches through it (measured: an internal assert in ``SafePyObject``).
+    Otherwise they stay, as pass-throughs (the agent is off), until a later ``undo()``."""
+
+    __slots__ = ("armed", "library", "ops")
 
     def __init__(self) -> None:
+        self.armed = False
         self.library: Any = None
         self.ops: list[str] = []
 
@@ -45,9 +51,16 @@ class KernelRegistration:
         what = ", ".join(self.ops) if self.library is not None else "on first demand"
         return f"KernelRegistration({DISPATCH_KEY}: {what})"
 
+    def arm(self) -> None:
+        with _lock:
+            self.armed = True
+            if self.library is not None:  # still there from before a disable(): in use again
+                return
+        STATE.on_first_demand(self.register)
+
     def register(self) -> None:
         with _lock:
-            if self.library is None and self in _armed:
+            if self.library is None and self.armed:
                 try:
                     self.library, self.ops = _register_kernels()
                 except Exception as exc:  # the collectives still run, unannotated
@@ -55,17 +68,16 @@ class KernelRegistration:
 
     def undo(self) -> bool:
         with _lock:
-            if self in _armed:
-                _armed.remove(self)
+            self.armed = False
             STATE.cancel_first_demand(self.register)
-            if self.library is not None:
+            if self.library is not None and threading.active_count() == 1:
                 self.library._destroy()
                 self.library, self.ops = None, []
         return True
 
 
 _lock = threading.Lock()
-_armed: list[KernelRegistration] = []
+REGISTRATION = KernelRegistration()
 
 
 def available() -> bool:
@@ -109,11 +121,8 @@ def install(module: ModuleType) -> list[KernelRegistration]:
     """Arm the registration of a kernel for every op of the table that this torch has."""
     if not available():
         return []
-    registration = KernelRegistration()
-    with _lock:
-        _armed.append(registration)
-    STATE.on_first_demand(registration.register)
-    return [registration]
+    REGISTRATION.arm()
+    return [REGISTRATION]
 
 
 def _register_kernels() -> tuple[Any, list[str]]:

@@ -103,6 +103,12 @@ def diagnose() -> dict[str, Any]:
                                "cudaErrorCallRequiresNewerDriver)")
         except Exception as exc:
             missing.append(f"probing cudaGraphNodeGetToolsId failed: {exc}")
+    from autoannot import dispatch
+
+    report["compiled_code"] = ("annotated (a BackendSelect kernel per _c10d_functional op)"
+                               if dispatch.available() else
+                               "not annotated: this torch cannot take a Python kernel that "
+                               "redispatches (torch.library with_keyset)")
     report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
     report["missing"] = missing
     report["hook"] = _hook_state()
@@ -115,6 +121,8 @@ def format_report(report: dict[str, Any]) -> str:
                 "cuda_bindings", "wrapt", "torch_annotation_module"):
         lines.append(f"  {key:24} {report.get(key) if report.get(key) is not None else '-'}")
     lines += ["", f"  annotation path: {report['path']}"]
+    if report.get("compiled_code"):
+        lines.append(f"  torch.compile'd collectives: {report['compiled_code']}")
     if report.get("missing"):
         lines.append("  for torch's toolsId path:")
         lines += [f"    - {m}" for m in report["missing"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -31,10 +32,21 @@ def test_fsdp2_and_dtensor_are_annotated_and_unchanged(world: int) -> None:
             assert result["dp_desc"] == "mesh_dp"
 
 
-def test_threads_and_a_toggling_thread(fake_world) -> None:
+def _all_reduce_op(tensor: torch.Tensor, group: Any) -> None:
+    """What compiled code calls: the functional op (through our dispatcher kernel), then wait."""
+    ops = torch.ops._c10d_functional
+    ops.wait_tensor.default(ops.all_reduce_.default(tensor, "sum", group.group_name))
+
+
+@pytest.mark.parametrize("via", ["c10d", "op"])
+def test_threads_and_a_toggling_thread(fake_world, via: str) -> None:
     """8 threads on 8 process groups, a recorder open, another thread toggling the agent: no
     crash, no deadlock, and every call that ran wholly while the agent stayed on is recorded
-    exactly once (calls are told apart by their tensor sizes)."""
+    exactly once (calls are told apart by their tensor sizes). ``op``: the calls go through
+    the functional op, so the toggling registers and removes dispatcher kernels while other
+    threads dispatch through them."""
+    all_reduce = _all_reduce_op if via == "op" else (
+        lambda tensor, group: dist.all_reduce(tensor, group=group))
     groups = [dist.new_group([0, 1]) for _ in range(8)]
     generation = [0]
     stop = threading.Event()
@@ -51,7 +63,7 @@ def test_threads_and_a_toggling_thread(fake_world) -> None:
         for i in range(150):
             numel = 1 + t * 1000 + i
             before, on = generation[0], autoannot.is_enabled()
-            dist.all_reduce(torch.ones(numel), group=groups[t])
+            all_reduce(torch.ones(numel), groups[t])
             # an even generation: no toggle was under way when the call started
             seen.append((numel, on and before % 2 == 0 and generation[0] == before))
 

@@ -110,6 +110,7 @@ def test_doctor_on_a_cpu_machine(capsys) -> None:
     report = doctor.diagnose()
     assert report["torch"] and report["wrapt"]
     assert report["path"] in ("torch toolsId", "autoannot fallback (capture ledgers)")
+    assert report["compiled_code"].startswith("annotated")  # torch 2.13 takes our kernels
     import torch
 
     if not torch.cuda.is_available():
