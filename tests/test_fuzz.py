@@ -20,6 +20,7 @@ def test_generated_calls_behave_the_same_with_the_agent(figures) -> None:
                          timeout_s=20)  # a generated call that would hang raises instead
     figures["fuzzed calls (agent off / fast path / annotating)"] = (
         f"{stats['calls']} calls, {stats['raised']} raising, "
+        f"{stats['nondeterministic']} nondeterministic in torch itself, "
         f"{len(stats['differences'])} differences")
     assert stats["calls"] >= min(examples, 100)
     assert stats["differences"] == [], stats["differences"][:3]
