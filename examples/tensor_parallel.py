@@ -4,7 +4,8 @@
 
 The block is Megatron-style with sequence parallelism: all-gather the sequence shards, a
 column-parallel linear, a row-parallel linear, reduce-scatter back to sequence shards (the
-backward pass runs the mirror collectives); the replicated bias is broadcast at start and its
+backward pass runs the mirror all-gather, launched by autograd from C++: annotated through the
+dispatcher); the replicated bias is broadcast at start and its
 gradient all-reduced. Run with ``AUTOANNOT=1`` and
 every Python process (the spawned ranks included) is instrumented: this script then prints the
 annotation the agent attached to each collective, read from ``AUTOANNOT_RECORD`` files.

@@ -288,3 +288,30 @@ def test_complex_tensors_are_counted_as_on_the_gpu(fake_world) -> None:
     described = [verify_traces.vocab(autoannot.describe_call(f, *args)) for f, args in calls]
     assert [d["dtype"] for d in eager] == ["Float"] * len(calls)
     assert described == eager
+
+
+def autograd_forms(rank: int, world: int) -> dict[str, Any]:
+    x = torch.arange(4.0, requires_grad=True)
+    autoannot.enable()
+    with autoannot.record() as records:
+        y = funcol.all_gather_tensor_autograd(x * 2, 0, dist.group.WORLD)
+        z = funcol.reduce_scatter_tensor_autograd(y * 3, "sum", 0, dist.group.WORLD)
+        funcol.wait_tensor(z).sum().backward()
+    # What the backward launches, called eagerly: the same ops on tensors of the grads' shapes.
+    with autoannot.record() as eager:
+        funcol.all_gather_tensor(torch.ones(4), 0, dist.group.WORLD)
+        funcol.reduce_scatter_tensor(torch.ones(8), "sum", 0, dist.group.WORLD)
+    return {"apis": [r.api for r in records], "grad": x.grad.tolist(),
+            "backward": _records_without_names(records[2:]),
+            "eager": _records_without_names(eager)}
+
+
+def test_backward_collectives_of_autograd_forms_are_annotated() -> None:
+    """The backward of funcol's autograd forms launches collectives from C++ (autograd nodes
+    calling the ops): the dispatcher kernels annotate them like the same eager calls."""
+    for result in run_ranks(autograd_forms, 2):
+        assert result["apis"] == [
+            "funcol.all_gather_tensor_autograd", "funcol.reduce_scatter_tensor_autograd",
+            "_c10d_functional.all_gather_into_tensor", "_c10d_functional.reduce_scatter_tensor"]
+        assert result["backward"] == result["eager"]
+        assert result["grad"] == [12.0] * 4
