@@ -95,21 +95,27 @@ def available() -> bool:
         return False
 
 
-def _is_real(value: Any) -> bool:
-    """A tensor that holds data (not fake, functional or meta), or a list starting with one."""
+def _real_tensor_check() -> Callable[[Any], bool]:
     import torch
 
-    if isinstance(value, list | tuple):
-        value = value[0] if value else None
-    return (type(value) in (torch.Tensor, torch.nn.Parameter)
-            and value.device.type != "meta")
+    plain = (torch.Tensor, torch.nn.Parameter)
+
+    def is_real(value: Any) -> bool:
+        """A tensor that holds data (not fake, functional or meta), or a list starting with
+        one."""
+        if type(value) in (list, tuple):
+            value = value[0] if value else None
+        return type(value) in plain and not value.is_meta
+
+    return is_real
 
 
 def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any]:
     redispatch = op.redispatch
+    is_real = _real_tensor_check()
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        if STATE.demand and not CALLS.depth and args and _is_real(args[0]):
+        if STATE.demand and not CALLS.depth and args and is_real(args[0]):
             return wrapper(functools.partial(redispatch, keyset & below), None, args, kwargs)
         return redispatch(keyset & below, *args, **kwargs)
 

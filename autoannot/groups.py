@@ -128,10 +128,11 @@ def resolve_any(group: Any, tag: str = "") -> Any:
     DeviceMesh, ``(mesh, dim)``, or a group name."""
     if group is None:
         return resolve_c10d(None)
-    from torch.distributed import distributed_c10d as c10d
-
+    c10d = sys.modules["torch.distributed.distributed_c10d"]  # imported: a collective ran
     if isinstance(group, c10d.ProcessGroup):
         return group
+    if isinstance(group, str):  # what the ops pass (compiled code)
+        return c10d._resolve_process_group(group)
     if isinstance(group, tuple) and len(group) == 2 and hasattr(group[0], "get_group"):
         mesh, dim = group
         return mesh.get_group(dim)
@@ -139,8 +140,6 @@ def resolve_any(group: Any, tag: str = "") -> Any:
         if group.ndim != 1:
             raise ValueError("only a 1-D DeviceMesh names one group; pass (mesh, dim)")
         return group.get_group(0)
-    if isinstance(group, str):
-        return c10d._resolve_process_group(group)
     from torch.distributed import _functional_collectives as funcol
 
     return c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
