@@ -11,10 +11,10 @@ redispatch to the keys below ``BackendSelect``, that is, to torch's own kernel.
   kernel only redispatches.
 * Tracing is untouched: fake, functional and meta tensors go straight through, and compiled
   graphs hold torch's own ``OpOverload`` objects (we replace no Python object).
-* The kernels are registered when a recorder first opens or a capture first starts (a Python
-  kernel costs ~5 us per call even when it only redispatches) and removed by ``disable()``
-  when that is safe (see ``KernelRegistration``). An op that already has a ``BackendSelect``
-  kernel (someone else's) is left alone.
+* The kernels are registered when the agent is turned on and removed by ``disable()`` when
+  that is safe (see ``KernelRegistration``); with nothing to annotate a kernel only
+  redispatches (a Python kernel costs ~4 us per call just to be called). An op that already
+  has a ``BackendSelect`` kernel (someone else's) is left alone.
 """
 
 from __future__ import annotations
@@ -32,44 +32,36 @@ DISPATCH_KEY = "BackendSelect"
 
 
 class KernelRegistration:
-    """Our kernels on torch's dispatcher (one per process).
+    """Our kernels on torch's dispatcher (one registration per process).
 
-    Registered on the first demand (a recorder opened or a capture started: until then
-    compiled code pays nothing). ``undo()`` (from ``disable()``) takes them off only while this
-    is the only Python thread: torch's dispatcher is not safe against a kernel removed while
-    another thread dispatches through it (measured: an internal assert in ``SafePyObject``).
-    Otherwise they stay, as pass-throughs (the agent is off), until a later ``undo()``."""
+    Torch's dispatcher is not safe against a kernel added or removed while another thread
+    dispatches through that op (measured: an internal assert in ``SafePyObject``, raised in the
+    calling thread). So the kernels are registered when the agent is turned on — at torch's
+    import under ``AUTOANNOT=1``, before your threads exist — not later, when a recorder opens
+    or a capture starts; and ``undo()`` (from ``disable()``) removes them only while this is
+    the only Python thread. Otherwise they stay, as pass-throughs (the agent is off), until a
+    later ``undo()`` or the end of the process."""
 
-    __slots__ = ("armed", "library", "ops")
+    __slots__ = ("library", "ops")
 
     def __init__(self) -> None:
-        self.armed = False
         self.library: Any = None
         self.ops: list[str] = []
 
     def __repr__(self) -> str:
-        what = ", ".join(self.ops) if self.library is not None else "on first demand"
-        return f"KernelRegistration({DISPATCH_KEY}: {what})"
-
-    def arm(self) -> None:
-        with _lock:
-            self.armed = True
-            if self.library is not None:  # still there from before a disable(): in use again
-                return
-        STATE.on_first_demand(self.register)
+        return f"KernelRegistration({DISPATCH_KEY}: {', '.join(self.ops) or 'none'})"
 
     def register(self) -> None:
         with _lock:
-            if self.library is None and self.armed:
-                try:
-                    self.library, self.ops = _register_kernels()
-                except Exception as exc:  # the collectives still run, unannotated
-                    wrappers.warn_once("_c10d_functional", "registering dispatcher kernels", exc)
+            if self.library is not None:  # still there from before a disable(): in use again
+                return
+            try:
+                self.library, self.ops = _register_kernels()
+            except Exception as exc:  # the collectives still run, unannotated
+                wrappers.warn_once("_c10d_functional", "registering dispatcher kernels", exc)
 
     def undo(self) -> bool:
         with _lock:
-            self.armed = False
-            STATE.cancel_first_demand(self.register)
             if self.library is not None and threading.active_count() == 1:
                 self.library._destroy()
                 self.library, self.ops = None, []
@@ -124,10 +116,12 @@ def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any
 
 
 def install(module: ModuleType) -> list[KernelRegistration]:
-    """Arm the registration of a kernel for every op of the table that this torch has."""
-    if not available():
+    """Register a kernel for every op of the table that this torch has."""
+    from autoannot import config
+
+    if not config.from_environment().ops or not available():
         return []
-    REGISTRATION.arm()
+    REGISTRATION.register()
     return [REGISTRATION]
 
 

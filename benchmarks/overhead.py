@@ -109,8 +109,7 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, tutori
         with autoannot.record() as records:
             samples["annotating"].append(per_call_us(through_proxy, calls))
         assert len(records) == calls, (name, len(records))
-        # After a recorder: for an op, our dispatcher kernel is registered and passes through
-        # (before the first recorder or capture of a process there is none: nothing added).
+        # For an op: our dispatcher kernel, passing the call through.
         samples["fast path"].append(per_call_us(through_proxy, calls))
         autoannot.disable()
     # The minimum over many short interleaved samples: on a shared machine, noise only adds.
