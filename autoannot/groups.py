@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,10 @@ def _global_rank_keys(start: int, stride: int) -> dict[str, int]:
 
 
 _lock = threading.Lock()
-_facts: dict[int, tuple[Any, GroupFacts]] = {}  # id(pg) -> (pg, facts); pg kept to pin the id
+# id(pg) -> (weak reference to pg, facts). Weak: holding a group would keep its backend alive
+# after destroy_process_group(), its threads running into interpreter exit (where gloo's can
+# abort the process); the entry goes when the group does.
+_facts: dict[int, tuple[weakref.ref, GroupFacts]] = {}
 _own_lanes: dict[str, int] = {}
 
 
@@ -84,7 +88,7 @@ def _stride_of(ranks: tuple[int, ...], is_default: bool) -> tuple[int, int]:
 def facts_of(pg: Any) -> GroupFacts:
     """The cached facts of a ProcessGroup (built on first use)."""
     entry = _facts.get(id(pg))
-    if entry is not None and entry[0] is pg:
+    if entry is not None and entry[0]() is pg:
         return entry[1]
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -108,8 +112,15 @@ def facts_of(pg: Any) -> GroupFacts:
         group_keys=_group_keys(name, desc, ranks_text),
         global_rank_keys=_global_rank_keys(start, stride),
     )
+    key = id(pg)
+
+    def forget(ref: weakref.ref) -> None:  # the group is gone: its id may be reused
+        with _lock:
+            if _facts.get(key, (None,))[0] is ref:
+                del _facts[key]
+
     with _lock:
-        _facts[id(pg)] = (pg, facts)
+        _facts[key] = (weakref.ref(pg, forget), facts)
     return facts
 
 
