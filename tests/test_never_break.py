@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from harness import run_ranks
 
 import autoannot
 from autoannot import wrappers
@@ -115,3 +117,26 @@ def test_describe_call_and_annotate_collective_agree_with_the_agent(fake_world, 
         "allreduce")
     with pytest.raises(KeyError):
         autoannot.annotate_collective("no_such_collective", inp, inp)
+
+
+def group_lifetime(rank: int, world: int) -> list[Any]:
+    import gc
+    import weakref
+
+    from autoannot import groups
+
+    autoannot.enable()
+    with autoannot.record():
+        dist.all_reduce(torch.ones(2))
+    pg = weakref.ref(dist.group.WORLD)
+    cached = len(groups._facts)
+    dist.destroy_process_group()
+    gc.collect()
+    return [cached, pg() is None, len(groups._facts)]
+
+
+def test_the_agent_does_not_keep_destroyed_groups_alive() -> None:
+    """A destroyed group is freed (its backend's threads stop) with the agent on, as without
+    it: the metadata cache holds groups weakly."""
+    (seen,) = run_ranks(group_lifetime, 1)
+    assert seen == [1, True, 0]
