@@ -139,3 +139,30 @@ def test_nested_processes_are_each_instrumented_once(tmp_path: Path) -> None:
         assert kernels == "1" and distinct == "True"  # one set of dispatcher kernels
         lines = (tmp_path / "records" / f"{pid}.jsonl").read_text().splitlines()
         assert [json.loads(x)["api"] for x in lines] == ["all_reduce"]
+
+
+TORCHRUN_PROGRAM = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_workers_are_instrumented(tmp_path: Path) -> None:
+    from harness import free_port
+
+    (tmp_path / "job.py").write_text(TORCHRUN_PROGRAM)
+    record = tmp_path / "records" / "rank{rank}.jsonl"
+    done = run_python(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                       "--master-port", str(free_port()), "job.py"],
+                      {"AUTOANNOT": "1", "AUTOANNOT_RECORD": str(record)}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        lines = [json.loads(x) for x in
+                 (tmp_path / "records" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [x["api"] for x in lines] == ["all_reduce", "barrier"]
+        assert lines[0]["param_comms"]["Rank"] == rank
+        assert lines[0]["call_site"].endswith("job.py:5")
