@@ -24,10 +24,15 @@ import autoannot
 HOOK_DIR = Path(__file__).parent / "_hook"
 
 
+def _bad_input(command: str, message: str) -> int:
+    """Say what is wrong in one line on stderr; return the exit code for bad input (2)."""
+    print(f"autoannot {command}: {message}", file=sys.stderr)
+    return 2
+
+
 def _run(args: argparse.Namespace) -> int:
     if not args.command:
-        print("autoannot run: give a command to run", file=sys.stderr)
-        return 2
+        return _bad_input("run", "give a command to run")
     env = dict(os.environ, AUTOANNOT="1")
     if args.record:
         env["AUTOANNOT_RECORD"] = args.record
@@ -58,19 +63,15 @@ def _annotate(args: argparse.Namespace) -> int:
 
     traces = [Path(t) for t in args.traces]
     if args.ledger and len(traces) != 1:
-        print("autoannot annotate: --ledger takes one trace", file=sys.stderr)
-        return 2
+        return _bad_input("annotate", "--ledger takes one trace")
     try:
         outputs = _outputs(traces, args.output)
     except OSError as exc:
-        print(f"autoannot annotate: {args.output}: cannot create: {exc.strerror}",
-              file=sys.stderr)
-        return 2
+        return _bad_input("annotate", f"{args.output}: cannot create: {exc.strerror}")
     for out in outputs:
         if not out.name.endswith((".json", ".json.gz", ".pftrace")):
-            print(f"autoannot annotate: {out}: unknown output format (use .json, .json.gz "
-                  "or .pftrace)", file=sys.stderr)
-            return 2
+            return _bad_input("annotate", f"{out}: unknown output format (use .json, "
+                              ".json.gz or .pftrace)")
     reports, status = [], 0
     for n, (trace, out) in enumerate(zip(traces, outputs, strict=True), 1):
         if len(traces) > 1:
@@ -78,11 +79,9 @@ def _annotate(args: argparse.Namespace) -> int:
         try:
             report = tracetool.annotate_file(trace, out, args.ledger)
         except tracetool.TraceError as exc:
-            print(f"autoannot annotate: {exc}", file=sys.stderr)
-            return 2
+            return _bad_input("annotate", str(exc))
         except OSError as exc:
-            print(f"autoannot annotate: {out}: cannot write: {exc.strerror}", file=sys.stderr)
-            return 2
+            return _bad_input("annotate", f"{out}: cannot write: {exc.strerror}")
         reports.append({**report.as_dict(), "output": str(out)})
         for problem in report.mismatches:
             print(f"{trace}: mismatch: {problem}", file=sys.stderr)
@@ -104,8 +103,7 @@ def _summary(args: argparse.Namespace) -> int:
     try:
         rows = summary.summarize([Path(t) for t in args.traces], progress=not args.quiet)
     except tracetool.TraceError as exc:
-        print(f"autoannot summary: {exc}", file=sys.stderr)
-        return 2
+        return _bad_input("summary", str(exc))
     if not rows:
         print("autoannot summary: no NCCL kernel carries collective args in these traces "
               "(annotate graphed traces first: autoannot annotate)", file=sys.stderr)
@@ -119,8 +117,7 @@ def _summary(args: argparse.Namespace) -> int:
 
             export.atomic_write_text(args.json, json.dumps(rows, indent=1))
     except OSError as exc:
-        print(f"autoannot summary: cannot write: {exc}", file=sys.stderr)
-        return 2
+        return _bad_input("summary", f"cannot write: {exc}")
     return 0
 
 
@@ -129,21 +126,17 @@ def _plot(args: argparse.Namespace) -> int:
 
     output = Path(args.output)
     if output.suffix not in (".png", ".svg", ".pdf"):
-        print(f"autoannot plot: {output}: use .png, .svg or .pdf", file=sys.stderr)
-        return 2
+        return _bad_input("plot", f"{output}: use .png, .svg or .pdf")
     from autoannot import plot  # matplotlib itself is imported when drawing
 
     try:
         drawn = plot.plot([Path(t) for t in args.traces], output, args.title)
     except ImportError:
-        print("autoannot plot: needs matplotlib: pip install matplotlib", file=sys.stderr)
-        return 2
+        return _bad_input("plot", "needs matplotlib: pip install matplotlib")
     except tracetool.TraceError as exc:
-        print(f"autoannot plot: {exc}", file=sys.stderr)
-        return 2
+        return _bad_input("plot", str(exc))
     except OSError as exc:
-        print(f"autoannot plot: {output}: cannot write: {exc.strerror}", file=sys.stderr)
-        return 2
+        return _bad_input("plot", f"{output}: cannot write: {exc.strerror}")
     print(f"{output}: {drawn['ranks']} ranks, {drawn['lanes']} lanes, {drawn['kernels']} "
           "kernels")
     return 0

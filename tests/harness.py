@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -81,3 +82,22 @@ def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",
     if errors:
         raise RuntimeError("\n".join(errors))
     return [res["ok"] for res in results]
+
+
+def launch_on_gpus(worker: Callable[..., Any], world: int, out: Path) -> bool:
+    """``worker(rank, world, out_dir, port)`` on ``world`` GPUs (the GPU scripts), with NCCL's
+    multicast paths off as the lent machines need. False, with a message, if there are too few
+    GPUs."""
+    import torch
+
+    if torch.cuda.device_count() < world:
+        print(f"needs {world} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
+        return False
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    out.mkdir(parents=True, exist_ok=True)
+    print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "world", world,
+          "autoannot on:", os.environ.get("AUTOANNOT"))
+    mp.start_processes(worker, args=(world, str(out), free_port()), nprocs=world, join=True,
+                       start_method="spawn")
+    return True

@@ -26,6 +26,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+from harness import launch_on_gpus
+
 CALLS = 3
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
@@ -140,31 +143,16 @@ def worker(rank: int, world: int, out_dir: str, port: int) -> None:
     os._exit(0)  # NCCL teardown with live graphs can hang; the traces are written
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main() -> int:
-    if torch.cuda.device_count() < 2:
-        print("needs 2 GPUs", file=sys.stderr)
-        return 2
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu_out")
-    out.mkdir(parents=True, exist_ok=True)
-    print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(),
-          "autoannot on:", os.environ.get("AUTOANNOT"))
-    torch.multiprocessing.spawn(worker, args=(2, str(out), free_port()), nprocs=2)
+    if not launch_on_gpus(worker, 2, out):
+        return 2
     return verify(out, world=2)
 
 
 def verify(out: Path, world: int) -> int:
     """Annotate each rank's compiled-replay trace offline; compare with the eager twin."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import verify_traces
 
     from autoannot import tracetool

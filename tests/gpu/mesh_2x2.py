@@ -21,6 +21,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+from harness import launch_on_gpus
+
 REPLAYS = 3
 HIDDEN, FFN, TOKENS, BUCKET = 256, 1024, 512, 1 << 16
 
@@ -95,21 +98,10 @@ def worker(rank: int, world: int, out_dir: str, port: int) -> None:
 
 
 def main() -> int:
-    import socket
-
     world = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    if torch.cuda.device_count() < world:
-        print(f"needs {world} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
-        return 2
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "mesh_out")
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    print("torch", torch.__version__, "world", world, "autoannot on:", os.environ.get("AUTOANNOT"))
-    torch.multiprocessing.spawn(worker, args=(world, str(out), port), nprocs=world)
+    if not launch_on_gpus(worker, world, out):
+        return 2
     print("traces written to", out)
     return 0
 
