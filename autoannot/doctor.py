@@ -103,12 +103,15 @@ def diagnose() -> dict[str, Any]:
                                "cudaErrorCallRequiresNewerDriver)")
         except Exception as exc:
             missing.append(f"probing cudaGraphNodeGetToolsId failed: {exc}")
-    from autoannot import dispatch
+    from autoannot import config, dispatch
 
-    report["compiled_code"] = ("annotated (a BackendSelect kernel per _c10d_functional op)"
-                               if dispatch.available() else
-                               "not annotated: this torch cannot take a Python kernel that "
-                               "redispatches (torch.library with_keyset)")
+    if not config.from_environment().ops:
+        report["compiled_code"] = "not annotated: AUTOANNOT_OPS=0"
+    elif dispatch.available():
+        report["compiled_code"] = "annotated (a BackendSelect kernel per _c10d_functional op)"
+    else:
+        report["compiled_code"] = ("not annotated: this torch cannot take a Python kernel that "
+                                   "redispatches (torch.library with_keyset)")
     report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
     report["missing"] = missing
     report["hook"] = _hook_state()
