@@ -11,3 +11,4 @@ if os.environ.get("AUTOANNOT_RECORD"):
     from autoannot.state import STATE
 
     STATE.open_recorder(FileSink(os.environ["AUTOANNOT_RECORD"]))
+

@@ -4,8 +4,12 @@ no toolsId support needed.
 
 * ``CUDAGraph.capture_begin`` / ``capture_end`` are wrapped to count captures (the collective
   wrappers only read the count) and to name each graph ``autoannot.graph.<n>``.
-* While a graph is being captured, every annotation context entered on the capturing thread
-  appends ``{"annotation", "kernels"}`` to that graph's ledger, in capture order.
+* While a graph is being captured, every annotation context entered for a launch into that
+  capture appends ``{"annotation", "kernels"}`` to that graph's ledger, in launch order. A
+  launch is tied to its capture by the capture itself, not by the thread that made it: CUDA
+  gives every stream that takes part in a capture (the capturing stream and every stream
+  joined to it, such as autograd's during a captured backward) the same capture; the agent
+  asks which capture the launching thread's current stream is in (``CaptureIdentity``).
 * ``CUDAGraph.replay`` is wrapped: while the profiler runs, each replay of a graph with a ledger
   runs inside ``record_function("autoannot.replay:<graph>")``, so the trace tool can tell which
   graph each ``cudaGraphLaunch`` launched.
@@ -20,6 +24,7 @@ import _thread
 import contextlib
 import inspect
 import itertools
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -38,11 +43,12 @@ _lock = _thread.allocate_lock()
 class Ledger:
     """What one captured graph launches, in capture order."""
 
-    __slots__ = ("entries", "name")
+    __slots__ = ("capture_id", "entries", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.entries: list[dict[str, Any]] = []
+        self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
 
 
 #: Every graph captured with the agent on, by name (kept for the ledger files).
@@ -57,12 +63,92 @@ class _Capturing(_thread._local):
 _capturing = _Capturing()
 
 
+class CaptureIdentity:
+    """Which capture in progress a launch goes into: the one the current stream takes part in.
+
+    ``how`` says what answers, the first that works here, in this order:
+
+    * ``"torch graph"``: torch's ``CUDAGraph.get_currently_capturing_graph()`` (it asks CUDA
+      for the current stream's capture id and maps it to the graph object);
+    * ``"cuda capture id"``: ``cudaStreamGetCaptureInfo`` through ``cuda.bindings``, the id
+      noted when the capture began;
+    * ``"thread"``: neither is here: a launch belongs to the capture begun on its own thread
+      (launches from other threads, such as autograd's, are missed).
+    """
+
+    def __init__(self) -> None:
+        self.how = ""
+        self._by_id: dict[Any, Ledger] = {}
+
+    def _choose(self) -> str:
+        import torch
+
+        graph_class = getattr(torch._C, "_CUDAGraph", None)
+        if callable(getattr(graph_class, "get_currently_capturing_graph", None)):
+            return "torch graph"
+        try:
+            from cuda.bindings import runtime  # noqa: F401
+        except Exception:
+            return "thread"
+        return "cuda capture id"
+
+    def began(self, ledger: Ledger) -> None:
+        """A capture began on this thread (its current stream is the capturing stream)."""
+        if not self.how:
+            self.how = self._choose()
+        if self.how == "cuda capture id":
+            capture_id = _cuda_capture_id()
+            if capture_id is not None:
+                with _lock:
+                    self._by_id[capture_id] = ledger
+                ledger.capture_id = capture_id
+
+    def ended(self, ledger: Ledger) -> None:
+        with _lock:
+            self._by_id.pop(ledger.capture_id, None)
+
+    def current(self) -> Ledger | None:
+        """The ledger of the capture the current stream takes part in; None if none."""
+        how = self.how
+        if how == "torch graph":
+            import torch
+
+            try:
+                graph = torch._C._CUDAGraph.get_currently_capturing_graph()
+            except Exception:  # this stream is not capturing
+                return None
+            ledger = _ledger_of(graph)
+            if ledger is not None:
+                return ledger
+        elif how == "cuda capture id":
+            capture_id = _cuda_capture_id()
+            return None if capture_id is None else self._by_id.get(capture_id)
+        stack = _capturing.stack  # "thread", or a graph object we do not know
+        return stack[-1] if stack else None
+
+
+def _cuda_capture_id() -> Any:
+    """``cudaStreamGetCaptureInfo`` of the current stream: the capture id, or None."""
+    import torch
+    from cuda.bindings import runtime
+
+    stream = runtime.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
+    err, status, capture_id, *_ = runtime.cudaStreamGetCaptureInfo(stream)
+    if err != runtime.cudaError_t.cudaSuccess:
+        return None
+    active = runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive
+    return capture_id if status == active else None
+
+
+IDENTITY = CaptureIdentity()
+
+
 def on_annotation(ctx: Any) -> None:
-    """A collective launched while a capture is in progress: add it to the graph's ledger."""
-    stack = _capturing.stack
-    if not stack:
-        return  # the capture runs on another thread; this launch is not in it
-    stack[-1].entries.append(
+    """A collective launched while a capture is in progress: add it to its graph's ledger."""
+    ledger = IDENTITY.current()
+    if ledger is None:
+        return  # this launch goes into no capture (eager work on another stream)
+    ledger.entries.append(
         {"api": ctx.api, "annotation": ctx.annotation, "kernels": list(ctx.kernels)}
     )
 
@@ -81,6 +167,12 @@ def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     with contextlib.suppress(AttributeError):  # a graph class without attributes: no ledger
         graph._autoannot_graph = name
     _capturing.stack.append(ledger)
+    try:
+        IDENTITY.began(ledger)
+    except Exception as exc:  # the capture goes on; launches are tied by thread
+        from autoannot import wrappers
+
+        wrappers.warn_once("CUDAGraph.capture_begin", "identifying the capture", exc)
     STATE.capture_started()
     return result
 
@@ -94,7 +186,9 @@ def _capture_end(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
         if ledger is not None and ledger in stack:
             stack.remove(ledger)
         elif stack:
-            stack.pop()
+            ledger = stack.pop()
+        if ledger is not None:
+            IDENTITY.ended(ledger)
         STATE.capture_ended()
 
 
@@ -105,6 +199,9 @@ def _profiler_running() -> bool:
 
 
 def _replay(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
+    dispatch = sys.modules.get("autoannot.dispatch")
+    if dispatch is not None and dispatch.REGISTRATION.lingering:  # captures are over
+        dispatch.REGISTRATION.remove_if_safe()
     name = getattr(graph, "_autoannot_graph", None)
     if name is None or not STATE.live or not _profiler_running():
         return wrapped(*args, **kwargs)

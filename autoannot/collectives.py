@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 C10D = "torch.distributed.distributed_c10d"
 FUNCOL = "torch.distributed._functional_collectives"
 OPS = "torch.ops._c10d_functional"  # the ops compiled code calls (annotated in dispatch.py)
+#: The ops every ProcessGroup call dispatches through, from Python or C++ (DDP's reducer,
+#: autograd, extensions): annotated in dispatch.py, for launches no proxy saw.
+PG_OPS = "torch.ops.c10d"
+#: Rows annotated by a kernel on torch's dispatcher rather than by a Python proxy.
+OP_MODULES = (OPS, PG_OPS)
 
 
 class Role(enum.Enum):
@@ -41,6 +46,14 @@ class Rank(enum.Enum):
     SELF = "self"
     ROOT = "root"  # broadcast/reduce/gather/scatter: the root
     PEER = "peer"  # send/recv: the peer, plus "Dst Rank"/"Src Rank" (its global rank)
+
+
+class GroupArg(enum.Enum):
+    """What the group parameter holds."""
+
+    C10D = "c10d"  # a ProcessGroup; None: the default group
+    ANY = "any"  # a ProcessGroup, ranks, a DeviceMesh, (mesh, dim) or a group name
+    BOXED = "boxed"  # the dispatcher's boxed ProcessGroup (a ScriptObject)
 
 
 class Splits(enum.Enum):
@@ -75,7 +88,7 @@ class Collective:
     splits: Splits = Splits.NONE
     split_params: tuple[str, str] = ("input_split_sizes", "output_split_sizes")
     group_param: str = "group"
-    any_group: bool = False  # group may be ranks, a DeviceMesh, (mesh, dim) or a name
+    group_arg: GroupArg = GroupArg.C10D
     complex_as_real: bool = False  # c10d sends complex tensors as view_as_real
     kernels: frozenset[str] = field(default_factory=frozenset)
     coalesced_name: str | None = None  # "Collective name" of a _coalescing_manager block
@@ -87,8 +100,11 @@ class Collective:
     @property
     def label(self) -> str:
         """The annotation's "name": ``all_reduce``, ``funcol.all_reduce``,
-        ``_c10d_functional.all_reduce_``."""
-        return {C10D: "", FUNCOL: "funcol.", OPS: "_c10d_functional."}[self.module] + self.api
+        ``_c10d_functional.all_reduce_``, ``c10d.allreduce_``."""
+        return _LABEL_PREFIX[self.module] + self.api
+
+
+_LABEL_PREFIX = {C10D: "", FUNCOL: "funcol.", OPS: "_c10d_functional.", PG_OPS: "c10d."}
 
 
 def _c10d(api: str, eager_name: str | None, kernels: tuple[str, ...] = (), **rules) -> Collective:
@@ -97,13 +113,18 @@ def _c10d(api: str, eager_name: str | None, kernels: tuple[str, ...] = (), **rul
 
 def _funcol(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
     return Collective(
-        api, FUNCOL, eager_name, kernels=frozenset(kernels), any_group=True, **rules
+        api, FUNCOL, eager_name, kernels=frozenset(kernels), group_arg=GroupArg.ANY, **rules
     )
 
 
 def _op(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
-    return Collective(api, OPS, eager_name, kernels=frozenset(kernels), any_group=True,
+    return Collective(api, OPS, eager_name, kernels=frozenset(kernels), group_arg=GroupArg.ANY,
                       group_param="group_name", **rules)
+
+
+def _pg_op(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
+    return Collective(api, PG_OPS, eager_name, kernels=frozenset(kernels),
+                      group_arg=GroupArg.BOXED, group_param="process_group", **rules)
 
 
 _ALL_REDUCE = dict(inputs="tensor", complex_as_real=True, coalesced_name="allreduce_coalesced")
@@ -140,6 +161,10 @@ _O_BROADCAST = dict(inputs="input", rank=Rank.ROOT, root_params=("src",),
                     root_is_group_rank=True, complex_as_real=True)
 _O_GATHER = dict(inputs="input", sizes=Sizes.GATHER, complex_as_real=True)
 _O_SCATTER = dict(inputs="input", sizes=Sizes.SHARD, complex_as_real=True)
+# The c10d:: ops get what the process group gets: complex tensors already viewed as real by
+# the Python API, roots and peers as group ranks.
+_PG_ROOT = dict(rank=Rank.ROOT, root_params=("root_rank",), root_is_group_rank=True)
+_PG_PEER = dict(rank=Rank.PEER, root_is_group_rank=True)
 
 #: Every wrapped function. Functions missing from the installed torch are skipped.
 COLLECTIVES: tuple[Collective, ...] = (
@@ -222,6 +247,37 @@ COLLECTIVES: tuple[Collective, ...] = (
     _op("all_to_all_single", "all_to_allv", (SEND_RECV,), inputs="input",
         sizes=Sizes.SPLIT_ROWS, splits=Splits.EQUAL_IF_NONE),
     *(_op(api, "broadcast", (BROADCAST,), **_O_BROADCAST) for api in ("broadcast", "broadcast_")),
+    # torch.ops.c10d (every ProcessGroup call: DDP's reducer, autograd, C++ and direct callers)
+    _pg_op("allreduce_", "allreduce", _AR, inputs="tensors"),
+    _pg_op("allreduce_coalesced_", "allreduce_coalesced", _AR, inputs="tensors"),
+    _pg_op("allgather_", "all_gather", (ALL_GATHER, BROADCAST), inputs="input_tensors",
+           outputs="output_tensors", sizes=Sizes.GATHER),
+    _pg_op("_allgather_base_", "_allgather_base", _AG, inputs="input_tensor",
+           outputs="output_tensor", sizes=Sizes.IN_OUT),
+    _pg_op("allgather_coalesced_", "allgather_coalesced", _AG, inputs="input_list",
+           outputs="output_lists", sizes=Sizes.GATHER),
+    _pg_op("allgather_into_tensor_coalesced_", "allgather_into_tensor_coalesced", _AG,
+           inputs="inputs", outputs="outputs", sizes=Sizes.IN_OUT),
+    _pg_op("reduce_scatter_", "reduce_scatter", _RS, inputs="input_tensors",
+           outputs="output_tensors", sizes=Sizes.SCATTER, dtype_from="output"),
+    _pg_op("_reduce_scatter_base_", "_reduce_scatter_base", _RS, inputs="input_tensor",
+           outputs="output_tensor", sizes=Sizes.IN_OUT),
+    _pg_op("reduce_scatter_tensor_coalesced_", "reduce_scatter_tensor_coalesced", _RS,
+           inputs="inputs", outputs="outputs", sizes=Sizes.IN_OUT),
+    _pg_op("alltoall_", "all_to_all", (SEND_RECV,), inputs="input_tensors",
+           outputs="output_tensors", sizes=Sizes.ALL_TO_ALL, splits=Splits.NUMELS),
+    _pg_op("alltoall_base_", "all_to_allv", (SEND_RECV,), inputs="input", outputs="output",
+           sizes=Sizes.IN_OUT, splits=Splits.GIVEN),
+    _pg_op("barrier", "barrier", _AR, sizes=Sizes.ZERO, dtype_from="byte"),
+    _pg_op("broadcast_", "broadcast", (BROADCAST,), inputs="tensors", **_PG_ROOT),
+    _pg_op("reduce_", "reduce", (REDUCE,), inputs="tensors", **_PG_ROOT),
+    _pg_op("gather_", "gather", (SEND_RECV,), inputs="input_tensors", sizes=Sizes.GATHER,
+           **_PG_ROOT),
+    _pg_op("scatter_", "scatter", (SEND_RECV,), outputs="output_tensors", sizes=Sizes.SCATTER,
+           dtype_from="output", **_PG_ROOT),
+    _pg_op("send", "send", (SEND_RECV,), inputs="tensors", root_params=("dst",), **_PG_PEER),
+    _pg_op("recv_", "recv", (SEND_RECV,), inputs="tensors", root_params=("src",), **_PG_PEER),
+    _pg_op("recv_any_source_", "recv", (SEND_RECV,), inputs="tensors", **_PG_PEER),
 )
 
 BY_QUALNAME: dict[str, Collective] = {c.qualname: c for c in COLLECTIVES}

@@ -134,6 +134,13 @@ def resolve_c10d(group: Any) -> Any:
     return world
 
 
+def resolve_boxed(group: Any) -> Any:
+    """The ProcessGroup a ``c10d::`` op was given: the dispatcher passes it boxed (a
+    ScriptObject); ``ProcessGroup.unbox`` gives back the very Python object."""
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    return c10d.ProcessGroup.unbox(group)
+
+
 def resolve_any(group: Any, tag: str = "") -> Any:
     """The ProcessGroup of a functional-collective group: a ProcessGroup, a list of ranks, a
     DeviceMesh, ``(mesh, dim)``, or a group name."""

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from autoannot import groups
 from autoannot import vocabulary as V
-from autoannot.collectives import Collective, Rank, Sizes, Splits
+from autoannot.collectives import Collective, GroupArg, Rank, Sizes, Splits
 
 Getter = Callable[[tuple, dict], Any]
 
@@ -68,9 +68,14 @@ def _getter(positions: dict[str, tuple[int, Any]], name: str | None) -> Getter:
 
 
 def _as_list(value: Any) -> Sequence[Any]:
+    """The tensors a parameter holds: one, a list, or a list of lists (the c10d ops')."""
     if value is None:
         return ()
-    return value if type(value) in (list, tuple) else (value,)
+    if type(value) not in (list, tuple):
+        return (value,)
+    if value and type(value[0]) in (list, tuple):
+        return [t for inner in value for t in inner]
+    return value
 
 
 def _numel(tensors: Sequence[Any], as_real: bool) -> int:
@@ -102,6 +107,13 @@ _COUNTS: dict[Sizes, Callable[[int, int, int], tuple[int, int]]] = {
 }
 
 
+_RESOLVERS: dict[GroupArg, Callable[[Any], Any]] = {
+    GroupArg.C10D: groups.resolve_c10d,
+    GroupArg.ANY: groups.resolve_any,
+    GroupArg.BOXED: groups.resolve_boxed,
+}
+
+
 class Plan:
     """A row compiled against the signature of the function it wraps."""
 
@@ -119,7 +131,7 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
     get_roots = [_getter(positions, p) for p in row.root_params]
     get_in_split = _getter(positions, row.split_params[0])
     get_out_split = _getter(positions, row.split_params[1])
-    resolve = groups.resolve_any if row.any_group else groups.resolve_c10d
+    resolve = _RESOLVERS[row.group_arg]
     facts_of = groups.facts_of
     counts_of = _COUNTS[row.sizes]
     as_real = row.complex_as_real
@@ -167,12 +179,14 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
         rank, peer = facts.rank, None
         if not self_rank:
             named = [get(args, kwargs) for get in get_roots]
-            if root_is_group_rank:
-                rank = int(named[0])
-            elif len(named) > 1 and named[1] is not None:
+            if len(named) > 1 and named[1] is not None:  # given as a group rank
                 rank = int(named[1])
+            elif not named or named[0] is None:
+                rank = -1  # recv from any source: the peer is not known at launch
+            elif root_is_group_rank:
+                rank = int(named[0])
             else:
-                rank = -1 if named[0] is None else facts.ranks.index(int(named[0]))
+                rank = facts.ranks.index(int(named[0]))
             if peer_rank and 0 <= rank < len(facts.ranks):
                 peer = facts.ranks[rank]
         return Launch(eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits, out_splits, rank,

@@ -104,7 +104,7 @@ def _unbind_proxies_everywhere() -> None:
     from autoannot import collectives
 
     originals = {id(proxy): original for original, proxy in _proxies.values()}
-    names = {row.api for row in collectives.COLLECTIVES if row.module != collectives.OPS}
+    names = {row.api for row in collectives.COLLECTIVES if row.module not in collectives.OP_MODULES}
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):

@@ -41,7 +41,8 @@ class Recording(list):  # list[Record], live: grows while the block runs
 
 @contextlib.contextmanager
 def record() -> Iterator[Recording]:
-    """Record every collective launched (by any thread) while the block runs.
+    """Record every collective launched (by any thread, through the Python API or from C++:
+    DDP's reducer, autograd's engine, ``pg.allreduce``) while the block runs.
 
     Works with or without CUDA; requires ``autoannot.enable()`` (or ``AUTOANNOT=1``) to see calls.
     """
@@ -105,13 +106,29 @@ def _skip_prefixes() -> tuple[str, ...]:
     return _SKIP_PREFIXES
 
 
+#: The call site of a launch made from C++ with no Python code on the thread's stack (autograd's
+#: engine threads: DDP's reducer, a backward's collectives).
+NO_PYTHON_CALLER = "<C++: no Python caller>"
+#: The call site of a launch whose Python callers are all torch's own code.
+TORCH_CALLER = "<torch: no user frame>"
+
+
 def call_site(depth: int = 2) -> str:
     """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot."""
     skip = _skip_prefixes()
+    own = _own_prefix()
     frame = sys._getframe(depth)
+    outside_autoannot = False
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(skip):
             return f"{filename}:{frame.f_lineno}"
+        outside_autoannot = outside_autoannot or not filename.startswith(own)
         frame = frame.f_back
-    return "<unknown>"
+    return TORCH_CALLER if outside_autoannot else NO_PYTHON_CALLER
+
+
+def _own_prefix() -> str:
+    import autoannot
+
+    return os.path.dirname(autoannot.__file__ or "")

@@ -11,11 +11,12 @@ import os
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
 class _State:
-    __slots__ = ("_lock", "captures", "demand", "live", "recorders")
+    __slots__ = ("_listeners", "_lock", "captures", "demand", "live", "recorders")
 
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()
@@ -23,34 +24,60 @@ class _State:
         self.captures = 0  # CUDA-graph captures in progress, in this process
         self.live = False  # the agent is enabled: proxies annotate
         self.demand = False  # live, and a recorder is open or a capture in progress
+        # Called as listener(demand, cause) when demand changes; cause: "live", "recorder"
+        # or "capture" (what changed it).
+        self._listeners: tuple[Callable[[bool, str], None], ...] = ()
 
-    def _refresh(self) -> None:
-        self.demand = self.live and (bool(self.recorders) or self.captures > 0)
+    def add_demand_listener(self, listener: Callable[[bool, str], None]) -> None:
+        with self._lock:
+            if listener not in self._listeners:
+                self._listeners = (*self._listeners, listener)
+
+    def _refresh(self) -> bool:
+        """Recompute demand (under the lock); True if it changed."""
+        demand = self.live and (bool(self.recorders) or self.captures > 0)
+        changed, self.demand = demand != self.demand, demand
+        return changed
+
+    def _changed(self, cause: str) -> None:
+        """(Outside the lock.) Tell the listeners; they re-read ``demand`` themselves."""
+        for listener in self._listeners:
+            listener(self.demand, cause)
 
     def set_live(self, live: bool) -> None:
         with self._lock:
             self.live = live
-            self._refresh()
+            changed = self._refresh()
+        if changed:
+            self._changed("live")
 
     def open_recorder(self, recorder: list[Any]) -> None:
         with self._lock:
             self.recorders = (*self.recorders, recorder)
-            self._refresh()
+            changed = self._refresh()
+        if changed:
+            self._changed("recorder")
 
     def close_recorder(self, recorder: list[Any]) -> None:
         with self._lock:
             self.recorders = tuple(r for r in self.recorders if r is not recorder)
-            self._refresh()
+            changed = self._refresh()
+        if changed:
+            self._changed("recorder")
 
     def capture_started(self) -> None:
         with self._lock:
             self.captures += 1
-            self._refresh()
+            changed = self._refresh()
+        if changed:
+            self._changed("capture")
 
     def capture_ended(self) -> None:
         with self._lock:
             self.captures = max(0, self.captures - 1)
-            self._refresh()
+            changed = self._refresh()
+        if changed:
+            self._changed("capture")
 
     def after_fork_in_child(self) -> None:
         self._lock = _thread.allocate_lock()

@@ -67,8 +67,13 @@ def _run_annotated(
 def _run_unannotated(
     label: str, why: BaseException, wrapped: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
-    """The metadata could not be derived: run the call; if it succeeds, say so once."""
-    result = wrapped(*args, **kwargs)
+    """The metadata could not be derived: run the call (the same launch: not annotated again
+    by a dispatcher kernel below); if it succeeds, say so once."""
+    CALLS.depth += 1
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        CALLS.depth -= 1
     warn_once(label, "deriving the collective metadata", why)
     return result
 

@@ -224,53 +224,79 @@ def test_ops_raise_and_return_what_torch_does() -> None:
     assert results["kernel left after disable"] == [False]
 
 
-def kernel_lifecycle(rank: int, world: int) -> list[Any]:
+def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
     """In a fresh process: when our kernels are on torch's dispatcher, and what they do."""
     import threading
 
-    from autoannot import patching
+    from autoannot import capture, dispatch, patching
+    from autoannot.state import STATE
 
     ops = torch.ops._c10d_functional
-    seen: list[Any] = []
+    seen: dict[str, Any] = {}
 
     def registered() -> bool:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(
-            "_c10d_functional::all_reduce_", "BackendSelect")
+        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, "BackendSelect")
+                   for op in ("_c10d_functional::all_reduce_", "c10d::allreduce_"))
+
+    def none_registered() -> bool:
+        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, "BackendSelect")
+                       for op in ("_c10d_functional::all_reduce_", "c10d::allreduce_"))
+
+    def call() -> list[float]:
+        return ops.wait_tensor.default(ops.all_reduce.default(torch.ones(2), "sum", "0")).tolist()
 
     def recorded_apis() -> list[str]:
         with autoannot.record() as records:
-            ops.all_reduce_.default(torch.ones(2), "sum", "0")
+            seen.setdefault("registered while recording", []).append(registered())
+            call()
         return [r.api for r in records]
 
-    seen.append(registered())
+    seen["fresh process"] = none_registered()
     autoannot.enable()
     autoannot.enable()
-    seen.append(len([p for p in patching.installed() if "Kernel" in repr(p)]))
-    seen.append(registered())
-    seen.append(recorded_apis())
-    autoannot.disable()
-    seen.append(registered())  # removed: this is the only thread
-    autoannot.enable()
-    seen.append(recorded_apis())
+    seen["registrations listed"] = len([p for p in patching.installed() if "Kernel" in repr(p)])
+    seen["enabled, idle"] = none_registered()
+    seen["record"] = recorded_apis()
+    seen["after the record, alone"] = none_registered()
     other = threading.Event()
     helper = threading.Thread(target=other.wait)
     helper.start()
-    autoannot.disable()  # another thread alive: the kernel stays, as a pass-through
-    seen.append(registered())
-    seen.append(recorded_apis())
-    autoannot.enable()  # the same kernel serves again: no new registration
-    seen.append(recorded_apis())
+    seen["record, another thread alive"] = recorded_apis()
+    seen["after it: lingering"] = registered() and dispatch.REGISTRATION.lingering
+    seen["pass-through result"] = call()
+    autoannot.disable()  # another thread alive: still there, as a pass-through
+    seen["disabled, another thread alive"] = registered()
     other.set()
     helper.join()
+    autoannot.enable()
+    seen["record again (no new registration)"] = (
+        recorded_apis(), dispatch.REGISTRATION.registrations)
+    seen["alone again: removed"] = none_registered()
+    STATE.capture_started()  # what CUDAGraph.capture_begin's wrapper does
+    seen["capture in progress"] = registered()
+    STATE.capture_ended()
+    seen["capture over: lingering until a replay"] = registered()
+    capture._replay(lambda: None, object(), (), {})
+    seen["after a replay"] = none_registered()
     autoannot.disable()
-    seen.append(registered())
     return seen
 
 
-def test_kernels_are_registered_with_the_agent_and_removed_when_safe() -> None:
+def test_kernels_are_on_only_while_there_is_something_to_annotate() -> None:
+    """Registered when a recorder opens or a capture starts, removed when that ends and no
+    other thread can be dispatching through them (else left as pass-throughs until then)."""
     (seen,) = run_ranks(kernel_lifecycle, 2, "fake", ranks=(0,))
-    op = "_c10d_functional.all_reduce_"
-    assert seen == [False, 1, True, [op], False, [op], True, [], [op], False]
+    op = "_c10d_functional.all_reduce"
+    assert seen == {
+        "fresh process": True, "registrations listed": 1, "enabled, idle": True,
+        "record": [op], "after the record, alone": True,
+        "record, another thread alive": [op], "after it: lingering": True,
+        "pass-through result": [1.0, 1.0], "disabled, another thread alive": True,
+        "record again (no new registration)": [[op], 2], "alone again: removed": True,
+        "capture in progress": True, "capture over: lingering until a replay": True,
+        "after a replay": True,
+        "registered while recording": [True, True, True],
+    }
 
 
 def test_complex_tensors_are_counted_as_on_the_gpu(fake_world) -> None:

@@ -16,7 +16,7 @@ import autoannot
 from autoannot import collectives, patching
 
 ROWS = [row for row in collectives.COLLECTIVES
-        if row.module != collectives.OPS and hasattr(sys.modules[row.module], row.api)]
+        if row.module not in collectives.OP_MODULES and hasattr(sys.modules[row.module], row.api)]
 
 
 def originals() -> dict[tuple[str, str], object]:
