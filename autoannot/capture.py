@@ -63,68 +63,119 @@ class _Capturing(_thread._local):
 _capturing = _Capturing()
 
 
-class CaptureIdentity:
-    """Which capture in progress a launch goes into: the one the current stream takes part in.
+class ByCapturingGraph:
+    """torch's ``CUDAGraph.get_currently_capturing_graph()``: it asks CUDA for the current
+    stream's capture id and returns the graph being captured under it."""
 
-    ``how`` says what answers, the first that works here, in this order:
+    how = "torch's get_currently_capturing_graph (CUDA capture id)"
 
-    * ``"torch graph"``: torch's ``CUDAGraph.get_currently_capturing_graph()`` (it asks CUDA
-      for the current stream's capture id and maps it to the graph object);
-    * ``"cuda capture id"``: ``cudaStreamGetCaptureInfo`` through ``cuda.bindings``, the id
-      noted when the capture began;
-    * ``"thread"``: neither is here: a launch belongs to the capture begun on its own thread
-      (launches from other threads, such as autograd's, are missed).
-    """
-
-    def __init__(self) -> None:
-        self.how = ""
-        self._by_id: dict[Any, Ledger] = {}
-
-    def _choose(self) -> str:
+    @staticmethod
+    def usable() -> bool:
         import torch
 
         graph_class = getattr(torch._C, "_CUDAGraph", None)
-        if callable(getattr(graph_class, "get_currently_capturing_graph", None)):
-            return "torch graph"
+        return callable(getattr(graph_class, "get_currently_capturing_graph", None))
+
+    def began(self, ledger: Ledger) -> None:
+        pass
+
+    def ended(self, ledger: Ledger) -> None:
+        pass
+
+    def current(self) -> Ledger | None:
+        import torch
+
+        try:
+            graph = torch._C._CUDAGraph.get_currently_capturing_graph()
+        except Exception:  # the current stream is not capturing
+            return None
+        return _ledger_of(graph)
+
+
+class ByCaptureId:
+    """``cudaStreamGetCaptureInfo`` of the current stream (through ``cuda.bindings``): each
+    capture's id is noted when it begins, on the capturing stream."""
+
+    how = "cudaStreamGetCaptureInfo (CUDA capture id, through cuda.bindings)"
+
+    def __init__(self, capture_id: Any = None) -> None:
+        self.capture_id = capture_id or _cuda_capture_id  # () -> id, or None: not capturing
+        self._ledgers: dict[Any, Ledger] = {}
+
+    @staticmethod
+    def usable() -> bool:
         try:
             from cuda.bindings import runtime  # noqa: F401
         except Exception:
-            return "thread"
-        return "cuda capture id"
+            return False
+        return True
 
     def began(self, ledger: Ledger) -> None:
-        """A capture began on this thread (its current stream is the capturing stream)."""
-        if not self.how:
-            self.how = self._choose()
-        if self.how == "cuda capture id":
-            capture_id = _cuda_capture_id()
-            if capture_id is not None:
-                with _lock:
-                    self._by_id[capture_id] = ledger
-                ledger.capture_id = capture_id
+        capture_id = self.capture_id()
+        if capture_id is not None:
+            with _lock:
+                self._ledgers[capture_id] = ledger
+            ledger.capture_id = capture_id
 
     def ended(self, ledger: Ledger) -> None:
         with _lock:
-            self._by_id.pop(ledger.capture_id, None)
+            if self._ledgers.get(ledger.capture_id) is ledger:
+                del self._ledgers[ledger.capture_id]
+
+    def current(self) -> Ledger | None:
+        capture_id = self.capture_id()
+        return None if capture_id is None else self._ledgers.get(capture_id)
+
+
+class ByThread:
+    """Neither is here: a launch belongs to the capture begun on its own thread (launches
+    made on other threads, such as autograd's engine threads, are missed)."""
+
+    how = "the capturing thread (no CUDA capture id here)"
+
+    def began(self, ledger: Ledger) -> None:
+        pass
+
+    def ended(self, ledger: Ledger) -> None:
+        pass
+
+    def current(self) -> Ledger | None:
+        stack = _capturing.stack
+        return stack[-1] if stack else None
+
+
+class CaptureIdentity:
+    """Which capture in progress a launch goes into: the one the launching thread's current
+    stream takes part in. CUDA gives every stream that takes part in a capture (the capturing
+    stream, and every stream joined to it by an event wait, such as autograd's during a
+    captured backward) the capture's id; the first of these ways to ask that works here is
+    used (``how`` says which): ``ByCapturingGraph``, ``ByCaptureId``, else ``ByThread``."""
+
+    def __init__(self, way: Any = None) -> None:
+        self.way = way
+
+    @property
+    def how(self) -> str:
+        return self._way().how
+
+    def _way(self) -> Any:
+        if self.way is None:
+            try:
+                self.way = (ByCapturingGraph() if ByCapturingGraph.usable() else
+                            ByCaptureId() if ByCaptureId.usable() else ByThread())
+            except Exception:
+                self.way = ByThread()
+        return self.way
+
+    def began(self, ledger: Ledger) -> None:
+        self._way().began(ledger)
+
+    def ended(self, ledger: Ledger) -> None:
+        self._way().ended(ledger)
 
     def current(self) -> Ledger | None:
         """The ledger of the capture the current stream takes part in; None if none."""
-        how = self.how
-        if how == "torch graph":
-            import torch
-
-            try:
-                graph = torch._C._CUDAGraph.get_currently_capturing_graph()
-            except Exception:  # this stream is not capturing
-                return None
-            ledger = _ledger_of(graph)
-            if ledger is not None:
-                return ledger
-        elif how == "cuda capture id":
-            capture_id = _cuda_capture_id()
-            return None if capture_id is None else self._by_id.get(capture_id)
-        stack = _capturing.stack  # "thread", or a graph object we do not know
-        return stack[-1] if stack else None
+        return self._way().current()
 
 
 def _cuda_capture_id() -> Any:
@@ -137,7 +188,7 @@ def _cuda_capture_id() -> Any:
     if err != runtime.cudaError_t.cudaSuccess:
         return None
     active = runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive
-    return capture_id if status == active else None
+    return int(capture_id) if status == active else None
 
 
 IDENTITY = CaptureIdentity()
@@ -169,7 +220,7 @@ def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     _capturing.stack.append(ledger)
     try:
         IDENTITY.began(ledger)
-    except Exception as exc:  # the capture goes on; launches are tied by thread
+    except Exception as exc:  # the capture goes on; its ledger stays empty
         from autoannot import wrappers
 
         wrappers.warn_once("CUDAGraph.capture_begin", "identifying the capture", exc)

@@ -170,12 +170,17 @@ def _real_tensor_check() -> Callable[[Any], bool]:
 
     plain = (torch.Tensor, torch.nn.Parameter)
 
-    def is_real(value: Any) -> bool:
-        """A tensor that holds data (not fake, functional or meta), or a list (of lists)
-        starting with one."""
-        while type(value) in (list, tuple):
-            value = value[0] if value else None
-        return type(value) in plain and not value.is_meta
+    def is_real(args: tuple) -> bool:
+        """The first tensor of the call (the first argument holding one, looked into lists
+        of lists: a gather's output list is empty off the root) holds data: not fake,
+        functional or meta."""
+        for value in args:
+            while type(value) in (list, tuple) and value:
+                value = value[0]
+            if type(value) in (list, tuple):
+                continue  # an empty list
+            return type(value) in plain and not value.is_meta
+        return False
 
     return is_real
 
@@ -185,7 +190,7 @@ def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any
     is_real = _real_tensor_check()
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        if STATE.demand and not CALLS.depth and args and is_real(args[0]):
+        if STATE.demand and not CALLS.depth and is_real(args):
             return wrapper(functools.partial(redispatch, keyset & below), None, args, kwargs)
         return redispatch(keyset & below, *args, **kwargs)
 

@@ -133,12 +133,29 @@ def calls(rank: int, world: int, groups: dict[str, Any]) -> dict[str, Callable[[
     }
 
 
-def replay(rank: int, world: int, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Run every golden call with the agent on; label -> records (or the error it raised)."""
+def without_proxies() -> None:
+    """Take the agent's Python proxies out (originals back in every module) while it stays on:
+    what it records then comes from its dispatcher kernels under the Python API alone."""
+    import torch.distributed._functional_collectives  # noqa: F401  (patched on import)
+
+    from autoannot import patching
+
+    for patch in patching.installed():
+        if isinstance(patch, patching.Patch):
+            patch.undo()
+
+
+def replay(rank: int, world: int, skip: frozenset[str] = frozenset(),
+           via: str = "proxies") -> dict[str, Any]:
+    """Run every golden call with the agent on; label -> records (or the error it raised).
+    ``via="ops"``: with the Python proxies taken out, so only the ``c10d::`` and
+    ``_c10d_functional::`` kernels see the calls."""
     import warnings
 
     warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations of old names
     autoannot.enable()
+    if via == "ops":
+        without_proxies()
     groups = _groups()
     results: dict[str, Any] = {}
     for label, call in calls(rank, world, groups).items():

@@ -139,10 +139,82 @@ def fsdp_and_dtensor(rank: int, world: int) -> dict[str, Any]:
         full = t.redistribute(dp, [Replicate()]).to_local()
         return [[loss.item()], *grads, full.flatten().tolist()]
 
+    from torch.profiler import ProfilerActivity, profile
+
     off = step()
     autoannot.enable()
-    with autoannot.record() as records:
+    with profile(activities=[ProfilerActivity.CPU]) as prof, autoannot.record() as records:
         on = step()
     autoannot.disable()
     return {"same": off == on, "records": _records(records),
-            "dp_desc": dp.get_group().group_desc}
+            "dp_desc": dp.get_group().group_desc,
+            "gloo": [e.name for e in prof.events() if e.name.startswith("gloo:")]}
+
+
+#: What the profiler calls each launch on gloo ("gloo:<title>") -> the eager names it may be.
+GLOO_TITLES = {
+    "gloo:all_reduce": {"allreduce", "allreduce_coalesced"},
+    "gloo:broadcast": {"broadcast"},
+    "gloo:all_gather": {"all_gather", "_allgather_base", "allgather_into_tensor_coalesced"},
+    "gloo:barrier": {"barrier"},
+    "gloo:reduce_scatter": {"reduce_scatter", "_reduce_scatter_base",
+                            "reduce_scatter_tensor_coalesced"},
+}
+
+DDP_CONFIGS = {
+    "buckets": {},  # several buckets, rebuilt after the first step
+    "static_graph": {"static_graph": True},
+    "no_sync": {"no_sync_steps": 2},  # gradient accumulation: 2 steps without communication
+    "fp16_hook": {"hook": "fp16"},  # a Python comm hook (compresses to fp16, then dist.*)
+    "bucket_view": {"gradient_as_bucket_view": True},
+    "subgroup": {"subgroup": True},  # DDP on a 2-rank group of a larger world
+}
+
+
+def ddp_training(rank: int, world: int, names: list[str]) -> dict[str, Any]:
+    """DDP (gloo, CPU) steps inside ``record()`` with the profiler on: what the agent recorded,
+    what gloo launched (the profiler's ``gloo:*`` ranges, one per launch), DDP's buckets."""
+    from contextlib import nullcontext
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.profiler import ProfilerActivity, profile
+
+    autoannot.enable()
+    out: dict[str, Any] = {}
+    pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)] if world > 2 else []
+    for name in names:
+        config = DDP_CONFIGS[name]
+        group = pairs[rank // 2] if config.get("subgroup") and pairs else dist.group.WORLD
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 4))
+        x = torch.randn(8, 16) + rank
+        steps: list[list[dict[str, Any]]] = []
+        with profile(activities=[ProfilerActivity.CPU]) as prof, autoannot.record() as records:
+            ddp = DistributedDataParallel(
+                model, process_group=group, bucket_cap_mb=0.002,
+                static_graph=config.get("static_graph", False),
+                gradient_as_bucket_view=config.get("gradient_as_bucket_view", False))
+            if config.get("hook") == "fp16":
+                ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            accumulate = config.get("no_sync_steps", 0)
+            for step in range(3 + accumulate):
+                before = len(records)
+                quiet = ddp.no_sync() if 0 < step <= accumulate else nullcontext()
+                with quiet:
+                    ddp(x).square().mean().backward()
+                if not (0 < step <= accumulate):
+                    optimizer.step()
+                    optimizer.zero_grad()
+                steps.append(_records(records[before:]))
+        out[name] = {
+            "records": _records(records),
+            "steps": steps,
+            "gloo": [e.name for e in prof.events() if e.name.startswith("gloo:")],
+            "buckets": [b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()],
+            "group": {"name": group.group_name, "size": group.size()},
+        }
+    return out

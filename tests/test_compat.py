@@ -30,6 +30,10 @@ def test_fsdp2_and_dtensor_are_annotated_and_unchanged(world: int) -> None:
         assert result["dp_desc"] in descs
         if world == 4:
             assert result["dp_desc"] == "mesh_dp"
+        # One record per launch (gloo's profiler ranges), all from the Python API: the
+        # c10d:: kernels under it add nothing, the records are what they were without them.
+        assert len(result["records"]) == len(result["gloo"])
+        assert not [r["api"] for r in result["records"] if r["api"].startswith("c10d.")]
 
 
 def _all_reduce_op(tensor: torch.Tensor, group: Any) -> None:
@@ -38,14 +42,19 @@ def _all_reduce_op(tensor: torch.Tensor, group: Any) -> None:
     ops.wait_tensor.default(ops.all_reduce_.default(tensor, "sum", group.group_name))
 
 
-@pytest.mark.parametrize("via", ["c10d", "op"])
+def _all_reduce_pg(tensor: torch.Tensor, group: Any) -> None:
+    """What C++ callers do (DDP's reducer, extensions): the ProcessGroup itself, no proxy."""
+    group.allreduce([tensor]).wait()
+
+
+@pytest.mark.parametrize("via", ["c10d", "op", "pg"])
 def test_threads_and_a_toggling_thread(fake_world, via: str) -> None:
     """8 threads on 8 process groups, a recorder open, another thread toggling the agent: no
     crash, no deadlock, and every call that ran wholly while the agent stayed on is recorded
-    exactly once (calls are told apart by their tensor sizes). ``op``: the calls go through
-    the functional op, so the toggling registers and removes dispatcher kernels while other
-    threads dispatch through them."""
-    all_reduce = _all_reduce_op if via == "op" else (
+    exactly once (calls are told apart by their tensor sizes). ``op`` and ``pg``: the calls go
+    through the functional op or the ProcessGroup (no proxy), so only dispatcher kernels see
+    them, while the toggling asks for their removal from another thread."""
+    all_reduce = {"op": _all_reduce_op, "pg": _all_reduce_pg}.get(via) or (
         lambda tensor, group: dist.all_reduce(tensor, group=group))
     groups = [dist.new_group([0, 1]) for _ in range(8)]
     generation = [0]

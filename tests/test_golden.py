@@ -59,6 +59,17 @@ def replays() -> dict[str, list[dict]]:
     }
 
 
+@pytest.fixture(scope="module")
+def replays_via_ops() -> dict[str, list[dict]]:
+    """The same calls with the proxies taken out: what a C++ caller of the same collectives
+    (DDP's reducer, an extension) gets from the dispatcher kernels."""
+    return {
+        "gloo": run_ranks(golden_cases.replay, WORLD, "gloo",
+                          (golden_cases.GLOO_CANNOT_RUN, "ops")),
+        "fake": run_ranks(golden_cases.replay, WORLD, "fake", (frozenset(), "ops")),
+    }
+
+
 LABELS = sorted(load_golden(0))
 
 
@@ -114,3 +125,22 @@ def test_golden_count(replays, figures) -> None:
     total = len(LABELS) * WORLD
     figures["golden calls reproduced (label x rank)"] = f"{matched}/{total}"
     assert matched == total
+
+
+def test_golden_through_the_dispatcher_kernels_alone(replays_via_ops, figures) -> None:
+    """Every golden call, with no proxy in the way: the c10d:: ops' kernels (and the
+    _c10d_functional ones for funcol) give the eager records, field for field."""
+    matched, layers = 0, set()
+    for rank in range(WORLD):
+        for label in LABELS:
+            backend = "fake" if label in golden_cases.GLOO_CANNOT_RUN else "gloo"
+            records = replays_via_ops[backend][rank][label]
+            assert not isinstance(records, dict), (label, records)
+            compare(label, rank, records)
+            layers |= {r["api"].split(".")[0] for r in records if not r.get("described")}
+            matched += 1
+    total = len(LABELS) * WORLD
+    figures["golden calls reproduced through the c10d:: ops, no proxy (label x rank)"] = (
+        f"{matched}/{total}")
+    assert matched == total
+    assert layers == {"c10d", "_c10d_functional"}  # no proxy recorded anything

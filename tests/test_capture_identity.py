@@ -1,0 +1,153 @@
+"""A launch lands in the ledger of the capture it goes into, whatever thread makes it.
+
+CUDA ties streams to captures: a capture begun on a stream gets an id, and every stream joined
+to it (an event wait: autograd's streams during a captured backward, a side stream) reports
+that id to ``cudaStreamGetCaptureInfo``. ``SimulatedCuda`` keeps that bookkeeping on the CPU
+so the agent's real capture code (``capture.ByCaptureId``, the ledgers, the dispatcher
+kernels) runs here; the same runs on CUDA in ``tests/gpu/training_patterns.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autoannot import capture
+from autoannot import vocabulary as V
+
+
+class SimulatedCuda:
+    """Per thread a current stream; per stream the capture it takes part in, if any."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._ids = itertools.count(1)
+        self.capture_of: dict[str, int] = {}
+
+    def use(self, stream: str) -> None:
+        self._local.stream = stream
+
+    def current(self) -> str:
+        return getattr(self._local, "stream", "default")
+
+    def begin_capture(self) -> None:  # cudaStreamBeginCapture on the current stream
+        self.capture_of[self.current()] = next(self._ids)
+
+    def end_capture(self) -> None:
+        capture_id = self.capture_of[self.current()]
+        for stream in [s for s, c in self.capture_of.items() if c == capture_id]:
+            del self.capture_of[stream]
+
+    def join(self, stream: str, capturing: str) -> None:  # stream.wait_event(on capturing)
+        self.capture_of[stream] = self.capture_of[capturing]
+
+    def capture_id(self) -> int | None:  # cudaStreamGetCaptureInfo(current stream)
+        return self.capture_of.get(self.current())
+
+
+class Graph:
+    """Stands in for torch.cuda.CUDAGraph: the agent names it and keys its ledger on it."""
+
+
+@pytest.fixture
+def cuda(monkeypatch) -> SimulatedCuda:
+    sim = SimulatedCuda()
+    monkeypatch.setattr(capture, "IDENTITY", capture.CaptureIdentity(capture.ByCaptureId(
+        sim.capture_id)))
+    return sim
+
+
+def _begin(sim: SimulatedCuda, graph: Graph) -> None:
+    capture._capture_begin(lambda: sim.begin_capture(), graph, (), {})
+
+
+def _end(sim: SimulatedCuda, graph: Graph) -> None:
+    capture._capture_end(lambda: sim.end_capture(), graph, (), {})
+
+
+def _in_thread(fn: Any) -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+
+
+def _ledger(graph: Graph) -> list[tuple[str, int]]:
+    entries = capture.LEDGERS[graph._autoannot_graph].entries
+    return [(e["api"], e["annotation"][V.IN_NELEMS]) for e in entries]
+
+
+def test_two_captures_at_once_on_two_threads_stay_apart(fake_world, agent, cuda) -> None:
+    """Capture 1 begins on thread A (stream s1), capture 2 on thread B (stream s2), both in
+    progress together. A third thread on a stream joined to capture 1 (autograd's device
+    thread in a captured backward) launches through the Python API and from C++ (the
+    ProcessGroup itself, as DDP's reducer does); a fourth thread launches eagerly on a stream
+    in no capture. Each launch lands in its capture's ledger, in launch order; the eager one
+    in none."""
+    g1, g2 = Graph(), Graph()
+    pg = dist.group.WORLD
+
+    def on(stream: str, fn: Any) -> Any:
+        def run() -> None:
+            cuda.use(stream)
+            fn()
+        return run
+
+    _in_thread(on("s1", lambda: _begin(cuda, g1)))
+    _in_thread(on("s2", lambda: _begin(cuda, g2)))
+    cuda.join("autograd", "s1")
+    _in_thread(on("s1", lambda: dist.all_reduce(torch.ones(11))))
+    _in_thread(on("s2", lambda: dist.all_reduce(torch.ones(21))))
+    _in_thread(on("autograd", lambda: pg.allreduce([torch.ones(12)]).wait()))
+    _in_thread(on("eager", lambda: dist.all_reduce(torch.ones(99))))
+    _in_thread(on("autograd", lambda: dist.broadcast(torch.ones(13), 0)))
+    _in_thread(on("s2", lambda: pg.broadcast(torch.ones(22), 0).wait()))
+    _in_thread(on("s1", lambda: _end(cuda, g1)))
+    _in_thread(on("s2", lambda: _end(cuda, g2)))
+    assert _ledger(g1) == [("all_reduce", 11), ("c10d.allreduce_", 12), ("broadcast", 13)]
+    assert _ledger(g2) == [("all_reduce", 21), ("c10d.broadcast_", 22)]
+    assert capture.IDENTITY.how.startswith("cudaStreamGetCaptureInfo")
+
+
+def test_a_launch_after_its_capture_ended_lands_nowhere(fake_world, agent, cuda) -> None:
+    graph = Graph()
+    cuda.use("s1")
+    _begin(cuda, graph)
+    dist.all_reduce(torch.ones(5))
+    _end(cuda, graph)
+    other = Graph()
+    cuda.use("s9")
+    _begin(cuda, other)
+    cuda.use("s1")  # s1's capture is over: eager work, though another capture is running
+    dist.all_reduce(torch.ones(6))
+    cuda.use("s9")
+    _end(cuda, other)
+    assert _ledger(graph) == [("all_reduce", 5)]
+    assert _ledger(other) == []
+
+
+def test_without_capture_ids_a_capture_keeps_the_launches_of_its_thread(fake_world, agent,
+                                                                          monkeypatch) -> None:
+    """Where neither torch nor cuda.bindings can say (the fallback): the capturing thread's
+    launches, and only those."""
+    monkeypatch.setattr(capture, "IDENTITY", capture.CaptureIdentity(capture.ByThread()))
+    graph = Graph()
+    capture._capture_begin(lambda: None, graph, (), {})
+    dist.all_reduce(torch.ones(3))
+    _in_thread(lambda: dist.all_reduce(torch.ones(4)))
+    capture._capture_end(lambda: None, graph, (), {})
+    assert _ledger(graph) == [("all_reduce", 3)]
+    assert capture.IDENTITY.how.startswith("the capturing thread")
