@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import functools
 import inspect
 import itertools
 import sys
@@ -93,10 +94,12 @@ class ByCapturingGraph:
 
 
 class ByCaptureId:
-    """``cudaStreamGetCaptureInfo`` of the current stream (through ``cuda.bindings``): each
-    capture's id is noted when it begins, on the capturing stream."""
+    """The CUDA driver's ``cuStreamGetCaptureInfo`` for the current stream: each capture's id
+    is noted when it begins, on the capturing stream. (The driver, not a runtime: a second
+    CUDA runtime, such as cuda.bindings', keeps its own current device and can make another
+    device's context current on the thread — measured: an empty graph on rank 1.)"""
 
-    how = "cudaStreamGetCaptureInfo (CUDA capture id, through cuda.bindings)"
+    how = "cuStreamGetCaptureInfo (CUDA capture id, from the driver)"
 
     def __init__(self, capture_id: Any = None) -> None:
         self.capture_id = capture_id or _cuda_capture_id  # () -> id, or None: not capturing
@@ -104,11 +107,12 @@ class ByCaptureId:
 
     @staticmethod
     def usable() -> bool:
+        import torch
+
         try:
-            from cuda.bindings import runtime  # noqa: F401
+            return torch.cuda.is_available() and _driver_capture_info() is not None
         except Exception:
             return False
-        return True
 
     def began(self, ledger: Ledger) -> None:
         capture_id = self.capture_id()
@@ -128,8 +132,8 @@ class ByCaptureId:
 
 
 class ByThread:
-    """Neither is here: a launch belongs to the capture begun on its own thread (launches
-    made on other threads, such as autograd's engine threads, are missed)."""
+    """Neither is here (no CUDA): a launch belongs to the capture begun on its own thread
+    (launches made on other threads, such as autograd's engine threads, are missed)."""
 
     how = "the capturing thread (no CUDA capture id here)"
 
@@ -178,17 +182,37 @@ class CaptureIdentity:
         return self._way().current()
 
 
-def _cuda_capture_id() -> Any:
-    """``cudaStreamGetCaptureInfo`` of the current stream: the capture id, or None."""
-    import torch
-    from cuda.bindings import runtime
+_CAPTURE_STATUS_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
 
-    stream = runtime.cudaStream_t(init_value=torch.cuda.current_stream().cuda_stream)
-    err, status, capture_id, *_ = runtime.cudaStreamGetCaptureInfo(stream)
-    if err != runtime.cudaError_t.cudaSuccess:
+
+@functools.cache
+def _driver_capture_info() -> Any:
+    """``cuStreamGetCaptureInfo(stream, *status, *id)`` from the CUDA driver torch loaded (the
+    first version of the call, which every driver since CUDA 10.1 exports); None if absent."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        function = driver.cuStreamGetCaptureInfo
+    except (OSError, AttributeError):
         return None
-    active = runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive
-    return int(capture_id) if status == active else None
+    function.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                         ctypes.POINTER(ctypes.c_uint64)]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _cuda_capture_id() -> int | None:
+    """The id of the capture the current stream takes part in, or None."""
+    import ctypes
+
+    import torch
+
+    status, capture_id = ctypes.c_int(), ctypes.c_uint64()
+    stream = torch.cuda.current_stream().cuda_stream
+    if _driver_capture_info()(stream, ctypes.byref(status), ctypes.byref(capture_id)) != 0:
+        return None
+    return capture_id.value if status.value == _CAPTURE_STATUS_ACTIVE else None
 
 
 IDENTITY = CaptureIdentity()

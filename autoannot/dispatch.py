@@ -138,6 +138,7 @@ def on_demand(demand: bool, cause: str) -> None:
         wrappers.warn_once("dispatcher kernels", "switching on or off", exc)
 
 
+@functools.cache
 def _unavailable(namespace: str) -> str:
     """Why this torch cannot take a namespace's kernels ('' if it can)."""
     import inspect
@@ -210,16 +211,15 @@ def install(module: ModuleType) -> list[KernelRegistration]:
     return [REGISTRATION]
 
 
-_plans: dict[str, tuple[Any, wrappers.Wrapper]] = {}  # built once per op, reused
-
-
-def _register_kernels(namespace: str, module: str) -> tuple[Any, list[str]]:
+@functools.cache
+def _kernels(namespace: str, module: str) -> tuple[tuple[str, str, Callable[..., Any]], ...]:
+    """(op name, qualified name, kernel) for each op of the table this torch has; built once
+    (each registration reuses them: a capture pays for the registration alone)."""
     import torch
 
     ops = getattr(torch.ops, namespace)
     below = torch._C._dispatch_keyset_full_after(getattr(torch._C.DispatchKey, DISPATCH_KEY))
-    library = torch.library.Library(namespace, "IMPL")
-    registered = []
+    kernels = []
     for row in collectives.COLLECTIVES:
         if row.module != module:
             continue
@@ -227,12 +227,20 @@ def _register_kernels(namespace: str, module: str) -> tuple[Any, list[str]]:
             op = getattr(ops, row.api).default
         except AttributeError:  # not in this torch
             continue
-        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), DISPATCH_KEY):
+        wrapper = wrappers.launch_wrapper(row, metadata.Plan(row, op))
+        kernels.append((row.api, op.name(), _kernel(op, wrapper, below)))
+    return tuple(kernels)
+
+
+def _register_kernels(namespace: str, module: str) -> tuple[Any, list[str]]:
+    import torch
+
+    library = torch.library.Library(namespace, "IMPL")
+    registered = []
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    for api, name, kernel in _kernels(namespace, module):
+        if has_kernel(name, DISPATCH_KEY):
             continue  # someone else's kernel: leave it
-        cached = _plans.get(row.qualname)
-        if cached is None:
-            wrapper = wrappers.launch_wrapper(row, metadata.Plan(row, op))
-            cached = _plans[row.qualname] = (_kernel(op, wrapper, below), wrapper)
-        library.impl(row.api, cached[0], DISPATCH_KEY, with_keyset=True)
-        registered.append(f"{namespace}::{row.api}")
+        library.impl(api, kernel, DISPATCH_KEY, with_keyset=True)
+        registered.append(name)
     return library, registered

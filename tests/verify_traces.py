@@ -84,11 +84,16 @@ def check_replay(kernels: list[dict], expected: list[dict]) -> list[str]:
     return problems
 
 
-def compare(graph_trace: Path, bodies: list[list[dict]]) -> dict[str, Any]:
-    """Replays in the trace run the bodies in turn (``bodies[i % len(bodies)]``)."""
+def compare(graph_trace: Path, bodies: list[list[dict]], skip_empty: bool = False
+            ) -> dict[str, Any]:
+    """Replays in the trace run the bodies in turn (``bodies[i % len(bodies)]``);
+    ``skip_empty``: leave out graph launches with no NCCL kernel (graphs of compute only)."""
     result = {"trace": graph_trace.name, "replays": 0, "kernels": 0, "kernels_matching": 0,
               "problems": []}
-    for i, kernels in enumerate(replays(graph_trace)):
+    launched = replays(graph_trace)
+    if skip_empty:
+        launched = [kernels for kernels in launched if kernels]
+    for i, kernels in enumerate(launched):
         expected = bodies[i % len(bodies)]
         problems = check_replay(kernels, expected)
         result["replays"] += 1
