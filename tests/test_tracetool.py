@@ -44,6 +44,35 @@ def test_graphed_kernels_read_like_eager_ones(name: str, tmp_path: Path, figures
     assert matching == total
 
 
+PATTERNS = ("ddp", "graphed", "compiled", "mixed", "threads")
+
+
+def test_graphed_training_patterns_read_like_eager(tmp_path: Path, figures) -> None:
+    """tests/gpu/training_patterns.py on 2 x H200: DDP whole-step capture (the reducer's
+    all-reduces from autograd's device thread), make_graphed_callables forward and backward,
+    torch.compile reduce-overhead forward and backward, a graph of Python-API and C++-origin
+    collectives, two captures at once on two threads: every NCCL kernel of every replay
+    carries the eager kernel args of the same call."""
+    total = matching = 0
+    for name in PATTERNS:
+        folder = copy_set(f"patterns/{name}", tmp_path)
+        sizes = json.loads((folder / "meta.json").read_text())["sizes"]
+        for rank in range(2):
+            out = folder / f"annotated_rank{rank}.json"
+            report = tracetool.annotate_file(folder / f"graph_rank{rank}.json", out)
+            assert not report.mismatches, (name, report.mismatches)
+            assert report.kernels_annotated == report.kernels_expected > 0
+            eager = verify.eager_calls(folder / f"eager_rank{rank}.json")
+            result = verify.compare(out, verify.split_bodies(eager, sizes), skip_empty=True)
+            assert result["problems"] == [], (name, rank, result["problems"])
+            assert result["replays"] == 3 * len(sizes)
+            total += result["kernels"]
+            matching += result["kernels_matching"]
+    figures["graphed NCCL kernels with eager args (training patterns: "
+            f"{', '.join(PATTERNS)}; 2 ranks)"] = f"{matching}/{total}"
+    assert matching == total
+
+
 def test_values_keep_json_types_and_kernels_sit_on_their_group_lane(tmp_path: Path) -> None:
     folder = copy_set("graphs", tmp_path)
     tracetool.annotate_file(folder / "graph_rank0.json", folder / "out.json")

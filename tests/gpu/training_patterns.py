@@ -178,7 +178,8 @@ def compiled(rank: int, out: Path, tp: Any) -> list[int]:
 
     def step(fn: Any) -> None:
         torch.compiler.cudagraph_mark_step_begin()
-        funcol.wait_tensor(fn(x, w1, w2)).sum().backward()
+        # square(): a contiguous gradient (funcol's autograd backward wants one on torch 2.11)
+        funcol.wait_tensor(fn(x, w1, w2)).square().sum().backward()
 
     for _ in range(2):
         step(tp_mlp)
@@ -247,6 +248,7 @@ def threads(rank: int, out: Path, tp: Any) -> list[int]:
 
     def capture(graph: Any, body: Callable[[], None]) -> None:
         try:
+            torch.cuda.set_device(rank)  # the current device is per thread (0 in a new one)
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
                 graph.capture_begin(capture_error_mode="thread_local")
