@@ -44,12 +44,13 @@ _lock = _thread.allocate_lock()
 class Ledger:
     """What one captured graph launches, in capture order."""
 
-    __slots__ = ("capture_id", "entries", "name")
+    __slots__ = ("capture_id", "entries", "holder", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.entries: list[dict[str, Any]] = []
         self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
+        self.holder: int | None = None  # the thread that includes the dispatcher key for it
 
 
 #: Every graph captured with the agent on, by name (kept for the ledger files).
@@ -248,6 +249,10 @@ def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
         from autoannot import wrappers
 
         wrappers.warn_once("CUDAGraph.capture_begin", "identifying the capture", exc)
+    dispatch = sys.modules.get("autoannot.dispatch")
+    if dispatch is not None:  # C++-origin launches on this thread (and autograd's) are seen
+        dispatch.include_thread()
+        ledger.holder = _thread.get_ident()
     STATE.capture_started()
     return result
 
@@ -264,6 +269,9 @@ def _capture_end(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
             ledger = stack.pop()
         if ledger is not None:
             IDENTITY.ended(ledger)
+            if ledger.holder == _thread.get_ident():
+                ledger.holder = None
+                sys.modules["autoannot.dispatch"].release_thread()
         STATE.capture_ended()
 
 

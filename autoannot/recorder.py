@@ -41,17 +41,23 @@ class Recording(list):  # list[Record], live: grows while the block runs
 
 @contextlib.contextmanager
 def record() -> Iterator[Recording]:
-    """Record every collective launched (by any thread, through the Python API or from C++:
-    DDP's reducer, autograd's engine, ``pg.allreduce``) while the block runs.
+    """Record every collective launched while the block runs: through the Python API, from any
+    thread; from C++ (DDP's reducer, autograd's engine, ``pg.allreduce``), on this thread, the
+    thread that turned the agent on, and the threads torch runs their work on.
 
     Works with or without CUDA; requires ``autoannot.enable()`` (or ``AUTOANNOT=1``) to see calls.
     """
     recording = Recording()
+    dispatch = sys.modules.get("autoannot.dispatch")  # loaded with torch while the agent is on
+    if dispatch is not None:
+        dispatch.include_thread()
     STATE.open_recorder(recording)
     try:
         yield recording
     finally:
         STATE.close_recorder(recording)
+        if dispatch is not None:
+            dispatch.release_thread()
 
 
 class FileSink:

@@ -23,6 +23,30 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 _warned: set[str] = set()
 
+#: ``(set_excluded, key)`` while dispatch.py's thread-scoped kernels are registered (it sets
+#: this): the call a proxy annotates runs with that key excluded, so the launch does not also
+#: pass through a Python kernel below (the same launch; ~20 us for nothing).
+EXCLUSION: tuple[Callable[[Any, bool], None], Any] | None = None
+
+
+def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run a call whose launch is annotated here: wrapped calls inside it (``CALLS.depth``)
+    and the dispatcher kernels below it take it for the same launch."""
+    exclusion = EXCLUSION
+    CALLS.depth += 1
+    if exclusion is None:
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            CALLS.depth -= 1
+    set_excluded, key = exclusion
+    set_excluded(key, True)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        set_excluded(key, False)
+        CALLS.depth -= 1
+
 
 def warn_once(api: str, what: str, exc: BaseException) -> None:
     """One warning per API and problem: the collective ran, but without an annotation."""
@@ -46,17 +70,14 @@ def _run_annotated(
     except Exception as exc:
         warn_once(label, "entering the annotation context", exc)
         return wrapped(*args, **kwargs)
-    CALLS.depth += 1
     try:
-        result = wrapped(*args, **kwargs)
+        result = call_as_one_launch(wrapped, args, kwargs)
     except BaseException as exc:
-        CALLS.depth -= 1
         try:
             ctx.__exit__(type(exc), exc, exc.__traceback__)
         except Exception as own:
             warn_once(label, "leaving the annotation context", own)
         raise
-    CALLS.depth -= 1
     try:
         ctx.__exit__(None, None, None)
     except Exception as exc:
@@ -69,11 +90,7 @@ def _run_unannotated(
 ) -> Any:
     """The metadata could not be derived: run the call (the same launch: not annotated again
     by a dispatcher kernel below); if it succeeds, say so once."""
-    CALLS.depth += 1
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        CALLS.depth -= 1
+    result = call_as_one_launch(wrapped, args, kwargs)
     warn_once(label, "deriving the collective metadata", why)
     return result
 
@@ -95,21 +112,13 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
             return _run_unannotated(label, exc, wrapped, args, kwargs)
         if calls.blocks:  # inside a _coalescing_manager block: the block is the launch
             calls.blocks[-1].launches.append(launch)
-            calls.depth += 1
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                calls.depth -= 1
+            return call_as_one_launch(wrapped, args, kwargs)
         annotation = metadata.annotation_of(label, launch)
         if STATE.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
             cpu_only = metadata.cpu_only_args(launch) if STATE.recorders else None
             ctx = AnnotationContext(label, annotation, cpu_only, launch.kernels)
             return _run_annotated(label, ctx, wrapped, args, kwargs)
-        calls.depth += 1  # recorders only: run, then publish
-        try:
-            result = wrapped(*args, **kwargs)
-        finally:
-            calls.depth -= 1
+        result = call_as_one_launch(wrapped, args, kwargs)  # recorders only: run, then publish
         try:
             publish(Record(label, annotation, call_site(1), metadata.cpu_only_args(launch)))
         except Exception as exc:

@@ -62,6 +62,12 @@ def compiled_all_reduce(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
     return ops.wait_tensor.default(ops.all_reduce_.default(tensor, "sum", group_name))
 
 
+def process_group_all_reduce(tensor: torch.Tensor, group: Any) -> Any:
+    """What C++ callers (DDP's reducer, extensions) do: the ProcessGroup itself, through the
+    c10d::allreduce_ op (no proxy; only the agent's dispatcher kernel sees it)."""
+    return group.allreduce([tensor]).wait()
+
+
 def workloads(group: Any) -> dict[str, tuple[Callable[..., Any], tuple, dict, str, Any, Any]]:
     """name -> (function, args, kwargs, tutorial collective name, input, output)."""
     world = group.size()
@@ -78,6 +84,8 @@ def workloads(group: Any) -> dict[str, tuple[Callable[..., Any], tuple, dict, st
                               big),
         "op all_reduce_ (compiled)": (compiled_all_reduce, (x, group.group_name), {},
                                       "all_reduce", x, x),
+        "pg.allreduce (C++ origin)": (process_group_all_reduce, (x, group), {}, "all_reduce",
+                                      x, x),
     }
 
 
@@ -109,7 +117,7 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, tutori
         with autoannot.record() as records:
             samples["annotating"].append(per_call_us(through_proxy, calls))
         assert len(records) == calls, (name, len(records))
-        # For an op: our dispatcher kernel, passing the call through.
+        # Nothing to annotate: no proxy work, no dispatcher kernel (removed with the recorder).
         samples["fast path"].append(per_call_us(through_proxy, calls))
         autoannot.disable()
     # The minimum over many short interleaved samples: on a shared machine, noise only adds.
@@ -186,6 +194,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ar = next(m for m in rows if m["collective"] == "all_reduce" and m["group"] == "fake 2")
     op = next(m for m in rows if m["collective"].startswith("op ") and m["group"] == "fake 2")
+    pg = next(m for m in rows if m["collective"].startswith("pg.") and m["group"] == "fake 2")
     return {
         "collective": "all_reduce (fake group, 2 ranks)",
         "unwrapped_us": round(ar["unwrapped"], 3),
@@ -198,6 +207,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "compiled_op_unwrapped_us": round(op["unwrapped"], 3),
         "compiled_op_fast_path_added_us": round(added(op, "fast path"), 3),
         "compiled_op_annotate_added_us": round(added(op, "annotating"), 3),
+        "cpp_origin_unwrapped_us": round(pg["unwrapped"], 3),
+        "cpp_origin_fast_path_added_us": round(added(pg, "fast path"), 3),
+        "cpp_origin_annotate_added_us": round(added(pg, "annotating"), 3),
     }
 
 

@@ -220,9 +220,11 @@ def run_once(api: str, chosen: list[str], values: list[Any], positional: int) ->
         message = re.sub(r"0x[0-9a-f]+", "0x?", str(exc))  # object addresses
         message = re.sub(r"\[[A-Z]\d{4} [\d:.]+ ", "[", message)  # c10 log timestamps
         # A call with no tensor at all fails in torch's dispatcher, whose message lists the
-        # op's kernels: while the agent annotates, that list names its BackendSelect kernel
-        # (the one documented difference; the error and the rest of the text are torch's).
-        message = re.sub(r"\nBackendSelect: [^\n]*", "\nBackendSelect: <kernel>", message)
+        # op's kernels and fallbacks: with the agent on, that list names its kernels and its
+        # DeferredInit fall-through (the one documented difference; the error and the rest of
+        # the text are torch's).
+        message = re.sub(r"\n(BackendSelect|DeferredInit): [^\n]*", r"\n\1: <ours>", message)
+        message = re.sub(r"\nDeferredInit: <ours>", "", message).replace("DeferredInit, ", "")
         outcome = ("raised", type(exc).__name__, message)
     return outcome, _summary(args)
 

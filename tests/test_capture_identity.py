@@ -71,6 +71,7 @@ def _end(sim: SimulatedCuda, graph: Graph) -> None:
 
 
 def _in_thread(fn: Any) -> None:
+    """Run ``fn`` on a new thread and wait for it."""
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -85,41 +86,84 @@ def _in_thread(fn: Any) -> None:
     assert not thread.is_alive() and not errors, errors
 
 
+def _carry_callers_keys() -> None:
+    """What autograd's engine does for its device threads: run with the backward caller's
+    thread-local dispatch keys (the agent's key included; the real thing runs on CUDA)."""
+    from autoannot import dispatch
+
+    torch._C._dispatch_tls_set_dispatch_key_included(dispatch._scoped_key(), True)
+
+
 def _ledger(graph: Graph) -> list[tuple[str, int]]:
     entries = capture.LEDGERS[graph._autoannot_graph].entries
     return [(e["api"], e["annotation"][V.IN_NELEMS]) for e in entries]
+
+
+class Worker:
+    """A thread that runs what it is given, one call at a time, on its own current stream."""
+
+    def __init__(self, cuda: SimulatedCuda, stream: str, carries_callers_keys: bool = False
+                 ) -> None:
+        import queue
+
+        self._jobs: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+
+        def loop() -> None:
+            cuda.use(stream)
+            if carries_callers_keys:
+                _carry_callers_keys()
+            while (job := self._jobs.get()) is not None:
+                try:
+                    self._done.put((job(), None))
+                except BaseException as exc:
+                    self._done.put((None, exc))
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def run(self, job: Any) -> Any:
+        self._jobs.put(job)
+        result, error = self._done.get(timeout=60)
+        if error is not None:
+            raise error
+        return result
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
 
 
 def test_two_captures_at_once_on_two_threads_stay_apart(fake_world, agent, cuda) -> None:
     """Capture 1 begins on thread A (stream s1), capture 2 on thread B (stream s2), both in
     progress together. A third thread on a stream joined to capture 1 (autograd's device
     thread in a captured backward) launches through the Python API and from C++ (the
-    ProcessGroup itself, as DDP's reducer does); a fourth thread launches eagerly on a stream
-    in no capture. Each launch lands in its capture's ledger, in launch order; the eager one
-    in none."""
+    ProcessGroup itself, as DDP's reducer does); B launches from C++ too; a fourth thread
+    launches eagerly on a stream in no capture. Each launch lands in its capture's ledger, in
+    launch order; the eager one in none."""
     g1, g2 = Graph(), Graph()
     pg = dist.group.WORLD
-
-    def on(stream: str, fn: Any) -> Any:
-        def run() -> None:
-            cuda.use(stream)
-            fn()
-        return run
-
-    _in_thread(on("s1", lambda: _begin(cuda, g1)))
-    _in_thread(on("s2", lambda: _begin(cuda, g2)))
-    cuda.join("autograd", "s1")
-    _in_thread(on("s1", lambda: dist.all_reduce(torch.ones(11))))
-    _in_thread(on("s2", lambda: dist.all_reduce(torch.ones(21))))
-    _in_thread(on("autograd", lambda: pg.allreduce([torch.ones(12)]).wait()))
-    _in_thread(on("eager", lambda: dist.all_reduce(torch.ones(99))))
-    _in_thread(on("autograd", lambda: dist.broadcast(torch.ones(13), 0)))
-    _in_thread(on("s2", lambda: pg.broadcast(torch.ones(22), 0).wait()))
-    _in_thread(on("s1", lambda: _end(cuda, g1)))
-    _in_thread(on("s2", lambda: _end(cuda, g2)))
+    a, b = Worker(cuda, "s1"), Worker(cuda, "s2")
+    autograd = Worker(cuda, "autograd", carries_callers_keys=True)
+    eager = Worker(cuda, "eager")
+    try:
+        a.run(lambda: _begin(cuda, g1))
+        b.run(lambda: _begin(cuda, g2))
+        cuda.join("autograd", "s1")
+        a.run(lambda: dist.all_reduce(torch.ones(11)))
+        b.run(lambda: dist.all_reduce(torch.ones(21)))
+        autograd.run(lambda: pg.allreduce([torch.ones(12)]).wait())
+        eager.run(lambda: dist.all_reduce(torch.ones(99)))
+        autograd.run(lambda: dist.broadcast(torch.ones(13), 0))
+        b.run(lambda: pg.broadcast(torch.ones(22), 0).wait())
+        a.run(lambda: _end(cuda, g1))
+        b.run(lambda: _end(cuda, g2))
+    finally:
+        for worker in (a, b, autograd, eager):
+            worker.stop()
     assert _ledger(g1) == [("all_reduce", 11), ("c10d.allreduce_", 12), ("broadcast", 13)]
     assert _ledger(g2) == [("all_reduce", 21), ("c10d.broadcast_", 22)]
-    assert capture.IDENTITY.how.startswith("cudaStreamGetCaptureInfo")
+    assert capture.IDENTITY.how.startswith("cuStreamGetCaptureInfo")
 
 
 def test_a_launch_after_its_capture_ended_lands_nowhere(fake_world, agent, cuda) -> None:

@@ -234,13 +234,15 @@ def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
     ops = torch.ops._c10d_functional
     seen: dict[str, Any] = {}
 
+    ours = (("_c10d_functional::all_reduce_", "BackendSelect"),
+            ("c10d::allreduce_", "DeferredInit"))
+
     def registered() -> bool:
-        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, "BackendSelect")
-                   for op in ("_c10d_functional::all_reduce_", "c10d::allreduce_"))
+        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op, key in ours)
 
     def none_registered() -> bool:
-        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, "BackendSelect")
-                       for op in ("_c10d_functional::all_reduce_", "c10d::allreduce_"))
+        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+                       for op, key in ours)
 
     def call() -> list[float]:
         return ops.wait_tensor.default(ops.all_reduce.default(torch.ones(2), "sum", "0")).tolist()
