@@ -103,19 +103,26 @@ def diagnose() -> dict[str, Any]:
                                "cudaErrorCallRequiresNewerDriver)")
         except Exception as exc:
             missing.append(f"probing cudaGraphNodeGetToolsId failed: {exc}")
-    from autoannot import config, dispatch
+    from autoannot import capture, config, dispatch
 
-    if not config.from_environment().ops:
-        report["compiled_code"] = "not annotated: AUTOANNOT_OPS=0"
-    elif dispatch.available():
-        report["compiled_code"] = "annotated (a BackendSelect kernel per _c10d_functional op)"
-    else:
-        report["compiled_code"] = ("not annotated: this torch cannot take a Python kernel that "
-                                   "redispatches (torch.library with_keyset)")
+    report["compiled_code"], report["cpp_origin"] = _dispatcher_layer(config, dispatch)
+    report["capture_identity"] = capture.CaptureIdentity().how
     report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
     report["missing"] = missing
     report["hook"] = _hook_state()
     return report
+
+
+def _dispatcher_layer(config: Any, dispatch: Any) -> tuple[str, str]:
+    """What the dispatcher kernels can annotate here: compiled code's ops, C++-origin launches."""
+    if not config.from_environment().ops:
+        return ("not annotated: AUTOANNOT_OPS=0",) * 2  # type: ignore[return-value]
+    lines = []
+    for family, what in zip(dispatch.FAMILIES, ("_c10d_functional", "c10d::"), strict=True):
+        why = dispatch._unavailable(family)
+        lines.append(f"not annotated: {why}" if why else
+                     f"annotated (a {family.key} kernel per {what} op, while annotating)")
+    return lines[0], lines[1]
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -126,6 +133,12 @@ def format_report(report: dict[str, Any]) -> str:
     lines += ["", f"  annotation path: {report['path']}"]
     if report.get("compiled_code"):
         lines.append(f"  torch.compile'd collectives: {report['compiled_code']}")
+    if report.get("cpp_origin"):
+        lines.append(f"  launches no proxy sees (DDP's reducer, backward, ProcessGroup calls): "
+                     f"{report['cpp_origin']}")
+    if report.get("capture_identity"):
+        lines.append(f"  a launch is tied to its CUDA-graph capture by: "
+                     f"{report['capture_identity']}")
     if report.get("missing"):
         lines.append("  for torch's toolsId path:")
         lines += [f"    - {m}" for m in report["missing"]]

@@ -99,3 +99,38 @@ def test_a_launch_from_cpp_with_no_python_caller_says_so() -> None:
         time.sleep(0.01)
     assert found == [recorder.NO_PYTHON_CALLER]
     assert recorder.call_site(1).rsplit(":", 1)[0] == __file__  # a Python caller: its line
+
+
+OPS_OFF_SCRIPT = """
+import torch, torch.distributed as dist
+import autoannot
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+ops = torch.ops._c10d_functional
+with autoannot.record() as records:
+    dist.all_reduce(torch.ones(2))
+    dist.group.WORLD.allreduce([torch.ones(3)]).wait()
+    ops.wait_tensor(ops.all_reduce(torch.ones(4), "sum", "0"))
+    kernels = [torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op, key in
+               (("c10d::allreduce_", "DeferredInit"), ("_c10d_functional::all_reduce", "BackendSelect"))]
+key = torch._C._dispatch_key_parse("DeferredInit")
+print([r.api for r in records], kernels, torch._C._dispatch_tls_is_dispatch_key_included(key))
+"""
+
+
+@pytest.mark.parametrize("ops", ["1", "0"])
+def test_autoannot_ops_0_puts_nothing_on_the_dispatcher(ops: str, tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AUTOANNOT": "1", "AUTOANNOT_OPS": ops}
+    done = subprocess.run([sys.executable, "-c", OPS_OFF_SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    if ops == "0":  # only the proxies: the C++-origin and compiled-code launches go unseen
+        assert last == "['all_reduce'] [False, False] False"
+    else:
+        assert last == ("['all_reduce', 'c10d.allreduce_', '_c10d_functional.all_reduce'] "
+                        "[True, True] True")

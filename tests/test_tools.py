@@ -111,6 +111,8 @@ def test_doctor_on_a_cpu_machine(capsys) -> None:
     assert report["torch"] and report["wrapt"]
     assert report["path"] in ("torch toolsId", "autoannot fallback (capture ledgers)")
     assert report["compiled_code"].startswith("annotated")  # torch 2.13 takes our kernels
+    assert report["cpp_origin"].startswith("annotated (a DeferredInit kernel")
+    assert report["capture_identity"].startswith("the capturing thread")  # no CUDA here
     import torch
 
     if not torch.cuda.is_available():
