@@ -8,6 +8,9 @@ carry in the profiler, so that CUDA-graphed collectives read like eager ones.
     records[0].annotation         # {"Collective name": "allreduce", "In msg nelems": ..., ...}
 
 Importing this package imports neither torch nor wrapt: the rest loads on first use.
+
+(PYTEST_DONT_REWRITE: under AUTOANNOT=1 the start-up hook imports this package before pytest
+can rewrite it, as a pytest11 plugin's package; it holds no assertion to rewrite.)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _EXPORTS = {
     "annotate_collective": "autoannot.annotation",
     "AnnotationContext": "autoannot.annotation",
     "describe_call": "autoannot.annotation",
+    "AutoannotWarning": "autoannot.diagnostics",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

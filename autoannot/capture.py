@@ -246,9 +246,9 @@ def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     try:
         IDENTITY.began(ledger)
     except Exception as exc:  # the capture goes on; its ledger stays empty
-        from autoannot import wrappers
+        from autoannot import diagnostics
 
-        wrappers.warn_once("CUDAGraph.capture_begin", "identifying the capture", exc)
+        diagnostics.warn_once("CUDAGraph.capture_begin", "identifying the capture", exc)
     dispatch = sys.modules.get("autoannot.dispatch")
     if dispatch is not None:  # C++-origin launches on this thread (and autograd's) are seen
         dispatch.include_thread()

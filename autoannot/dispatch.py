@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from autoannot import collectives, metadata, wrappers
+from autoannot import collectives, diagnostics, metadata, wrappers
 from autoannot.state import CALLS, STATE
 
 
@@ -106,7 +106,7 @@ class KernelRegistration:
                     self.scoped = self.scoped or (family.thread_scoped and bool(ops))
                 except Exception as exc:  # the collectives still run, unannotated
                     self.skipped[family.namespace] = f"{type(exc).__name__}: {exc}"
-                    wrappers.warn_once(family.namespace, "registering dispatcher kernels", exc)
+                    diagnostics.warn_once(family.namespace, "registering dispatcher kernels", exc)
             wrappers.EXCLUSION = exclusion()
 
     def remove_if_safe(self) -> bool:
@@ -163,7 +163,7 @@ def on_demand(demand: bool, cause: str) -> None:
         else:
             REGISTRATION.remove_if_safe()
     except Exception as exc:  # never from a recorder's or a capture's edge into user code
-        wrappers.warn_once("dispatcher kernels", "switching on or off", exc)
+        diagnostics.warn_once("dispatcher kernels", "switching on or off", exc)
 
 
 @functools.cache

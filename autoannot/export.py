@@ -90,9 +90,9 @@ def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any
 
                 tracetool.annotate_file(path, path)
     except Exception as exc:  # the trace is exported; our part failed
-        from autoannot import wrappers
+        from autoannot import diagnostics
 
-        wrappers.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
+        diagnostics.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
     return result
 
 

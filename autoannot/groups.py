@@ -13,12 +13,15 @@ from autoannot import vocabulary as V
 
 @dataclass(frozen=True, slots=True)
 class GroupFacts:
-    """What the profiler records about a process group, computed once per group."""
+    """What the profiler records about a process group, computed once per group.
 
-    name: str
+    Read from the group object itself; where it cannot say (a backend built directly and never
+    registered, a group implemented in Python), the field is left out, never invented."""
+
+    name: str  # "" when the group has none
     desc: str
-    ranks: tuple[int, ...]  # global ranks, in group-rank order
-    ranks_text: str  # "Process Group Ranks"
+    ranks: tuple[int, ...] | None  # global ranks, in group-rank order; None: not registered
+    ranks_text: str | None  # "Process Group Ranks"
     size: int
     rank: int  # this process's rank in the group
     global_rank_start: int
@@ -28,18 +31,21 @@ class GroupFacts:
     global_rank_keys: dict[str, int]  # "Global rank start/stride", where the profiler has them
 
 
-def _group_keys(name: str, desc: str, ranks_text: str) -> dict[str, Any]:
+def _group_keys(name: str, desc: str, ranks_text: str | None) -> dict[str, Any]:
     keys: dict[str, Any] = {}
     if name:  # the profiler omits empty names
         keys[V.PG_NAME] = name
     if desc:
         keys[V.PG_DESC] = desc
-    keys[V.PG_RANKS] = ranks_text
+    if ranks_text is not None:
+        keys[V.PG_RANKS] = ranks_text
     return keys
 
 
-def _global_rank_keys(start: int, stride: int) -> dict[str, int]:
-    keys = {}
+def _global_rank_keys(start: int | None, stride: int) -> dict[str, int]:
+    keys: dict[str, int] = {}
+    if start is None:  # the group's global ranks are not known
+        return keys
     if start >= 0:
         keys[V.GLOBAL_RANK_START] = start
     if stride > 0:  # -1: not strided, 0: one rank
@@ -74,9 +80,14 @@ def _torch_get_stream_for_pg() -> Any:
     return getattr(module, "get_stream_for_pg", None) if module is not None else None
 
 
-def _stride_of(ranks: tuple[int, ...], is_default: bool) -> tuple[int, int]:
-    """Global rank start and stride as ProcessGroupNCCL computes them (-1: not strided)."""
-    if is_default or not ranks:
+def _stride_of(ranks: tuple[int, ...] | None, is_default: bool) -> tuple[int | None, int]:
+    """Global rank start and stride as ProcessGroupNCCL computes them (-1: not strided;
+    None: the global ranks are not known)."""
+    if is_default:
+        return 0, 1
+    if ranks is None:
+        return None, -1
+    if not ranks:
         return 0, 1
     if len(ranks) == 1:
         return ranks[0], 0
@@ -90,15 +101,13 @@ def facts_of(pg: Any) -> GroupFacts:
     entry = _facts.get(id(pg))
     if entry is not None and entry[0]() is pg:
         return entry[1]
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    ranks = tuple(dist.get_process_group_ranks(pg))
-    is_default = pg is c10d._get_default_group()
+    ranks = _registered_ranks(c10d, pg)
+    is_default = pg is c10d.GroupMember.WORLD
     start, stride = _stride_of(ranks, is_default)
-    name = getattr(pg, "group_name", "") or ""
-    desc = getattr(pg, "group_desc", "") or ""
-    ranks_text = V.format_list(ranks)
+    name, desc = _text(pg, "group_name"), _text(pg, "group_desc")
+    ranks_text = V.format_list(ranks) if ranks is not None else None
     facts = GroupFacts(
         name=name,
         desc=desc,
@@ -122,6 +131,25 @@ def facts_of(pg: Any) -> GroupFacts:
     with _lock:
         _facts[key] = (weakref.ref(pg, forget), facts)
     return facts
+
+
+def _registered_ranks(c10d: Any, pg: Any) -> tuple[int, ...] | None:
+    """The group's global ranks, where torch registered the group (``init_process_group``,
+    ``new_group``, a DeviceMesh); None for one built directly or implemented in Python."""
+    try:
+        return tuple(c10d.get_process_group_ranks(pg))
+    except Exception:  # KeyError: not registered
+        return None
+
+
+def _text(pg: Any, attribute: str) -> str:
+    """A name the group may not have (a Backend built directly has none) or may refuse to give
+    (a group implemented in Python: "ProcessGroup name not set"): "" then."""
+    try:
+        value = getattr(pg, attribute)
+    except Exception:
+        return ""
+    return value if isinstance(value, str) else ""
 
 
 def resolve_c10d(group: Any) -> Any:

@@ -18,6 +18,15 @@ from autoannot.collectives import Collective, GroupArg, Rank, Sizes, Splits
 Getter = Callable[[tuple, dict], Any]
 
 
+class NotALaunch(Exception):
+    """The call's tensors hold no data (meta, fake or functional tensors: tracing): nothing is
+    launched, so nothing is annotated and nothing is said."""
+
+
+#: Tensor types that hold no data (the dispatcher kernels check the same).
+NO_DATA_TYPES = frozenset({"FakeTensor", "FunctionalTensor"})
+
+
 class Launch(NamedTuple):
     """The facts of one collective launch, before they become an annotation."""
 
@@ -28,7 +37,7 @@ class Launch(NamedTuple):
     dtype: str
     in_splits: str
     out_splits: str
-    rank: int  # the CPU op's "Rank": own, root's or peer's group rank
+    rank: int | None  # the CPU op's "Rank": own, root's or peer's group rank (None: unknown)
     peer_global_rank: int | None  # "Dst Rank" / "Src Rank"
     coalesced_name: str | None  # "Collective name" of a _coalescing_manager block of these
     kernels: tuple[str, ...]  # the NCCL kernel families this launch may run
@@ -150,9 +159,12 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
     fmt = V.format_list
 
     def derive(args: tuple, kwargs: dict) -> Launch:
-        facts = facts_of(resolve(get_group(args, kwargs)))
         inputs = _as_list(get_inputs(args, kwargs))
         outputs = _as_list(get_outputs(args, kwargs)) if has_outputs else ()
+        first = inputs[0] if inputs else outputs[0] if outputs else None
+        if first is not None and (first.is_meta or type(first).__name__ in NO_DATA_TYPES):
+            raise NotALaunch
+        facts = facts_of(resolve(get_group(args, kwargs)))
         n_in = _numel(inputs, as_real)
         n_out = _numel(outputs, as_real) if has_outputs else 0
         size = facts.size
@@ -182,12 +194,15 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
             if len(named) > 1 and named[1] is not None:  # given as a group rank
                 rank = int(named[1])
             elif not named or named[0] is None:
-                rank = -1  # recv from any source: the peer is not known at launch
+                rank = None  # recv from any source: the peer is not known at launch
             elif root_is_group_rank:
                 rank = int(named[0])
-            else:
+            elif facts.ranks is not None:
                 rank = facts.ranks.index(int(named[0]))
-            if peer_rank and 0 <= rank < len(facts.ranks):
+            else:
+                rank = None  # a global rank in a group whose global ranks are not known
+            if peer_rank and facts.ranks is not None and rank is not None and (
+                    0 <= rank < len(facts.ranks)):
                 peer = facts.ranks[rank]
         return Launch(eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits, out_splits, rank,
                       peer, coalesced_name, kernels)
@@ -221,7 +236,9 @@ def kernel_args(launch: Launch) -> dict[str, Any]:
 
 
 def cpu_only_args(launch: Launch) -> dict[str, Any]:
-    """The keys the CPU ``record_param_comms`` op adds to the kernel's."""
+    """The keys the CPU ``record_param_comms`` op adds to the kernel's (those known)."""
+    if launch.rank is None:
+        return dict(launch.facts.global_rank_keys)
     return {V.RANK: launch.rank, **launch.facts.global_rank_keys}
 
 

@@ -128,9 +128,9 @@ def _on_import(module: ModuleType) -> None:
 
                     _patches.extend(importlib.import_module(installer).install(module))
             except Exception as exc:  # never break the import of torch
-                from autoannot import wrappers
+                from autoannot import diagnostics
 
-                wrappers.warn_once(module.__name__, f"instrumenting ({installer})", exc)
+                diagnostics.warn_once(module.__name__, f"instrumenting ({installer})", exc)
 
 
 def _install_module(module: ModuleType) -> None:

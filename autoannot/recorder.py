@@ -23,7 +23,7 @@ class Record(NamedTuple):
     def param_comms(self) -> dict[str, Any]:
         """The args of the eager CPU ``record_param_comms`` op: the kernel's plus its own
         (empty for a launch whose eager kernel carries no collective args)."""
-        if not self.cpu_only:
+        if "Collective name" not in self.annotation:
             return {}
         kernel = {k: v for k, v in self.annotation.items() if k not in _LANE_KEYS}
         return {**kernel, **self.cpu_only}

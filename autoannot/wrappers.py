@@ -8,7 +8,6 @@ context around the original, and never lets a failure of its own reach the calle
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,12 +15,12 @@ from autoannot import metadata, patching
 from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext
 from autoannot.collectives import C10D, Collective, Role
+from autoannot.diagnostics import warn_once
 from autoannot.recorder import Record, call_site, publish
 from autoannot.state import CALLS, STATE
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
-_warned: set[str] = set()
 
 #: ``(set_excluded, key)`` while dispatch.py's thread-scoped kernels are registered (it sets
 #: this): the call a proxy annotates runs with that key excluded, so the launch does not also
@@ -46,20 +45,6 @@ def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -
     finally:
         set_excluded(key, False)
         CALLS.depth -= 1
-
-
-def warn_once(api: str, what: str, exc: BaseException) -> None:
-    """One warning per API and problem: the collective ran, but without an annotation."""
-    key = f"{api}:{what}"
-    if key in _warned:
-        return
-    _warned.add(key)
-    warnings.warn(
-        f"autoannot: {what} for {api} failed ({type(exc).__name__}: {exc}); "
-        "the collective ran without an annotation",
-        RuntimeWarning,
-        stacklevel=4,
-    )
 
 
 def _run_annotated(
@@ -108,6 +93,8 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
             return wrapped(*args, **kwargs)
         try:
             launch = derive(args, kwargs)
+        except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
+            return call_as_one_launch(wrapped, args, kwargs)
         except Exception as exc:
             return _run_unannotated(label, exc, wrapped, args, kwargs)
         if calls.blocks:  # inside a _coalescing_manager block: the block is the launch

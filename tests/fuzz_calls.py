@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import autoannot
@@ -63,8 +63,51 @@ value_spec = st.one_of(
 )
 
 
+class PythonGroup(dist.ProcessGroup):
+    """A process group implemented in Python: completes every all_reduce/broadcast/barrier at
+    once (torch's tests have such groups); ``hostile``: its ``rank()`` raises — torch never
+    asks, the agent does (the metadata fails while the collective succeeds)."""
+
+    def __init__(self, hostile: bool = False) -> None:
+        super().__init__(0, 1)
+        self.hostile = hostile
+
+    def rank(self) -> int:
+        if self.hostile:
+            raise RuntimeError("no rank here")
+        return super().rank()
+
+    def _done(self, value: Any) -> Any:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(value)
+        return torch._C._distributed_c10d._create_work_from_future(future)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+        return self._done(tensors)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+        return self._done(tensors)
+
+    def barrier(self, opts: Any = None) -> Any:
+        return self._done(None)
+
+
+_GROUPS: dict[str, Any] = {}
+
+
+def _group(kind: str) -> Any:
+    """Groups torch did not register (built once per process)."""
+    if kind not in _GROUPS:
+        _GROUPS[kind] = {"pygroup": lambda: PythonGroup(), "hostile": lambda: PythonGroup(True),
+                         "unregistered": lambda: dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+                         }[kind]()
+    return _GROUPS[kind]
+
+
 def build(spec: Any) -> Any:
     kind = spec[0]
+    if kind in ("pygroup", "hostile", "unregistered"):
+        return _group(kind)
     if kind == "tensor":
         _, dtype, numel, two_d = spec
         t = (torch.arange(numel) % 3).to(dtype)
@@ -111,7 +154,8 @@ def _likely(name: str) -> st.SearchStrategy:
     elif name == "op":
         good = st.sampled_from(range(3)).map(lambda i: ("op", i))
     elif name == "group":
-        good = st.sampled_from([("none",), ("world",)])
+        good = st.sampled_from([("none",), ("world",), ("none",), ("world",), ("pygroup",),
+                                ("hostile",), ("unregistered",)])
     elif name.endswith("split_sizes"):
         good = st.sampled_from([("none",), ("ints", [1]), ("ints", [2])])
     else:
@@ -203,12 +247,16 @@ def _without_contents(value: Any) -> Any:
     return value
 
 
+#: "ignore", or "error": warnings raised as errors (torch's own, with the agent off too).
+WARNINGS = ["ignore"]
+
+
 def run_once(api: str, chosen: list[str], values: list[Any], positional: int) -> Any:
     args = [build(v) for v in values]
     pos, kw = args[:positional], dict(zip(chosen[positional:], args[positional:], strict=True))
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter(WARNINGS[0])
             result = target(api)(*pos, **kw)
             if hasattr(result, "wait"):
                 result.wait()
@@ -229,13 +277,23 @@ def run_once(api: str, chosen: list[str], values: list[Any], positional: int) ->
     return outcome, _summary(args)
 
 
-def fuzz(rank: int, world: int, examples: int, fixed: bool) -> dict[str, Any]:
+_F32 = ("tensor", torch.float32, 3, False)
+
+
+def fuzz(rank: int, world: int, examples: int, fixed: bool, warnings_as: str = "ignore"
+         ) -> dict[str, Any]:
+    """``warnings_as="error"``: every call runs with warnings raised as errors."""
+    WARNINGS[0] = warnings_as
     stats = {"calls": 0, "raised": 0, "nondeterministic": 0, "differences": []}
     started = time.monotonic()
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=fixed,
               suppress_health_check=list(HealthCheck))
     @given(call_spec())
+    @example(("all_reduce", ["tensor", "group"], [_F32, ("hostile",)], 0))
+    @example(("all_reduce", ["tensor", "group"], [_F32, ("pygroup",)], 1))
+    @example(("barrier", ["group"], [("hostile",)], 0))
+    @example(("all_reduce", ["tensor", "group"], [_F32, ("unregistered",)], 2))
     def check(spec: tuple) -> None:
         autoannot.disable()
         off = run_once(*spec)

@@ -111,8 +111,8 @@ with autoannot.record() as records:
     dist.all_reduce(torch.ones(2))
     dist.group.WORLD.allreduce([torch.ones(3)]).wait()
     ops.wait_tensor(ops.all_reduce(torch.ones(4), "sum", "0"))
-    kernels = [torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op, key in
-               (("c10d::allreduce_", "DeferredInit"), ("_c10d_functional::all_reduce", "BackendSelect"))]
+    ours = (("c10d::allreduce_", "DeferredInit"), ("_c10d_functional::all_reduce", "BackendSelect"))
+    kernels = [torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op, key in ours]
 key = torch._C._dispatch_key_parse("DeferredInit")
 print([r.api for r in records], kernels, torch._C._dispatch_tls_is_dispatch_key_included(key))
 """

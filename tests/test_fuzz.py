@@ -24,3 +24,14 @@ def test_generated_calls_behave_the_same_with_the_agent(figures) -> None:
         f"{len(stats['differences'])} differences")
     assert stats["calls"] >= min(examples, 100)
     assert stats["differences"] == [], stats["differences"][:3]
+
+
+def test_generated_calls_behave_the_same_with_warnings_as_errors(figures) -> None:
+    """The same, with every call under warnings-as-errors (``-W error``): the agent's own
+    diagnostics never surface as an exception, so nothing differs."""
+    (stats,) = run_ranks(fuzz_calls.fuzz, 1, "gloo", (200, True, "error"), timeout_s=20)
+    figures["fuzzed calls with warnings as errors (off / fast path / annotating)"] = (
+        f"{stats['calls']} calls, {stats['raised']} raising, "
+        f"{len(stats['differences'])} differences")
+    assert stats["calls"] >= 100
+    assert stats["differences"] == [], stats["differences"][:3]

@@ -14,7 +14,7 @@ import torch.distributed._functional_collectives as funcol
 from harness import run_ranks
 
 import autoannot
-from autoannot import wrappers
+from autoannot import diagnostics, groups
 
 
 def bad_calls():
@@ -81,12 +81,12 @@ def test_return_values_are_the_originals(fake_world, agent) -> None:
 def test_a_metadata_failure_warns_once_per_api_and_the_call_still_runs(
     fake_world, agent, monkeypatch
 ) -> None:
-    def broken(group):
+    def broken(name):
         raise LookupError("no facts today")
 
     fresh = dist.new_group([0, 1])  # its facts are not cached yet: the agent must look them up
-    monkeypatch.setattr(dist, "get_process_group_ranks", broken)
-    monkeypatch.setattr(wrappers, "_warned", set())  # once per API per process: start afresh
+    monkeypatch.setattr(groups, "lane_for", broken)
+    monkeypatch.setattr(diagnostics, "_said", set())  # once per API per process: start afresh
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with autoannot.record() as records:
