@@ -9,3 +9,6 @@ if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
     "$PYTHON" -m pip install "torch==2.13.0"
 fi
 "$PYTHON" -m pip install -e ".[test]"
+# HolisticTraceAnalysis reads our traces in the tests; its wheel asks for jupyterlab (notebooks
+# only, a large install): take it without, its runtime needs come with ".[test]".
+"$PYTHON" -m pip install --no-deps "HolisticTraceAnalysis==0.5.0"

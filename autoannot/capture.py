@@ -33,9 +33,7 @@ import wrapt
 
 from autoannot import features
 from autoannot.state import STATE
-
-REPLAY_PREFIX = "autoannot.replay:"
-GRAPH_PREFIX = "autoannot.graph."
+from autoannot.traces.ledger import GRAPH_PREFIX, REPLAY_PREFIX
 
 _counter = itertools.count()
 _lock = _thread.allocate_lock()

@@ -47,10 +47,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _outputs(traces: list[Path], output: str | None) -> list[Path]:
-    from autoannot import tracetool
+    from autoannot.traces import annotate
 
     if output is None:
-        return [tracetool.default_output(t) for t in traces]
+        return [annotate.default_output(t) for t in traces]
     out = Path(output)
     if len(traces) > 1 or out.is_dir() or output.endswith(("/", os.sep)):
         out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def _outputs(traces: list[Path], output: str | None) -> list[Path]:
 
 
 def _annotate(args: argparse.Namespace) -> int:
-    from autoannot import tracetool
+    from autoannot.traces import annotate, files
 
     traces = [Path(t) for t in args.traces]
     if args.ledger and len(traces) != 1:
@@ -77,8 +77,8 @@ def _annotate(args: argparse.Namespace) -> int:
         if len(traces) > 1:
             print(f"[{n}/{len(traces)}] {trace}", file=sys.stderr)
         try:
-            report = tracetool.annotate_file(trace, out, args.ledger)
-        except tracetool.TraceError as exc:
+            report = annotate.annotate_file(trace, out, args.ledger, lanes=args.lanes)
+        except files.TraceError as exc:
             return _bad_input("annotate", str(exc))
         except OSError as exc:
             return _bad_input("annotate", f"{out}: cannot write: {exc.strerror}")
@@ -98,11 +98,11 @@ def _annotate(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from autoannot import summary, tracetool
+    from autoannot.traces import files, summary
 
     try:
         rows = summary.summarize([Path(t) for t in args.traces], progress=not args.quiet)
-    except tracetool.TraceError as exc:
+    except files.TraceError as exc:
         return _bad_input("summary", str(exc))
     if not rows:
         print("autoannot summary: no NCCL kernel carries collective args in these traces "
@@ -113,27 +113,25 @@ def _summary(args: argparse.Namespace) -> int:
         if args.csv:
             summary.write_csv(rows, Path(args.csv))
         if args.json:
-            from autoannot import export
-
-            export.atomic_write_text(args.json, json.dumps(rows, indent=1))
+            files.atomic_write_text(args.json, json.dumps(rows, indent=1))
     except OSError as exc:
         return _bad_input("summary", f"cannot write: {exc}")
     return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from autoannot import tracetool
+    from autoannot.traces import files
 
     output = Path(args.output)
     if output.suffix not in (".png", ".svg", ".pdf"):
         return _bad_input("plot", f"{output}: use .png, .svg or .pdf")
-    from autoannot import plot  # matplotlib itself is imported when drawing
+    from autoannot.traces import plot  # matplotlib itself is imported when drawing
 
     try:
         drawn = plot.plot([Path(t) for t in args.traces], output, args.title)
     except ImportError:
         return _bad_input("plot", "needs matplotlib: pip install matplotlib")
-    except tracetool.TraceError as exc:
+    except files.TraceError as exc:
         return _bad_input("plot", str(exc))
     except OSError as exc:
         return _bad_input("plot", f"{output}: cannot write: {exc.strerror}")
@@ -177,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     annotate.add_argument("--ledger", metavar="LEDGER",
                           help="the ledger file, when it is not next to the (single) trace")
     annotate.add_argument("--json", action="store_true", help="print the reports as JSON")
+    annotate.add_argument("--lanes", action="store_true",
+                          help="move each annotated kernel to its process group's lane (one row "
+                               "per group in a viewer; stream-based analyses then change)")
     annotate.set_defaults(func=_annotate)
     summ = sub.add_parser(
         "summary", help="per process group, collective, dtype and size: counts, time, bandwidth",

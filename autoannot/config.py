@@ -22,13 +22,15 @@ class Config:
     torch has it. ``AUTOANNOT_TORCH_ANNOTATIONS`` (default 1): where torch's toolsId path works,
     turn ``enable_annotations`` on for every ``torch.cuda.graph`` capture.
     ``AUTOANNOT_ANNOTATE_ON_EXPORT`` (default 0): each rank annotates the trace it exports, in
-    place. ``AUTOANNOT_OPS`` (default 1): put kernels on torch's dispatcher for the
-    ``_c10d_functional`` ops (what compiled code and autograd backward launch).
+    place; ``AUTOANNOT_LANES`` (default 0): with annotated kernels moved to their process
+    group's lane. ``AUTOANNOT_OPS`` (default 1): put kernels on torch's dispatcher for the
+    launches no proxy sees (compiled code, DDP's reducer, autograd, C++).
     (``AUTOANNOT`` itself is read by the start-up hooks, which must not import this.)"""
 
     mark_kernels: bool = True
     torch_annotations: bool = True
     annotate_on_export: bool = False
+    lanes: bool = False
     ops: bool = True
 
 
@@ -38,5 +40,6 @@ def from_environment(env: Mapping[str, str] | None = None) -> Config:
         mark_kernels=_flag(env, "AUTOANNOT_MARK_KERNELS", True),
         torch_annotations=_flag(env, "AUTOANNOT_TORCH_ANNOTATIONS", True),
         annotate_on_export=_flag(env, "AUTOANNOT_ANNOTATE_ON_EXPORT", False),
+        lanes=_flag(env, "AUTOANNOT_LANES", False),
         ops=_flag(env, "AUTOANNOT_OPS", True),
     )

@@ -1,52 +1,19 @@
 """Ledger files next to exported traces, and (optionally) annotating traces as they are exported.
 
-For a trace exported to ``DIR/NAME.json`` (or ``.json.gz``) each rank writes
-``DIR/NAME.autoannot.json``: the ledger of every CUDA graph the process captured with the agent
-on (graph name -> collectives in capture order) and, where torch's toolsId path ran, torch's
-kernel annotations (toolsId -> annotations). ``autoannot annotate`` finds it by that name.
+For a trace exported to ``DIR/NAME.json`` (or ``.json.gz``) each rank writes the ledger of
+this process (``DIR/NAME.autoannot``: see ``traces.ledger``); ``autoannot annotate`` finds it
+by that name. With ``AUTOANNOT_ANNOTATE_ON_EXPORT=1`` each rank also annotates the trace it
+exported, in place (``AUTOANNOT_LANES=1``: with its collectives on their groups' lanes).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 from types import ModuleType
 from typing import Any
 
-FORMAT = "autoannot-ledger"
-VERSION = 1
-SUFFIX = ".autoannot.json"
-
-
-def ledger_path(trace_path: str | os.PathLike[str]) -> str:
-    """``run/trace.json(.gz)`` -> ``run/trace.autoannot.json``."""
-    path = os.fspath(trace_path)
-    for ending in (".gz", ".json"):
-        path = path.removesuffix(ending)
-    return path + SUFFIX
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written file."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".autoannot-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # what open() would have given, not mkstemp's 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from autoannot.traces import ledger as ledgers
 
 
 def ledger_document() -> dict[str, Any] | None:
@@ -63,17 +30,12 @@ def ledger_document() -> dict[str, Any] | None:
         return None
     dist = sys.modules.get("torch.distributed")
     rank = dist.get_rank() if dist is not None and dist.is_initialized() else None
-    return {"format": FORMAT, "version": VERSION, "rank": rank, "pid": os.getpid(),
-            "graphs": graphs, "tools_id": tools_id}
+    return {"rank": rank, "pid": os.getpid(), "graphs": graphs, "tools_id": tools_id}
 
 
 def write_ledger(trace_path: str) -> str | None:
     document = ledger_document()
-    if document is None:
-        return None
-    path = ledger_path(trace_path)
-    atomic_write_text(path, json.dumps(document, default=str))
-    return path
+    return None if document is None else ledgers.write(trace_path, document)
 
 
 def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:
@@ -85,10 +47,11 @@ def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any
         if path is not None and STATE.live and write_ledger(path) is not None:
             from autoannot import config
 
-            if config.from_environment().annotate_on_export:
-                from autoannot import tracetool
+            settings = config.from_environment()
+            if settings.annotate_on_export:
+                from autoannot.traces import annotate
 
-                tracetool.annotate_file(path, path)
+                annotate.annotate_file(path, path, lanes=settings.lanes)
     except Exception as exc:  # the trace is exported; our part failed
         from autoannot import diagnostics
 

@@ -54,7 +54,7 @@ def test_ledgers_that_do_not_belong(folder: Path, capsys) -> None:
     fails(["annotate", trace, "--ledger", str(folder / "junk.json")], capsys,
           "not an autoannot ledger")
     (folder / "graph_rank0.autoannot.json").unlink()
-    fails(["annotate", trace], capsys, "no ledger", "graph_rank0.autoannot.json")
+    fails(["annotate", trace], capsys, "no ledger", "graph_rank0.autoannot ")
     fails(["annotate", str(folder / "nope.json")], capsys, "nope.json", "no such file")
 
 

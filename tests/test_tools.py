@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autoannot import cli, doctor, summary
+from autoannot import cli, doctor
+from autoannot.traces import summary
 
 DATA = Path(__file__).parent / "data" / "gpu"
 EAGER = [DATA / "graphs" / f"eager_rank{r}.json" for r in range(2)]
@@ -50,7 +51,7 @@ def test_summary_bandwidth_matches_a_hand_computation() -> None:
 
 
 def test_summary_counts_graphed_replays_once_annotated(tmp_path: Path, capsys) -> None:
-    from autoannot import tracetool
+    from autoannot.traces import annotate as tracetool
 
     outs = []
     for r in range(2):
@@ -71,12 +72,12 @@ def test_summary_counts_graphed_replays_once_annotated(tmp_path: Path, capsys) -
 
 def test_mesh_summary_reports_the_same_counts_and_sizes_per_group_on_every_rank(
         tmp_path: Path) -> None:
-    from autoannot import tracetool
+    from autoannot.traces import annotate as tracetool
 
     outs = []
     for r in range(4):
         out = tmp_path / f"rank{r}.json"
-        tracetool.annotate_file(DATA / "mesh" / f"graph_rank{r}.json", out)
+        tracetool.annotate_file(DATA / "mesh" / f"graph_rank{r}.json", out, lanes=True)
         outs.append(out)
     rows = summary.summarize(outs, progress=False)
     assert {r["collective"] for r in rows} == {"_reduce_scatter_base", "_allgather_base",
@@ -99,7 +100,7 @@ def test_plot_draws_a_band_per_rank(tmp_path: Path) -> None:
     out = tmp_path / "timeline.png"
     assert cli.main(["plot", *map(str, EAGER), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from autoannot import plot
+    from autoannot.traces import plot
 
     drawn = plot.plot(EAGER, tmp_path / "t.svg")
     assert drawn["ranks"] == 2 and drawn["lanes"] == 6  # compute + 2 groups, per rank

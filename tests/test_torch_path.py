@@ -15,9 +15,11 @@ import torch
 import torch.distributed as dist
 
 import autoannot
-from autoannot import capture, export, features, tracetool
+from autoannot import capture, features
 from autoannot import vocabulary as V
 from autoannot.state import STATE
+from autoannot.traces import annotate as tracetool
+from autoannot.traces import ledger as ledgers
 
 torch_module = features.graph_annotations_module()
 needs_torch_annotations = pytest.mark.skipif(
@@ -83,10 +85,10 @@ def test_exported_trace_gets_a_ledger_with_torchs_annotation_map(
         torch.ones(3).sum()
     trace = tmp_path / "trace.json"
     prof.export_chrome_trace(str(trace))
-    ledger = json.loads(Path(export.ledger_path(trace)).read_text())
+    ledger = json.loads(Path(ledgers.ledger_path(trace)).read_text())
     assert ledger["tools_id"] == {str(tools_id): [{"name": "x"}]}
     assert "autoannot.graph.test" in ledger["graphs"]
-    assert oct(Path(export.ledger_path(trace)).stat().st_mode & 0o777) == oct(trace.stat(
+    assert oct(Path(ledgers.ledger_path(trace)).stat().st_mode & 0o777) == oct(trace.stat(
     ).st_mode & 0o777)
 
 
@@ -111,7 +113,7 @@ def test_tool_merges_a_tools_id_map_with_json_types(tmp_path: Path) -> None:
             tools_map[str(node)] = [{**body[k], "name": "c", "stream": 60 + n % 2}]
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps(doc))
-    ledger = {"format": export.FORMAT, "version": 1, "rank": 0, "graphs": {},
+    ledger = {"format": ledgers.FORMAT, "version": 1, "rank": 0, "graphs": {},
               "tools_id": tools_map}
     (tmp_path / "t.autoannot.json").write_text(json.dumps(ledger))
     report = tracetool.annotate_file(trace, tmp_path / "out.json")

@@ -13,8 +13,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from autoannot import tracetool
 from autoannot import vocabulary as V
+from autoannot.traces import annotate as tracetool
+from autoannot.traces import files, ledger
 
 FAMILIES = {  # "Collective name" -> NCCL kernel families it may run as
     "allreduce": {"AllReduce"}, "barrier": {"AllReduce"}, "allreduce_coalesced": {"AllReduce"},
@@ -38,7 +39,7 @@ def nccl_kernels(events: list[dict]) -> list[dict]:
 
 def eager_calls(path: Path) -> list[dict[str, Any]]:
     """The eager NCCL kernels' args, in launch (correlation) order."""
-    events = json.loads(tracetool.read_text(path))["traceEvents"]
+    events = json.loads(files.read_text(path))["traceEvents"]
     kernels = [e for e in nccl_kernels(events) if V.COLLECTIVE_NAME in e.get("args", {})]
     kernels.sort(key=lambda e: e["args"]["correlation"])
     return [vocab(e["args"]) for e in kernels]
@@ -46,7 +47,7 @@ def eager_calls(path: Path) -> list[dict[str, Any]]:
 
 def replays(path: Path) -> list[list[dict]]:
     """The NCCL kernels of each graph launch, each list sorted by start time."""
-    events = json.loads(tracetool.read_text(path))["traceEvents"]
+    events = json.loads(files.read_text(path))["traceEvents"]
     launches = sorted((e for e in events if e.get("name", "").startswith("cudaGraphLaunch")),
                       key=lambda e: e["ts"])
     by_correlation = defaultdict(list)
@@ -119,7 +120,7 @@ def trim(source: Path, target: Path) -> None:
     """Keep what annotation and verification read (kernels, graph launches, replay ranges,
     flows, metadata, the eager ``record_param_comms`` ops); drop the rest. Kineto's layout is
     kept, so the tests exercise the streaming reader on real data."""
-    trace = tracetool.Trace(source)
+    trace = files.Trace(source)
     assert trace.head is not None, f"{source} is not in Kineto's layout"
     keep = []
     for chunk in trace._chunks():
@@ -127,7 +128,7 @@ def trim(source: Path, target: Path) -> None:
         name, cat = event.get("name", ""), event.get("cat")
         if (cat in _KEEP_CATS or event.get("ph") == "M" or name == "record_param_comms"
                 or name.startswith("cudaGraphLaunch")
-                or (cat == "user_annotation" and name.startswith(tracetool.REPLAY_PREFIX))):
+                or (cat == "user_annotation" and name.startswith(ledger.REPLAY_PREFIX))):
             keep.append(chunk)
-    text = trace.head + tracetool._SEPARATOR.join(keep) + trace.tail
-    tracetool.write_text(target, text)
+    text = trace.head + files._SEPARATOR.join(keep) + trace.tail
+    files.write_text(target, text)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoannot import tracetool
 from autoannot import vocabulary as V
+from autoannot.traces import files
 
 #: Bytes per element of c10 ScalarType names.
 DTYPE_BYTES = {
@@ -92,7 +92,7 @@ class Row:
 
 def _kernels(path: Path, progress: bool) -> Iterable[dict[str, Any]]:
     """The NCCL kernels with collective args, streamed."""
-    trace = tracetool.Trace(path)
+    trace = files.Trace(path)
     if trace.document is not None:
         events: Iterable[Any] = trace.document["traceEvents"]
     else:
@@ -103,7 +103,7 @@ def _kernels(path: Path, progress: bool) -> Iterable[dict[str, Any]]:
             yield event
 
 
-def _chunks_with_progress(trace: tracetool.Trace, progress: bool) -> Iterable[str]:
+def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
     started, total, done, shown = time.monotonic(), max(1, trace.path.stat().st_size), 0, False
     for block in trace._blocks():
         done += sum(len(c) for c in block)
@@ -125,7 +125,7 @@ def _bar(name: str, fraction: float) -> None:
 
 
 def _rank_of(path: Path, fallback: int) -> int:
-    trace = tracetool.Trace(path)
+    trace = files.Trace(path)
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
     return rank if isinstance(rank, int) else fallback
 
@@ -183,11 +183,10 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     import csv
     import io
 
-    from autoannot import export
 
     buffer = io.StringIO()
     if rows:
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    export.atomic_write_text(str(path), buffer.getvalue())
+    files.atomic_write_text(str(path), buffer.getvalue())

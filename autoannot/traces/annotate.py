@@ -12,294 +12,32 @@ Two sources, per kernel:
   entry is reported, never guessed; when the next collectives of two groups share a family,
   capture order decides and the report counts it as ``order_resolved``.
 
-Annotated kernels get the eager kernel's keys with their JSON types and move to their process
-group's lane (``"stream"`` >= 60, named after the group). Traces in Kineto's own layout are
-rewritten event by event without parsing the events that do not change; others are parsed
-whole.
+Annotated kernels get the eager kernel's keys with their JSON types, and stay where they ran:
+their real stream (``tid`` and ``args.stream``), flows and replay markers are untouched, so
+what analysis tools compute from streams (critical paths, idle time, user-annotation
+attribution) is what it was. ``lanes=True`` moves each to its process group's lane instead
+(``"stream"`` of the annotation, >= 60, named after the group), as torch's own tool does: one
+row per group in a viewer, at the price of those stream-based analyses. Traces in Kineto's own
+layout are rewritten event by event without parsing the events that do not change; others are
+parsed whole.
 """
 
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import os
 import re
-import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from autoannot import export
 from autoannot import vocabulary as V
-from autoannot.capture import REPLAY_PREFIX
-
-
-class TraceError(Exception):
-    """A trace or ledger that cannot be used; the message names the file and the problem."""
-
-
-# --- reading and writing ---------------------------------------------------------------------
-
-_EVENTS_KEY = '"traceEvents": ['
-_SEPARATOR = "\n  },\n  {\n"  # Kineto writes one event per "  {...}" block
-
-
-def read_text(path: Path) -> str:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                return f.read()
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: cannot read: {exc}") from None
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write atomically (temporary file, then rename); gzip for ``.gz`` names."""
-    data = text.encode("utf-8")
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=3, mtime=0)
-    export.atomic_write_bytes(path, data)
-
-
-class Trace:
-    """A trace read in two streaming passes when it has Kineto's layout (one event per
-    ``"  {...}"`` block): the first parses only the events the caller wants, the second copies
-    every other event's text unchanged. Other layouts are parsed whole."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.events: dict[int, Event] = {}  # the scanned events, by index
-        self.added: list[dict[str, Any]] = []  # events to append
-        self.document: dict[str, Any] | None = None
-        self.head = self._read_head()
-        if self.head is None:  # not Kineto's layout: parse it whole
-            self.document = self._parse_whole()
-
-    def _open(self) -> Any:
-        if self.path.name.endswith(".gz"):
-            return gzip.open(self.path, "rt", encoding="utf-8")
-        return open(self.path, encoding="utf-8")
-
-    def _read_head(self) -> str | None:
-        """The text before the first event, if the trace has Kineto's layout."""
-        if not self.path.is_file():
-            raise TraceError(f"{self.path}: no such file")
-        try:
-            with self._open() as f:
-                start = f.read(1 << 16)
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{self.path}: cannot read: {exc}") from None
-        key = start.find(_EVENTS_KEY)
-        opening = key + len(_EVENTS_KEY)
-        if key < 0 or not start.startswith("\n  {\n", opening):
-            return None
-        return start[: opening + len("\n  {\n")]
-
-    def _parse_whole(self) -> dict[str, Any]:
-        try:
-            with self._open() as f:
-                doc = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{self.path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
-                             "truncated?") from None
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{self.path}: cannot read: {exc}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-            raise TraceError(f"{self.path}: no traceEvents list: not a Kineto/Chrome trace")
-        return doc
-
-    def _blocks(self) -> Iterator[list[str]]:
-        """The events' texts (without their braces), a few MiB at a time; then ``self.tail``
-        is set."""
-        assert self.head is not None
-        try:
-            with self._open() as f:
-                f.read(len(self.head))
-                pending, eof = "", False
-                while not eof:
-                    block = f.read(_BLOCK)
-                    eof = not block
-                    parts = (pending + block).split(_SEPARATOR)
-                    pending = parts.pop()
-                    if parts:
-                        yield parts
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{self.path}: cannot read: {exc}") from None
-        end = pending.rfind(_CLOSING)
-        if end < 0 or not pending.rstrip().endswith("}"):
-            raise TraceError(f"{self.path}: the event list is not closed: truncated trace?")
-        self.tail = pending[end:]
-        yield [pending[:end]]
-
-    def _chunks(self) -> Iterator[str]:
-        for block in self._blocks():
-            yield from block
-
-    def scan(self, wanted: Callable[[str], bool]) -> Iterator[int]:
-        """Parse and yield the events ``wanted`` accepts (given each event's raw text); every
-        event when the trace was parsed whole."""
-        if self.document is not None:
-            for index, event in enumerate(self.document["traceEvents"]):
-                if isinstance(event, dict):
-                    self.events[index] = Event.of(event)
-                    yield index
-            return
-        for index, chunk in enumerate(self._chunks()):
-            if wanted(chunk):
-                try:
-                    self.events[index] = Event.parse(chunk)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"{self.path}: event {index} is not valid JSON "
-                                     f"({exc.msg})") from None
-                yield index
-
-    def event(self, index: int) -> Event:
-        return self.events[index]
-
-    def metadata(self) -> dict[str, Any]:
-        """The document's top-level keys other than the events (``distributedInfo``, ...)."""
-        if self.document is not None:
-            return {k: v for k, v in self.document.items() if k != "traceEvents"}
-        try:
-            return json.loads(self.head[: self.head.rfind(_EVENTS_KEY)].rstrip().rstrip(",")
-                              + "\n}")
-        except json.JSONDecodeError:
-            return {}
-
-    def all_events(self, patches: Patches) -> list[dict[str, Any]]:
-        """Every event, parsed and patched (for formats that need them all)."""
-        if self.document is not None:
-            events = self.document["traceEvents"]
-        else:
-            events = [json.loads("{" + chunk + "}") for chunk in self._chunks()]
-        return [patches.apply_to_event(i, e) if i in patches else e
-                for i, e in enumerate(events)] + self.added
-
-    def write(self, output: Path, patches: Patches) -> None:
-        """Write the patched trace and the added events, atomically; streaming when the trace
-        has Kineto's layout (unchanged events are copied as text)."""
-        if self.document is not None:
-            events = self.document["traceEvents"]
-            for index in list(patches.kernels) + list(patches.flows):
-                patches.apply_to_event(index, events[index])
-            events.extend(self.added)
-            write_text(output, json.dumps(self.document))
-            return
-        with _AtomicOutput(output) as out:
-            out.write(self.head)
-            index = 0
-            for block in self._blocks():
-                if index:
-                    out.write(_SEPARATOR)
-                for i in patches.indices_between(index, index + len(block)):
-                    block[i - index] = patches.apply_to_text(i, block[i - index])
-                out.write(_SEPARATOR.join(block))
-                index += len(block)
-            for event in self.added:
-                out.write(_SEPARATOR)
-                out.write(_dump_event(event))
-            out.write(self.tail)
-
-
-_BLOCK = 1 << 20
-# Kineto's text of an "X" event: "ph", "cat", "name", "pid", "tid", then "ts", "dur".
-_HEAD = re.compile(r'^\s*"ph": "X", "cat": "(kernel|cuda_runtime|user_annotation)", '
-                   r'"name": "([^"\\]*)", "pid": ([^,]+), "tid": ([^,]+),\s*'
-                   r'"ts": ([-0-9.e+]+), "dur": ([-0-9.e+]+)')
-_CORRELATION = re.compile(r'"correlation": (-?\d+)')
-_NODE = re.compile(r'"graph node id": (\d+)')
-
-
-def _number(text: str) -> Any:
-    text = text.strip()
-    try:
-        return int(text)
-    except ValueError:
-        return json.loads(text)
-
-
-class Event(NamedTuple):
-    """What matching reads of an event (the event's text is what gets written)."""
-
-    cat: Any
-    ph: Any
-    name: str
-    pid: Any
-    tid: Any
-    ts: float
-    dur: float
-    correlation: Any
-    node: Any  # "graph node id"
-    label: Any  # args "name" (thread names)
-
-    @staticmethod
-    def parse(chunk: str) -> Event:
-        """From Kineto's text of a kernel or runtime event: a regex where it fits, else JSON."""
-        head = _HEAD.match(chunk)
-        if head is not None:
-            cat, name, pid, tid, ts, dur = head.groups()
-            correlation = _CORRELATION.search(chunk)
-            node = _NODE.search(chunk)
-            pid = int(pid) if pid.isdigit() else _number(pid)
-            tid = int(tid) if tid.isdigit() else _number(tid)
-            return Event(cat, "X", sys.intern(name), pid, tid, float(ts),
-                         float(dur), int(correlation.group(1)) if correlation else None,
-                         int(node.group(1)) if node else None, None)
-        return Event.of(json.loads("{" + chunk + "}"))
-
-    @staticmethod
-    def of(event: dict[str, Any]) -> Event:
-        args = event.get("args") or {}
-        return Event(event.get("cat"), event.get("ph"), sys.intern(str(event.get("name", ""))),
-                     event.get("pid"), event.get("tid"), float(event.get("ts", 0)),
-                     float(event.get("dur", 0)), args.get("correlation"),
-                     args.get("graph node id"), args.get("name"))
-_CLOSING = "\n  }\n  ]"
-
-
-class _AtomicOutput:
-    """A text file written to a temporary name and renamed into place on success."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> Any:
-        import tempfile
-
-        fd, self.tmp = tempfile.mkstemp(prefix=".autoannot-", dir=self.path.parent)
-        raw = os.fdopen(fd, "wb")
-        if self.path.name.endswith(".gz"):
-            self.stream = gzip.open(raw, "wt", encoding="utf-8", compresslevel=3)
-            self.raw = raw
-        else:
-            self.stream = open(fd, "w", encoding="utf-8", closefd=False)
-            self.raw = raw
-        return self.stream
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            self.stream.close()
-            self.raw.close()
-            if exc_type is None:
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(self.tmp, 0o666 & ~umask)
-                os.replace(self.tmp, self.path)
-        finally:
-            if os.path.exists(self.tmp):
-                os.unlink(self.tmp)
-
-
-def _dump_event(event: dict[str, Any]) -> str:
-    text = json.dumps(event, separators=(", ", ": "))
-    return "    " + text[1:-1]
-
+from autoannot.traces import ledger as ledgers
+from autoannot.traces.files import Trace, TraceError, dump_event
+from autoannot.traces.ledger import REPLAY_PREFIX
 
 # --- matching --------------------------------------------------------------------------------
 
@@ -333,18 +71,6 @@ def _wanted(chunk: str) -> bool:
     """Cheap first look at an event's text: might matching need it? (``annotate`` decides.)"""
     return "nccl" in chunk or "GraphLaunch" in chunk or REPLAY_PREFIX in chunk or (
         '"thread_name"' in chunk)
-
-
-def load_ledger(path: Path) -> dict[str, Any]:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such ledger file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{path}: not a readable autoannot ledger ({exc})") from None
-    if not isinstance(document, dict) or document.get("format") != export.FORMAT:
-        raise TraceError(f"{path}: not an autoannot ledger (no \"format\": \"{export.FORMAT}\")")
-    return document
 
 
 class Patches:
@@ -382,7 +108,7 @@ class Patches:
                 text = self._texts[id(annotation)] = json.dumps(pairs)[1:-1]
             body = chunk.rstrip()
             if not body.endswith("}") or '"Collective name"' in chunk:  # unusual: go slow
-                return _dump_event(self.apply_to_event(index, json.loads("{" + chunk + "}")))
+                return dump_event(self.apply_to_event(index, json.loads("{" + chunk + "}")))
             close = body.rfind("}")
             inner = body[:close].rstrip()
             body = inner + ("" if inner.endswith("{") else ",") + " " + text + " " + body[close:]
@@ -416,8 +142,10 @@ _STREAM = re.compile(r'"stream": -?\d+')
 _TS = re.compile(r'"ts": ([-0-9.e+]+)')
 
 
-def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, Patches]:
-    """Annotate ``trace`` with ``ledger``; returns the report and the patches to write."""
+def annotate(trace: Trace, ledger: dict[str, Any], lanes: bool = False
+             ) -> tuple[Report, Patches]:
+    """Annotate ``trace`` with ``ledger``; returns the report and the patches to write.
+    ``lanes``: move annotated kernels (and their flow ends) to their group's lane."""
     report = Report(str(trace.path))
     graphs: dict[str, list[dict]] = ledger.get("graphs") or {}
     tools_id = {int(k): v for k, v in (ledger.get("tools_id") or {}).items()}
@@ -452,12 +180,12 @@ def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, Patches]:
             named_tids.add((event.pid, event.tid))
 
     patches = Patches()
-    lanes: dict[Any, tuple[Any, str]] = {}
+    named_lanes: dict[Any, tuple[Any, str]] = {}  # lane -> (pid, its row name)
     streamed = trace.document is None
 
     def apply(index: int, annotation: dict[str, Any]) -> None:
         event = trace.event(index)
-        lane = annotation.get(V.STREAM)
+        lane = annotation.get(V.STREAM) if lanes else None
         patches.kernels[index] = (annotation, lane)
         if lane is not None:
             if streamed:
@@ -465,8 +193,8 @@ def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, Patches]:
             else:
                 for flow in flows.get((event.tid, event.ts), ()):
                     patches.flows[flow] = lane
-            if lane not in lanes:
-                lanes[lane] = (event.pid, _lane_name(annotation))
+            if lane not in named_lanes:
+                named_lanes[lane] = (event.pid, _lane_name(annotation))
         report.kernels_annotated += 1
 
     for index in by_node:  # torch's toolsId path
@@ -495,7 +223,7 @@ def annotate(trace: Trace, ledger: dict[str, Any]) -> tuple[Report, Patches]:
         report.kernels_expected += len(ordered)
         _match(trace, graph, correlation, todo, ledgers[graph], apply, report)
 
-    for lane, (pid, name) in sorted(lanes.items(), key=lambda item: item[0]):
+    for lane, (pid, name) in sorted(named_lanes.items(), key=lambda item: item[0]):
         if (pid, lane) not in named_tids:
             trace.added.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": lane,
                                 "args": {"name": name}})
@@ -638,23 +366,26 @@ def default_output(trace_path: Path) -> Path:
 
 
 def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[str],
-                  ledger_path: str | os.PathLike[str] | None = None) -> Report:
+                  ledger_path: str | os.PathLike[str] | None = None, lanes: bool = False
+                  ) -> Report:
     """Annotate one trace file with its ledger (found next to it unless given); write ``output``
-    (``.json``, ``.json.gz`` or ``.pftrace``)."""
+    (``.json``, ``.json.gz`` or ``.pftrace``). ``lanes``: move annotated kernels to their
+    process group's lane (see ``annotate``)."""
     trace_path, output = Path(trace_path), Path(output)
     if not trace_path.is_file():
         raise TraceError(f"{trace_path}: no such file")
-    ledger_file = Path(ledger_path) if ledger_path else Path(export.ledger_path(trace_path))
-    if not ledger_file.exists():
-        raise TraceError(f"{trace_path}: no ledger {ledger_file.name} next to it (was the agent "
-                         "on when the trace was exported? pass --ledger)")
-    ledger = load_ledger(ledger_file)
+    ledger_file = Path(ledger_path) if ledger_path else ledgers.find(trace_path)
+    if ledger_file is None or not ledger_file.exists():
+        name = ledger_file.name if ledger_file else Path(ledgers.ledger_path(trace_path)).name
+        raise TraceError(f"{trace_path}: no ledger {name} next to it (was the agent on when "
+                         "the trace was exported? pass --ledger)")
+    ledger = ledgers.load(ledger_file)
     trace = Trace(trace_path)
-    report, patches = annotate(trace, ledger)
+    report, patches = annotate(trace, ledger, lanes=lanes)
     if output.suffix == ".pftrace":
-        from autoannot import perfetto
+        from autoannot.traces import perfetto
 
-        perfetto.write(trace.all_events(patches), output)
+        perfetto.write(trace.all_events(patches), output, trace.metadata())
     else:
         trace.write(output, patches)
     return report

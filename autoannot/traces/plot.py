@@ -12,8 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from autoannot import summary, tracetool
 from autoannot import vocabulary as V
+from autoannot.traces import files, summary
+from autoannot.traces.annotate import kernel_family
 
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C"]
@@ -21,7 +22,7 @@ COMPUTE = "compute"
 
 
 def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, str]]]]:
-    trace = tracetool.Trace(path)
+    trace = files.Trace(path)
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
     events = (trace.document["traceEvents"] if trace.document is not None
               else (json.loads("{" + c + "}") for c in trace._chunks() if '"kernel"' in c))
@@ -31,7 +32,7 @@ def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, s
             continue
         args = event.get("args", {})
         start, dur = float(event["ts"]), float(event.get("dur", 0))
-        if tracetool.kernel_family(event.get("name", "")):
+        if kernel_family(event.get("name", "")):
             name = args.get(V.COLLECTIVE_NAME)
             if name is None:
                 lanes["nccl (unannotated)"].append((start, dur, ""))
@@ -62,7 +63,7 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     ranks.sort(key=lambda item: item[0])
     starts = [s for _, lanes in ranks for lane in lanes.values() for s, _, _ in lane]
     if not starts:
-        raise tracetool.TraceError(f"{paths[0]}: no kernels to draw")
+        raise files.TraceError(f"{paths[0]}: no kernels to draw")
     origin = min(starts)
     end = max(s + d for _, lanes in ranks for lane in lanes.values() for s, d, _ in lane)
     span = max(end - origin, 1e-3)
@@ -96,10 +97,8 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     fig.tight_layout()
     import io
 
-    from autoannot import export
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format=output.suffix.lstrip(".") or "png")
     plt.close(fig)
-    export.atomic_write_bytes(output, buffer.getvalue())
+    files.atomic_write_bytes(output, buffer.getvalue())
     return {"ranks": len(ranks), "lanes": len(rows), "kernels": drawn}

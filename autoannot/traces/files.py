@@ -1,0 +1,302 @@
+"""Reading and writing traces: Kineto's JSON (streamed when it has Kineto's layout), gzip, and
+atomic writes (a temporary file renamed into place: never a half-written output)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from autoannot.traces.annotate import Patches
+
+
+class TraceError(Exception):
+    """A trace or ledger that cannot be used; the message names the file and the problem."""
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".autoannot-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # what open() would have given, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+_EVENTS_KEY = '"traceEvents": ['
+_SEPARATOR = "\n  },\n  {\n"  # Kineto writes one event per "  {...}" block
+
+
+def read_text(path: Path) -> str:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read: {exc}") from None
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write atomically (temporary file, then rename); gzip for ``.gz`` names."""
+    data = text.encode("utf-8")
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=3, mtime=0)
+    atomic_write_bytes(path, data)
+
+
+class Trace:
+    """A trace read in two streaming passes when it has Kineto's layout (one event per
+    ``"  {...}"`` block): the first parses only the events the caller wants, the second copies
+    every other event's text unchanged. Other layouts are parsed whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events: dict[int, Event] = {}  # the scanned events, by index
+        self.added: list[dict[str, Any]] = []  # events to append
+        self.document: dict[str, Any] | None = None
+        self.head = self._read_head()
+        if self.head is None:  # not Kineto's layout: parse it whole
+            self.document = self._parse_whole()
+
+    def _open(self) -> Any:
+        if self.path.name.endswith(".gz"):
+            return gzip.open(self.path, "rt", encoding="utf-8")
+        return open(self.path, encoding="utf-8")
+
+    def _read_head(self) -> str | None:
+        """The text before the first event, if the trace has Kineto's layout."""
+        if not self.path.is_file():
+            raise TraceError(f"{self.path}: no such file")
+        try:
+            with self._open() as f:
+                start = f.read(1 << 16)
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc}") from None
+        key = start.find(_EVENTS_KEY)
+        opening = key + len(_EVENTS_KEY)
+        if key < 0 or not start.startswith("\n  {\n", opening):
+            return None
+        return start[: opening + len("\n  {\n")]
+
+    def _parse_whole(self) -> dict[str, Any]:
+        try:
+            with self._open() as f:
+                doc = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{self.path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+                             "truncated?") from None
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            raise TraceError(f"{self.path}: no traceEvents list: not a Kineto/Chrome trace")
+        return doc
+
+    def _blocks(self) -> Iterator[list[str]]:
+        """The events' texts (without their braces), a few MiB at a time; then ``self.tail``
+        is set."""
+        assert self.head is not None
+        try:
+            with self._open() as f:
+                f.read(len(self.head))
+                pending, eof = "", False
+                while not eof:
+                    block = f.read(_BLOCK)
+                    eof = not block
+                    parts = (pending + block).split(_SEPARATOR)
+                    pending = parts.pop()
+                    if parts:
+                        yield parts
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc}") from None
+        end = pending.rfind(_CLOSING)
+        if end < 0 or not pending.rstrip().endswith("}"):
+            raise TraceError(f"{self.path}: the event list is not closed: truncated trace?")
+        self.tail = pending[end:]
+        yield [pending[:end]]
+
+    def _chunks(self) -> Iterator[str]:
+        for block in self._blocks():
+            yield from block
+
+    def scan(self, wanted: Callable[[str], bool]) -> Iterator[int]:
+        """Parse and yield the events ``wanted`` accepts (given each event's raw text); every
+        event when the trace was parsed whole."""
+        if self.document is not None:
+            for index, event in enumerate(self.document["traceEvents"]):
+                if isinstance(event, dict):
+                    self.events[index] = Event.of(event)
+                    yield index
+            return
+        for index, chunk in enumerate(self._chunks()):
+            if wanted(chunk):
+                try:
+                    self.events[index] = Event.parse(chunk)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"{self.path}: event {index} is not valid JSON "
+                                     f"({exc.msg})") from None
+                yield index
+
+    def event(self, index: int) -> Event:
+        return self.events[index]
+
+    def metadata(self) -> dict[str, Any]:
+        """The document's top-level keys other than the events (``distributedInfo``, ...)."""
+        if self.document is not None:
+            return {k: v for k, v in self.document.items() if k != "traceEvents"}
+        try:
+            return json.loads(self.head[: self.head.rfind(_EVENTS_KEY)].rstrip().rstrip(",")
+                              + "\n}")
+        except json.JSONDecodeError:
+            return {}
+
+    def all_events(self, patches: Patches) -> list[dict[str, Any]]:
+        """Every event, parsed and patched (for formats that need them all)."""
+        if self.document is not None:
+            events = self.document["traceEvents"]
+        else:
+            events = [json.loads("{" + chunk + "}") for chunk in self._chunks()]
+        return [patches.apply_to_event(i, e) if i in patches else e
+                for i, e in enumerate(events)] + self.added
+
+    def write(self, output: Path, patches: Patches) -> None:
+        """Write the patched trace and the added events, atomically; streaming when the trace
+        has Kineto's layout (unchanged events are copied as text)."""
+        if self.document is not None:
+            events = self.document["traceEvents"]
+            for index in list(patches.kernels) + list(patches.flows):
+                patches.apply_to_event(index, events[index])
+            events.extend(self.added)
+            write_text(output, json.dumps(self.document))
+            return
+        with _AtomicOutput(output) as out:
+            out.write(self.head)
+            index = 0
+            for block in self._blocks():
+                if index:
+                    out.write(_SEPARATOR)
+                for i in patches.indices_between(index, index + len(block)):
+                    block[i - index] = patches.apply_to_text(i, block[i - index])
+                out.write(_SEPARATOR.join(block))
+                index += len(block)
+            for event in self.added:
+                out.write(_SEPARATOR)
+                out.write(dump_event(event))
+            out.write(self.tail)
+
+
+_BLOCK = 1 << 20
+# Kineto's text of an "X" event: "ph", "cat", "name", "pid", "tid", then "ts", "dur".
+_HEAD = re.compile(r'^\s*"ph": "X", "cat": "(kernel|cuda_runtime|user_annotation)", '
+                   r'"name": "([^"\\]*)", "pid": ([^,]+), "tid": ([^,]+),\s*'
+                   r'"ts": ([-0-9.e+]+), "dur": ([-0-9.e+]+)')
+_CORRELATION = re.compile(r'"correlation": (-?\d+)')
+_NODE = re.compile(r'"graph node id": (\d+)')
+
+
+def _number(text: str) -> Any:
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return json.loads(text)
+
+
+class Event(NamedTuple):
+    """What matching reads of an event (the event's text is what gets written)."""
+
+    cat: Any
+    ph: Any
+    name: str
+    pid: Any
+    tid: Any
+    ts: float
+    dur: float
+    correlation: Any
+    node: Any  # "graph node id"
+    label: Any  # args "name" (thread names)
+
+    @staticmethod
+    def parse(chunk: str) -> Event:
+        """From Kineto's text of a kernel or runtime event: a regex where it fits, else JSON."""
+        head = _HEAD.match(chunk)
+        if head is not None:
+            cat, name, pid, tid, ts, dur = head.groups()
+            correlation = _CORRELATION.search(chunk)
+            node = _NODE.search(chunk)
+            pid = int(pid) if pid.isdigit() else _number(pid)
+            tid = int(tid) if tid.isdigit() else _number(tid)
+            return Event(cat, "X", sys.intern(name), pid, tid, float(ts),
+                         float(dur), int(correlation.group(1)) if correlation else None,
+                         int(node.group(1)) if node else None, None)
+        return Event.of(json.loads("{" + chunk + "}"))
+
+    @staticmethod
+    def of(event: dict[str, Any]) -> Event:
+        args = event.get("args") or {}
+        return Event(event.get("cat"), event.get("ph"), sys.intern(str(event.get("name", ""))),
+                     event.get("pid"), event.get("tid"), float(event.get("ts", 0)),
+                     float(event.get("dur", 0)), args.get("correlation"),
+                     args.get("graph node id"), args.get("name"))
+_CLOSING = "\n  }\n  ]"
+
+
+class _AtomicOutput:
+    """A text file written to a temporary name and renamed into place on success."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> Any:
+        import tempfile
+
+        fd, self.tmp = tempfile.mkstemp(prefix=".autoannot-", dir=self.path.parent)
+        raw = os.fdopen(fd, "wb")
+        if self.path.name.endswith(".gz"):
+            self.stream = gzip.open(raw, "wt", encoding="utf-8", compresslevel=3)
+            self.raw = raw
+        else:
+            self.stream = open(fd, "w", encoding="utf-8", closefd=False)
+            self.raw = raw
+        return self.stream
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.stream.close()
+            self.raw.close()
+            if exc_type is None:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(self.tmp, 0o666 & ~umask)
+                os.replace(self.tmp, self.path)
+        finally:
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
+
+
+def dump_event(event: dict[str, Any]) -> str:
+    text = json.dumps(event, separators=(", ", ": "))
+    return "    " + text[1:-1]
+
+

@@ -1,0 +1,73 @@
+"""The ledger: what each CUDA graph a process captured launches, written next to its trace.
+
+For a trace exported to ``DIR/NAME.json`` (or ``.json.gz``) the agent writes
+``DIR/NAME.autoannot``: the ledger of every graph the process captured with the agent on (graph
+name -> collectives in capture order) and, where torch's toolsId path ran, torch's kernel
+annotations (toolsId -> annotations). Its name ends in neither ``.json`` nor ``.gz``, so no
+folder loader takes it for a trace (HolisticTraceAnalysis loads every ``*.json``/``*.gz`` of
+a folder as a rank's trace; TensorBoard's plugin every ``*.pt.trace.json``). Ledgers written
+by earlier versions (``NAME.autoannot.json``) are still read.
+
+Also here: the names the agent gives graphs and replays in traces (the runtime writes them,
+the trace tools read them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from autoannot.traces.files import TraceError, atomic_write_text
+
+FORMAT = "autoannot-ledger"
+VERSION = 1
+SUFFIX = ".autoannot"
+LEGACY_SUFFIX = ".autoannot.json"  # before 0.2: a name HTA took for a rank's trace
+
+#: A replay of graph G runs inside ``record_function(REPLAY_PREFIX + G)`` while profiling.
+REPLAY_PREFIX = "autoannot.replay:"
+#: Graphs are named GRAPH_PREFIX + a number, per process.
+GRAPH_PREFIX = "autoannot.graph."
+
+
+def _stem(trace_path: str | os.PathLike[str]) -> str:
+    path = os.fspath(trace_path)
+    for ending in (".gz", ".json"):
+        path = path.removesuffix(ending)
+    return path
+
+
+def ledger_path(trace_path: str | os.PathLike[str]) -> str:
+    """``run/trace.json(.gz)`` -> ``run/trace.autoannot``."""
+    return _stem(trace_path) + SUFFIX
+
+
+def find(trace_path: str | os.PathLike[str]) -> Path | None:
+    """The ledger next to a trace: this version's name, else an earlier version's."""
+    for suffix in (SUFFIX, LEGACY_SUFFIX):
+        candidate = Path(_stem(trace_path) + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such ledger file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceError(f"{path}: not a readable autoannot ledger ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise TraceError(f"{path}: not an autoannot ledger (no \"format\": \"{FORMAT}\")")
+    return document
+
+
+def write(trace_path: str | os.PathLike[str], document: dict[str, Any]) -> str:
+    """Write a ledger document next to a trace (atomically); returns its path."""
+    path = ledger_path(trace_path)
+    atomic_write_text(path, json.dumps({"format": FORMAT, "version": VERSION, **document},
+                                       default=str))
+    return path
