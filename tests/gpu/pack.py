@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
 import verify_traces
 
-KEEP = ("report_rank", "meta.json", ".autoannot.json", "run_output", ".log", ".txt")
+KEEP = ("report_rank", "meta.json", ".autoannot", "run_output", ".log", ".txt", "full_rank")
 
 
 def main() -> int:
@@ -26,7 +26,7 @@ def main() -> int:
             relative = path.relative_to(source)
             name = path.name
             if name.endswith(".json") and name.startswith(("eager_", "graph_", "inline_")) \
-                    and not name.endswith(".autoannot.json"):
+                    and not name.endswith(".autoannot.json"):  # full_rank*: kept whole
                 trimmed = Path(tmp) / relative
                 trimmed.parent.mkdir(parents=True, exist_ok=True)
                 verify_traces.trim(path, trimmed)

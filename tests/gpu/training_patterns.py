@@ -20,6 +20,9 @@ traces are annotated offline and compared, replay by replay:
   ``dist._broadcast_coalesced`` as DDP syncs module states) and a functional collective.
 * ``threads``: two captures in progress at once on two threads (``thread_local`` capture
   mode), one process group each.
+* ``inference``: a tensor-parallel decoder, one graph per batch size (1, 2, 4) sharing a memory
+  pool, a decode loop profiled step by step (``ProfilerStep``, CUDA sync events: what HTA's
+  critical path needs); its whole trace is also kept untrimmed (``full_rank<r>.json``).
 
 ``PATTERNS=ddp,mixed`` runs a subset (each pattern can run in its own process, into the same
 OUT_DIR); ``CAPTURE_IDENTITY=capture-id`` makes the agent tie launches to captures through the
@@ -278,9 +281,63 @@ def threads(rank: int, out: Path, tp: Any) -> list[int]:
     return [3, 3]
 
 
+# --- inference -------------------------------------------------------------------------------
+
+BATCH_SIZES = (1, 2, 4)
+
+
+def inference(rank: int, out: Path, tp: Any) -> list[int]:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256).cuda() for _ in range(2)]
+
+    @torch.no_grad()
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for layer in layers:  # row-parallel: a partial sum on each rank, all-reduced
+            x = layer(x)
+            dist.all_reduce(x, group=tp)
+        return x
+
+    inputs = {b: torch.randn(b, 256, device="cuda") for b in BATCH_SIZES}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for b in BATCH_SIZES:
+            forward(inputs[b])
+    torch.cuda.current_stream().wait_stream(side)
+    _profiled(lambda: [forward(inputs[b]) for b in BATCH_SIZES], out / f"eager_rank{rank}.json")
+
+    pool = torch.cuda.graph_pool_handle()  # one pool, a graph per batch size
+    graphs, outputs = {}, {}
+    for b in reversed(BATCH_SIZES):  # largest first, as servers do
+        graphs[b] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[b], pool=pool):
+            outputs[b] = forward(inputs[b])
+    torch.cuda.synchronize()
+
+    steps = 2 * len(BATCH_SIZES)
+    config = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+    schedule = torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1)
+    with profile(activities=ACTIVITIES, schedule=schedule, experimental_config=config) as prof:
+        for step in range(steps):
+            b = BATCH_SIZES[step % len(BATCH_SIZES)]
+            inputs[b].copy_(torch.randn(b, 256, device="cuda"))
+            graphs[b].replay()
+            token = outputs[b].argmax(dim=-1)
+            token.cpu()  # the host waits for the step, as a sampler does
+            prof.step()
+    torch.cuda.synchronize()
+    prof.export_chrome_trace(str(out / f"graph_rank{rank}.json"))
+    prof.export_chrome_trace(str(out / f"full_rank{rank}.json"))  # kept whole, for HTA
+    return [2] * len(BATCH_SIZES)
+
+
+#: Graph launches a pattern profiles, where not REPLAYS per body.
+EXPECTED_REPLAYS = {"inference": 2 * len(BATCH_SIZES)}
+
 PATTERNS: dict[str, Callable[..., list[int] | None]] = {
     "ddp": lambda rank, out, tp: ddp(rank, out),
     "graphed": graphed, "compiled": compiled, "mixed": mixed, "threads": threads,
+    "inference": inference,
 }
 
 
@@ -352,7 +409,7 @@ def verify(out: Path, world: int = 2) -> int:
             counts["kernels"] += result["kernels"]
             counts["matching"] += result["kernels_matching"]
             counts["problems"] += result["problems"] + report.mismatches
-            if result["replays"] < REPLAYS * len(sizes):
+            if result["replays"] != EXPECTED_REPLAYS.get(name, REPLAYS * len(sizes)):
                 counts["problems"].append(f"rank {rank}: {result['replays']} replays")
         ok &= not counts["problems"] and counts["kernels"] > 0
         summary[name] = counts
