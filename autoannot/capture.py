@@ -302,14 +302,7 @@ def _graph_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 def _torch_annotations_usable() -> bool:
     from autoannot import config
 
-    if not config.from_environment().torch_annotations:
-        return False
-    module = features.graph_annotations_module()
-    probe = getattr(module, "_is_tools_id_unavailable", None)
-    try:
-        return probe is not None and not probe()
-    except Exception:
-        return False
+    return config.from_environment().torch_annotations and features.tools_id_usable()
 
 
 _METHODS = {"capture_begin": _capture_begin, "capture_end": _capture_end, "replay": _replay}

@@ -78,9 +78,9 @@ def diagnose() -> dict[str, Any]:
 
     from autoannot import features
 
-    module = features.graph_annotations_module()
-    report["torch_annotation_module"] = module.__name__ if module is not None else None
-    if module is None:
+    api = features.graph_annotations()
+    report["torch_annotation_module"] = api.where if api is not None else None
+    if api is None:
         missing.append("torch has no graph-annotation module (torch.cuda.graph_annotations "
                        "from 2.14, torch.cuda._graph_annotations in 2.12-2.13): upgrade torch "
                        "to >= 2.12")
@@ -96,13 +96,17 @@ def diagnose() -> dict[str, Any]:
     if cuda and isinstance(driver, int) and driver < NEEDED_DRIVER:
         missing.append(f"the CUDA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}; "
                        "cudaGraphNodeGetToolsId needs 13.1 (a newer driver, or cuda-compat)")
-    if not missing and module is not None:
+    if not missing and api is not None:
         try:
-            if module._is_tools_id_unavailable():
-                missing.append("cudaGraphNodeGetToolsId is unavailable (the driver answered "
-                               "cudaErrorCallRequiresNewerDriver)")
+            unavailable = api.tools_id_unavailable()
         except Exception as exc:
             missing.append(f"probing cudaGraphNodeGetToolsId failed: {exc}")
+        else:
+            if unavailable is None:
+                missing.append("this torch's graph annotations have no toolsId probe")
+            elif unavailable:
+                missing.append("cudaGraphNodeGetToolsId is unavailable (the driver answered "
+                               "cudaErrorCallRequiresNewerDriver)")
     from autoannot import capture, config, dispatch
 
     report["compiled_code"], report["cpp_origin"] = _dispatcher_layer(config, dispatch)

@@ -21,11 +21,8 @@ def ledger_document() -> dict[str, Any] | None:
     from autoannot import capture, features
 
     graphs = {name: ledger.entries for name, ledger in capture.LEDGERS.items()}
-    tools_id: dict[str, Any] = {}
-    module = features.graph_annotations_module()
-    get = getattr(module, "get_kernel_annotations", None)
-    if get is not None:
-        tools_id = {str(k): v for k, v in get().items()}
+    api = features.graph_annotations()
+    tools_id = {str(k): v for k, v in api.recorded().items()} if api is not None else {}
     if not graphs and not tools_id:
         return None
     dist = sys.modules.get("torch.distributed")

@@ -1,26 +1,119 @@
-"""What the installed torch offers, detected by feature (never by version number)."""
+"""What the installed torch offers, detected by feature (never by version number).
+
+torch's CUDA-graph kernel annotations (``mark_kernels`` + ``cudaGraphNodeGetToolsId``) moved
+between releases: private ``torch.cuda._graph_annotations`` in 2.12-2.13; from 2.14 a public
+``torch.cuda.graph_annotations`` that re-exports the public functions while the state stays in
+the private module (whether annotations are on, the toolsId probe, ``get_stream_for_pg``, the
+recorded annotations). ``graph_annotations()`` finds each piece wherever this torch keeps it,
+and says where (``autoannot doctor`` prints it).
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 #: Where torch ships its CUDA-graph kernel annotations: public from 2.14, private in 2.12-2.13.
-GRAPH_ANNOTATION_MODULES = ("torch.cuda.graph_annotations", "torch.cuda._graph_annotations")
+PUBLIC_MODULE = "torch.cuda.graph_annotations"
+PRIVATE_MODULE = "torch.cuda._graph_annotations"
+GRAPH_ANNOTATION_MODULES = (PUBLIC_MODULE, PRIVATE_MODULE)
+
+
+def _import(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # absent, or broken on this build
+        return None
+
+
+@dataclass(frozen=True)
+class GraphAnnotations:
+    """torch's graph-annotation pieces, each looked up (at call time: a patch of torch's module
+    is seen) in the module of this torch that has it."""
+
+    api: ModuleType  # the module ``mark_kernels`` is taken from (public where it exists)
+    state: ModuleType  # the module whose globals hold the state (private where it exists)
+
+    @property
+    def where(self) -> str:
+        return f"mark_kernels from {self.api.__name__}, state from {self.state.__name__}"
+
+    @property
+    def mark_kernels(self) -> Callable[..., Any]:
+        return self.api.mark_kernels
+
+    def enabled(self) -> bool:
+        """Whether torch's annotations are on now (for this capture). A torch that does not
+        say is taken at its word that ``mark_kernels`` no-ops when off."""
+        return bool(getattr(self.state, "_annotations_enabled", True))
+
+    def tools_id_unavailable(self) -> bool | None:
+        """torch's own probe (``cudaGraphNodeGetToolsId``); None where this torch has none."""
+        probe = _first("_is_tools_id_unavailable", (self.state, self.api))
+        if probe is not None:
+            return bool(probe())
+        available = _first("is_available", (self.api, self.state))
+        return None if available is None else not available()
+
+    @property
+    def get_stream_for_pg(self) -> Callable[[str], int] | None:
+        return _first("get_stream_for_pg", (self.state, self.api))
+
+    def recorded(self) -> dict[Any, Any]:
+        """torch's recorded annotations (toolsId -> annotations)."""
+        get = _first("get_kernel_annotations", (self.api, self.state))
+        if get is not None:
+            return dict(get())
+        return dict(getattr(self.state, "_kernel_annotations", {}))
+
+
+def _first(name: str, modules: tuple[ModuleType, ...]) -> Any:
+    for module in modules:
+        value = getattr(module, name, None)
+        if value is not None:
+            return value
+    return None
 
 
 @functools.cache
+def graph_annotations() -> GraphAnnotations | None:
+    """torch's graph annotations, or None where this torch has no ``mark_kernels``."""
+    public, private = _import(PUBLIC_MODULE), _import(PRIVATE_MODULE)
+    api = next((m for m in (public, private) if m is not None
+                and callable(getattr(m, "mark_kernels", None))), None)
+    if api is None:
+        return None
+    state = next((m for m in (private, public) if m is not None
+                  and hasattr(m, "_annotations_enabled")), api)
+    return GraphAnnotations(api, state)
+
+
 def graph_annotations_module() -> ModuleType | None:
-    """torch's graph-annotation module if it has ``mark_kernels``, else None."""
-    for name in GRAPH_ANNOTATION_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except Exception:  # absent, or broken on this build
-            continue
-        if callable(getattr(module, "mark_kernels", None)):
-            return module
-    return None
+    """The module holding torch's annotation state (for tests that patch it), or None."""
+    api = graph_annotations()
+    return api.state if api is not None else None
+
+
+def tools_id_usable() -> bool:
+    """Whether torch's toolsId path can record here: a GPU, and torch's probe answers yes (it
+    says yes on a machine without one, where cuda-bindings is installed)."""
+    api = graph_annotations()
+    if api is None:
+        return False
+    try:
+        return _has_gpu() and api.tools_id_unavailable() is False
+    except Exception:
+        return False
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @functools.cache
@@ -37,10 +130,7 @@ def mark_kernels():  # type: ignore[no-untyped-def]
     a no-op generator context costs microseconds per collective)."""
     if not _mark_kernels_allowed():
         return None
-    module = graph_annotations_module()
-    if module is None or not getattr(module, "_annotations_enabled", True):
+    api = graph_annotations()
+    if api is None or not api.enabled() or api.tools_id_unavailable() is not False:
         return None
-    unavailable = getattr(module, "_is_tools_id_unavailable", None)
-    if unavailable is not None and unavailable():
-        return None
-    return module.mark_kernels
+    return api.mark_kernels

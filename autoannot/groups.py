@@ -76,8 +76,8 @@ def lane_for(group_name: str) -> int:
 def _torch_get_stream_for_pg() -> Any:
     from autoannot import features
 
-    module = features.graph_annotations_module()
-    return getattr(module, "get_stream_for_pg", None) if module is not None else None
+    api = features.graph_annotations()
+    return api.get_stream_for_pg if api is not None else None
 
 
 def _stride_of(ranks: tuple[int, ...] | None, is_default: bool) -> tuple[int | None, int]:

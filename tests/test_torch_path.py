@@ -21,25 +21,39 @@ from autoannot.state import STATE
 from autoannot.traces import annotate as tracetool
 from autoannot.traces import ledger as ledgers
 
-torch_module = features.graph_annotations_module()
+API = features.graph_annotations()
 needs_torch_annotations = pytest.mark.skipif(
-    torch_module is None, reason="this torch has no graph-annotation module (torch < 2.12)")
+    API is None, reason="this torch has no graph annotations (torch < 2.12)")
 
 
-def test_feature_detection_finds_the_installed_module() -> None:
+def test_feature_detection_finds_each_piece_where_this_torch_keeps_it() -> None:
+    """mark_kernels from the public module where it exists (2.14+), the state (whether
+    annotations are on, the toolsId probe, get_stream_for_pg, the recorded map) from the
+    private one where it exists; doctor says which."""
     import importlib.util
+
+    from autoannot import doctor
 
     shipped = [name for name in features.GRAPH_ANNOTATION_MODULES
                if importlib.util.find_spec(name) is not None]
-    assert (torch_module is not None) == bool(shipped)
-    if torch_module is not None:
-        assert torch_module.__name__ == shipped[0]  # the public module first, where it exists
-        assert callable(torch_module.mark_kernels)
+    assert (API is not None) == bool(shipped)
+    if API is None:
+        return
+    assert API.api.__name__ == shipped[0] and callable(API.mark_kernels)
+    assert hasattr(API.state, "_annotations_enabled")
+    if features.PRIVATE_MODULE in shipped:
+        assert API.state.__name__ == features.PRIVATE_MODULE
+    assert API.tools_id_unavailable() in (True, False)
+    assert API.get_stream_for_pg is not None and API.get_stream_for_pg("0") >= V.FIRST_LANE
+    assert isinstance(API.recorded(), dict)
+    assert doctor.diagnose()["torch_annotation_module"] == API.where
 
 
 @needs_torch_annotations
-def test_annotation_context_enters_torchs_mark_kernels_during_capture(
-        fake_world, agent, monkeypatch) -> None:
+@pytest.mark.parametrize("annotations_on", [True, False])
+@pytest.mark.parametrize("tools_id", [True, False])
+def test_mark_kernels_is_entered_exactly_when_it_would_record(
+        fake_world, agent, monkeypatch, annotations_on: bool, tools_id: bool) -> None:
     import contextlib
 
     entered = []
@@ -48,38 +62,49 @@ def test_annotation_context_enters_torchs_mark_kernels_during_capture(
         entered.append(dict(annotation))
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(torch_module, "mark_kernels", spy)
+    monkeypatch.setattr(API.api, "mark_kernels", spy)
+    monkeypatch.setattr(API.state, "_annotations_enabled", annotations_on)
+    monkeypatch.setattr(API.state, "_is_tools_id_unavailable", lambda: not tools_id,
+                        raising=False)
     dist.all_reduce(torch.ones(4))
-    assert entered == []  # no capture: torch's context is not entered
+    assert entered == []  # no capture: torch's context is never entered
     STATE.capture_started()  # what CUDAGraph.capture_begin's wrapper does
     try:
-        dist.all_reduce(torch.ones(4))
-        assert entered == []  # torch's annotations off / no toolsId here: it would do nothing
-        monkeypatch.setattr(torch_module, "_annotations_enabled", True)
-        monkeypatch.setattr(torch_module, "_is_tools_id_unavailable", lambda: False)
         with autoannot.record() as records:
             dist.all_reduce(torch.ones(4))
     finally:
         STATE.capture_ended()
-    assert entered == [records[0].annotation]
+    expected = [records[0].annotation] if annotations_on and tools_id else []
+    assert entered == expected
 
 
 @needs_torch_annotations
-def test_capture_turns_torchs_annotations_on_where_they_work(agent, monkeypatch) -> None:
+@pytest.mark.parametrize("tools_id", [True, False])
+def test_capture_turns_torchs_annotations_on_where_they_work(agent, monkeypatch,
+                                                             tools_id: bool) -> None:
     graphs = torch.cuda.graphs
-    assert not graphs.graph(None, stream="s")._enable_annotations  # no toolsId here: left off
-    monkeypatch.setattr(torch_module, "_is_tools_id_unavailable", lambda: False)
-    assert graphs.graph(None, stream="s")._enable_annotations
+    monkeypatch.setattr(features, "_has_gpu", lambda: True)  # as on a GPU machine
+    monkeypatch.setattr(API.state, "_is_tools_id_unavailable", lambda: not tools_id,
+                        raising=False)
+    assert graphs.graph(None, stream="s")._enable_annotations == tools_id
     assert not graphs.graph(None, stream="s", enable_annotations=False)._enable_annotations
     monkeypatch.setenv("AUTOANNOT_TORCH_ANNOTATIONS", "0")
     assert not graphs.graph(None, stream="s")._enable_annotations
 
 
 @needs_torch_annotations
+def test_no_gpu_no_torch_annotations(agent) -> None:
+    """Where torch's probe says yes without a GPU (cuda-bindings installed), nothing is
+    forced on: this machine has no GPU."""
+    assert not features.tools_id_usable()
+    assert not torch.cuda.graphs.graph(None, stream="s")._enable_annotations
+
+
+@needs_torch_annotations
 def test_exported_trace_gets_a_ledger_with_torchs_annotation_map(
         agent, monkeypatch, tmp_path: Path) -> None:
     tools_id = (7 << 32) | 3
-    monkeypatch.setitem(torch_module._kernel_annotations, tools_id, [{"name": "x"}])
+    monkeypatch.setitem(API.state._kernel_annotations, tools_id, [{"name": "x"}])
     monkeypatch.setitem(capture.LEDGERS, "autoannot.graph.test", capture.Ledger("g"))
     with torch.profiler.profile() as prof:
         torch.ones(3).sum()
