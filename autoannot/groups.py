@@ -11,7 +11,7 @@ from typing import Any
 from autoannot import vocabulary as V
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared and hashed by identity (cache keys)
 class GroupFacts:
     """What the profiler records about a process group, computed once per group.
 
@@ -156,7 +156,11 @@ def resolve_c10d(group: Any) -> Any:
     """The ProcessGroup a c10d call runs on (``None`` is the default group)."""
     if group is not None:
         return group
-    world = sys.modules["torch.distributed.distributed_c10d"].GroupMember.WORLD
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    # torch's own state, read directly: GroupMember.WORLD is a chain of two properties
+    world = getattr(getattr(c10d, "_world", None), "_default_pg", None)
+    if world is None:
+        world = c10d.GroupMember.WORLD
     if world is None:
         raise ValueError("the default process group is not initialized")
     return world

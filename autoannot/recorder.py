@@ -96,6 +96,7 @@ def publish(entry: Record) -> None:
 
 
 _SKIP_PREFIXES: tuple[str, ...] = ()
+_OWN_PREFIX = os.path.dirname(os.path.abspath(__file__))  # autoannot's own files
 
 
 def _skip_prefixes() -> tuple[str, ...]:
@@ -104,10 +105,8 @@ def _skip_prefixes() -> tuple[str, ...]:
         import torch
         import wrapt
 
-        import autoannot
-
-        roots = [os.path.dirname(m.__file__) for m in (torch, autoannot, wrapt) if m.__file__]
-        roots.append(os.path.dirname(contextlib.__file__) + os.sep + "contextlib")
+        roots = [os.path.dirname(m.__file__) for m in (torch, wrapt) if m.__file__]
+        roots += [_OWN_PREFIX, os.path.dirname(contextlib.__file__) + os.sep + "contextlib"]
         _SKIP_PREFIXES = tuple(roots)
     return _SKIP_PREFIXES
 
@@ -121,8 +120,8 @@ TORCH_CALLER = "<torch: no user frame>"
 
 def call_site(depth: int = 2) -> str:
     """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot."""
-    skip = _skip_prefixes()
-    own = _own_prefix()
+    skip = _SKIP_PREFIXES or _skip_prefixes()
+    own = _OWN_PREFIX
     frame = sys._getframe(depth)
     outside_autoannot = False
     while frame is not None:
@@ -133,8 +132,3 @@ def call_site(depth: int = 2) -> str:
         frame = frame.f_back
     return TORCH_CALLER if outside_autoannot else NO_PYTHON_CALLER
 
-
-def _own_prefix() -> str:
-    import autoannot
-
-    return os.path.dirname(autoannot.__file__ or "")

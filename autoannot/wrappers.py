@@ -80,10 +80,28 @@ def _run_unannotated(
     return result
 
 
+#: Annotations kept per wrapped function for launches seen before (same group, sizes, dtype):
+#: training repeats the same few launches, each step.
+CACHE_SIZE = 4096
+
+
 def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of a function that launches one collective."""
     label = row.label
     derive = plan.derive
+    seen: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def annotate(launch: metadata.Launch) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The annotation and CPU-only keys of a launch: built once per distinct launch, then
+        shared by the records of the same launch (read-only: never mutate a record's dicts)."""
+        key = launch[1:9]  # group facts (by identity), sizes, dtype, splits, ranks
+        found = seen.get(key)
+        if found is None:
+            if len(seen) >= CACHE_SIZE:
+                seen.clear()
+            found = seen[key] = (metadata.annotation_of(label, launch),
+                                 metadata.cpu_only_args(launch))
+        return found
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if not STATE.demand:
@@ -100,14 +118,13 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
         if calls.blocks:  # inside a _coalescing_manager block: the block is the launch
             calls.blocks[-1].launches.append(launch)
             return call_as_one_launch(wrapped, args, kwargs)
-        annotation = metadata.annotation_of(label, launch)
+        annotation, cpu_only = annotate(launch)
         if STATE.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
-            cpu_only = metadata.cpu_only_args(launch) if STATE.recorders else None
             ctx = AnnotationContext(label, annotation, cpu_only, launch.kernels)
             return _run_annotated(label, ctx, wrapped, args, kwargs)
         result = call_as_one_launch(wrapped, args, kwargs)  # recorders only: run, then publish
         try:
-            publish(Record(label, annotation, call_site(1), metadata.cpu_only_args(launch)))
+            publish(Record(label, annotation, call_site(1), cpu_only))
         except Exception as exc:
             warn_once(label, "recording", exc)
         return result
