@@ -24,6 +24,13 @@ import autoannot
 HOOK_DIR = Path(__file__).parent / "_hook"
 
 
+def _jobs(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return number
+
+
 def _bad_input(command: str, message: str) -> int:
     """Say what is wrong in one line on stderr; return the exit code for bad input (2)."""
     print(f"autoannot {command}: {message}", file=sys.stderr)
@@ -59,7 +66,7 @@ def _outputs(traces: list[Path], output: str | None) -> list[Path]:
 
 
 def _annotate(args: argparse.Namespace) -> int:
-    from autoannot.traces import annotate, files
+    from autoannot.traces import annotate
 
     traces = [Path(t) for t in args.traces]
     if args.ledger and len(traces) != 1:
@@ -72,26 +79,27 @@ def _annotate(args: argparse.Namespace) -> int:
         if not out.name.endswith((".json", ".json.gz", ".pftrace")):
             return _bad_input("annotate", f"{out}: unknown output format (use .json, "
                               ".json.gz or .pftrace)")
+    from autoannot.traces import parallel
+
+    ledger = Path(args.ledger) if args.ledger else None
+    jobs = [(trace, out, ledger, args.lanes) for trace, out in zip(traces, outputs, strict=True)]
     reports, status = [], 0
-    for n, (trace, out) in enumerate(zip(traces, outputs, strict=True), 1):
-        if len(traces) > 1:
-            print(f"[{n}/{len(traces)}] {trace}", file=sys.stderr)
-        try:
-            report = annotate.annotate_file(trace, out, args.ledger, lanes=args.lanes)
-        except files.TraceError as exc:
-            return _bad_input("annotate", str(exc))
-        except OSError as exc:
-            return _bad_input("annotate", f"{out}: cannot write: {exc.strerror}")
-        reports.append({**report.as_dict(), "output": str(out)})
-        for problem in report.mismatches:
+    results = parallel.map_files(annotate.annotate_job, jobs, args.jobs, "annotated",
+                                 name=lambda job: job[0])
+    for (trace, out, _, _), result in zip(jobs, results, strict=True):
+        if "error" in result:
+            return _bad_input("annotate", result["error"])
+        report = result["report"]
+        reports.append({**report, "output": str(out)})
+        for problem in report["mismatches"]:
             print(f"{trace}: mismatch: {problem}", file=sys.stderr)
-        if report.mismatches:
+        if report["mismatches"]:
             status = 1
         if not args.json:
-            print(f"{trace} -> {out}: {report.kernels_annotated}/{report.kernels_expected} "
-                  f"graphed NCCL kernels annotated in {report.launches_of_known_graphs} "
-                  f"replays ({report.order_resolved} by capture order, "
-                  f"{len(report.mismatches)} mismatches)")
+            print(f"{trace} -> {out}: {report['kernels_annotated']}/"
+                  f"{report['kernels_expected']} graphed NCCL kernels annotated in "
+                  f"{report['launches_of_known_graphs']} replays ({report['order_resolved']} "
+                  f"by capture order, {len(report['mismatches'])} mismatches)")
     if args.json:
         print(json.dumps(reports, indent=1))
     return status
@@ -101,7 +109,8 @@ def _summary(args: argparse.Namespace) -> int:
     from autoannot.traces import files, summary
 
     try:
-        rows = summary.summarize([Path(t) for t in args.traces], progress=not args.quiet)
+        rows = summary.summarize([Path(t) for t in args.traces], progress=not args.quiet,
+                                 jobs=args.jobs)
     except files.TraceError as exc:
         return _bad_input("summary", str(exc))
     if not rows:
@@ -164,9 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     annotate = sub.add_parser(
         "annotate", help="merge the agent's annotations into Kineto traces",
         description="Give every graphed NCCL kernel the args of its eager kernel, from the "
-        "ledger each rank wrote next to its trace (NAME.autoannot.json), and put each "
-        "collective on its process group's lane. Exit 0: done; 1: some kernels could not be "
-        "matched (reported); 2: bad input.")
+        "ledger each rank wrote next to its trace (NAME.autoannot), leaving it where it ran. "
+        "Exit 0: done; 1: some kernels could not be matched (reported); 2: bad input.")
     annotate.add_argument("traces", nargs="+", metavar="TRACE",
                           help="Kineto traces (.json or .json.gz), one per rank")
     annotate.add_argument("-o", "--output", metavar="OUT", help="output file (one trace) or "
@@ -178,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     annotate.add_argument("--lanes", action="store_true",
                           help="move each annotated kernel to its process group's lane (one row "
                                "per group in a viewer; stream-based analyses then change)")
+    annotate.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+                          help="traces annotated at once (default: the cores)")
     annotate.set_defaults(func=_annotate)
     summ = sub.add_parser(
         "summary", help="per process group, collective, dtype and size: counts, time, bandwidth",
@@ -187,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     summ.add_argument("traces", nargs="+", metavar="TRACE")
     summ.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     summ.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    summ.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    summ.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    summ.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+                      help="traces read at once (default: the cores)")
     summ.set_defaults(func=_summary)
     plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",
                           description="Draw compute and each process group's collectives, "

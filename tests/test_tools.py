@@ -129,3 +129,33 @@ def test_doctor_on_a_cpu_machine(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["autoannot"] == report["autoannot"]
     assert cli.main(["doctor"]) == 0
     assert "annotation path:" in capsys.readouterr().out
+
+
+def test_jobs_change_nothing_but_the_time(tmp_path: Path, capsys) -> None:
+    """``-j``: the same outputs, byte for byte, the same report order, the same exit codes."""
+    from autoannot import cli
+
+    traces = [str(DATA / "mesh" / f"graph_rank{r}.json") for r in range(4)]
+    printed = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"j{jobs}"
+        assert cli.main(["annotate", *traces, "-o", str(out), "-j", jobs]) == 0
+        printed[jobs] = capsys.readouterr().out.replace(str(out), "OUT")
+    assert printed["1"] == printed["2"] and printed["1"].count(" -> OUT/") == 4
+    for r in range(4):
+        name = f"graph_rank{r}.json"
+        assert (tmp_path / "j1" / name).read_bytes() == (tmp_path / "j2" / name).read_bytes()
+    annotated = [str(tmp_path / "j1" / f"graph_rank{r}.json") for r in range(4)]
+    rows = {}
+    for jobs in ("1", "2"):
+        assert cli.main(["summary", *annotated, "-q", "-j", jobs]) == 0
+        rows[jobs] = capsys.readouterr().out
+    assert rows["1"] == rows["2"]
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"traceEvents": [')
+    assert cli.main(["annotate", traces[0], str(broken), "-o", str(tmp_path / "x"),
+                     "-j", "2"]) == 2
+    assert "broken.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["summary", traces[0], "-j", "0"])
+    assert exc.value.code == 2

@@ -389,3 +389,15 @@ def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[
     else:
         trace.write(output, patches)
     return report
+
+
+def annotate_job(job: tuple[Path, Path, Path | None, bool]) -> dict[str, Any]:
+    """``annotate_file`` for a worker process: ``{"report": ...}`` or ``{"error": message}``
+    (a trace or ledger that cannot be used, an output that cannot be written)."""
+    trace, output, ledger, lanes = job
+    try:
+        return {"report": annotate_file(trace, output, ledger, lanes=lanes).as_dict()}
+    except TraceError as exc:
+        return {"error": str(exc)}
+    except OSError as exc:
+        return {"error": f"{output}: cannot write: {exc.strerror}"}

@@ -130,20 +130,36 @@ def _rank_of(path: Path, fallback: int) -> int:
     return rank if isinstance(rank, int) else fallback
 
 
-def summarize(paths: list[Path], progress: bool = True) -> list[dict[str, Any]]:
-    """One row per (group, collective, dtype, size), over all ranks' traces."""
+def file_durations(job: tuple[Path, int, bool]) -> tuple[int, dict[Key, list[float]]]:
+    """One trace's collective kernel times by key, and its rank (``job``: the path, its place
+    in the list as the rank where the trace names none, whether to draw a progress bar)."""
+    path, position, bar = job
+    per_key: dict[Key, list[float]] = defaultdict(list)
+    for kernel in _kernels(path, bar):
+        args = kernel["args"]
+        name = args[V.COLLECTIVE_NAME]
+        nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
+        dtype = str(args.get(V.DTYPE, "?"))
+        group = f"{args.get(V.PG_DESC, '?')} ({args.get(V.PG_NAME, '?')})"
+        key = Key(group, name, dtype, nelems * DTYPE_BYTES.get(dtype, 0),
+                  int(args.get(V.GROUP_SIZE, 1)))
+        per_key[key].append(float(kernel.get("dur", 0)))
+    return _rank_of(path, position), dict(per_key)
+
+
+def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None
+              ) -> list[dict[str, Any]]:
+    """One row per (group, collective, dtype, size), over all ranks' traces (read on ``jobs``
+    processes, default: the cores; the rows do not depend on it)."""
+    from autoannot.traces import parallel
+
     durations: dict[Key, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for n, path in enumerate(paths):
-        rank = _rank_of(path, n)
-        for kernel in _kernels(path, progress):
-            args = kernel["args"]
-            name = args[V.COLLECTIVE_NAME]
-            nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
-            dtype = str(args.get(V.DTYPE, "?"))
-            group = f"{args.get(V.PG_DESC, '?')} ({args.get(V.PG_NAME, '?')})"
-            key = Key(group, name, dtype, nelems * DTYPE_BYTES.get(dtype, 0),
-                      int(args.get(V.GROUP_SIZE, 1)))
-            durations[key][rank].append(float(kernel.get("dur", 0)))
+    bar = progress and len(paths) == 1  # one file: its own bar; several: a line per file
+    jobs_list = [(path, n, bar) for n, path in enumerate(paths)]
+    for rank, per_key in parallel.map_files(file_durations, jobs_list, jobs, "read",
+                                            name=lambda job: job[0], show=progress):
+        for key, times in per_key.items():
+            durations[key][rank].extend(times)
     rows = []
     for key, per_rank in durations.items():
         row = Row(key, {r: len(d) for r, d in per_rank.items()},

@@ -1,0 +1,65 @@
+"""Trace work over many files on all cores: results in the order of the files, one progress
+line for all of them."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Progress:
+    """``[done/total] what`` on stderr: rewritten in place on a terminal, a line per step
+    elsewhere (logs), and only for work that is long enough to watch (more than one file)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self.live = sys.stderr.isatty()
+        self.started = time.monotonic()
+
+    def step(self, what: object) -> None:
+        self.done += 1
+        if self.total < 2:
+            return
+        line = f"[{self.done}/{self.total}] {self.label} {what}"
+        if self.live:
+            end = "\n" if self.done == self.total else ""
+            print(f"\r\033[K{line}", end=end, file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def map_files(function: Callable[[T], R], items: Sequence[T], jobs: int | None = None,
+              label: str = "", name: Callable[[T], object] = str, show: bool = True
+              ) -> Iterator[R]:
+    """``function(item)`` for each item, on up to ``jobs`` processes (default: the cores),
+    yielded in the order of ``items``. One process (or one item): no pool at all.
+    ``function`` must be picklable (a module-level function)."""
+    jobs = min(jobs or default_jobs(), len(items))
+    progress = Progress(len(items) if show else 0, label)
+    if jobs <= 1:
+        for item in items:
+            result = function(item)
+            progress.step(name(item))
+            yield result
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(function, item) for item in items]
+        for item, future in zip(items, futures, strict=True):
+            result: Any = future.result()
+            progress.step(name(item))
+            yield result
