@@ -33,7 +33,7 @@ import wrapt
 
 from autoannot import features
 from autoannot.state import STATE
-from autoannot.traces.ledger import GRAPH_PREFIX, REPLAY_PREFIX
+from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
 
 _counter = itertools.count()
 _lock = _thread.allocate_lock()

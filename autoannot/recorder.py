@@ -95,6 +95,15 @@ def publish(entry: Record) -> None:
         recording.append(entry)
 
 
+def new_record(api: str, annotation: dict[str, Any], site: str, cpu_only: dict[str, Any]
+               ) -> Record:
+    """``Record(api, annotation, site, cpu_only)``, without NamedTuple's argument parsing."""
+    return _tuple_new(Record, (api, annotation, site, cpu_only))
+
+
+_tuple_new = tuple.__new__
+
+
 _SKIP_PREFIXES: tuple[str, ...] = ()
 _OWN_PREFIX = os.path.dirname(os.path.abspath(__file__))  # autoannot's own files
 
@@ -119,16 +128,16 @@ TORCH_CALLER = "<torch: no user frame>"
 
 
 def call_site(depth: int = 2) -> str:
-    """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot."""
+    """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot
+    (``depth``: where to start, as for ``sys._getframe``)."""
     skip = _SKIP_PREFIXES or _skip_prefixes()
-    own = _OWN_PREFIX
     frame = sys._getframe(depth)
     outside_autoannot = False
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(skip):
             return f"{filename}:{frame.f_lineno}"
-        outside_autoannot = outside_autoannot or not filename.startswith(own)
+        outside_autoannot = outside_autoannot or not filename.startswith(_OWN_PREFIX)
         frame = frame.f_back
     return TORCH_CALLER if outside_autoannot else NO_PYTHON_CALLER
 

@@ -16,7 +16,7 @@ from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext
 from autoannot.collectives import C10D, Collective, Role
 from autoannot.diagnostics import warn_once
-from autoannot.recorder import Record, call_site, publish
+from autoannot.recorder import call_site, new_record, publish
 from autoannot.state import CALLS, STATE
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
@@ -124,7 +124,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
             return _run_annotated(label, ctx, wrapped, args, kwargs)
         result = call_as_one_launch(wrapped, args, kwargs)  # recorders only: run, then publish
         try:
-            publish(Record(label, annotation, call_site(1), cpu_only))
+            publish(new_record(label, annotation, call_site(2), cpu_only))  # from our caller
         except Exception as exc:
             warn_once(label, "recording", exc)
         return result

@@ -145,6 +145,34 @@ def without_proxies() -> None:
             patch.undo()
 
 
+def launched_apis(call: Callable[[], Any]) -> list[str]:
+    """The c10d functions the installed torch calls for ``call``, the agent off: which
+    collectives an object collective launches differs by torch release (2.11 exchanges sizes
+    with an all_gather of a list, 2.15 with a single-tensor all-gather)."""
+    from autoannot import collectives
+
+    c10d = dist.distributed_c10d
+    seen: list[str] = []
+    originals = {row.api: getattr(c10d, row.api) for row in collectives.COLLECTIVES
+                 if row.module == collectives.C10D and row.role is collectives.Role.LAUNCH
+                 and hasattr(c10d, row.api)}
+
+    def spy(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def called(*args: Any, **kwargs: Any) -> Any:
+            seen.append(name)
+            return function(*args, **kwargs)
+        return called
+
+    for name, function in originals.items():
+        setattr(c10d, name, spy(name, function))
+    try:
+        call()
+    finally:
+        for name, function in originals.items():
+            setattr(c10d, name, function)
+    return seen
+
+
 def replay(rank: int, world: int, skip: frozenset[str] = frozenset(),
            via: str = "proxies") -> dict[str, Any]:
     """Run every golden call with the agent on; label -> records (or the error it raised).
@@ -158,6 +186,16 @@ def replay(rank: int, world: int, skip: frozenset[str] = frozenset(),
         without_proxies()
     groups = _groups()
     results: dict[str, Any] = {}
+    launched: dict[str, list[str]] = {}
+    for label, call in calls(rank, world, groups).items():
+        if label.endswith("_object") and label not in skip:
+            autoannot.disable()
+            launched[label] = launched_apis(call)
+            autoannot.enable()
+            if via == "ops":
+                without_proxies()
+            dist.barrier()
+    results["#launched"] = launched
     for label, call in calls(rank, world, groups).items():
         if label in skip:
             continue

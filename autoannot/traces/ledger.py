@@ -7,9 +7,6 @@ annotations (toolsId -> annotations). Its name ends in neither ``.json`` nor ``.
 folder loader takes it for a trace (HolisticTraceAnalysis loads every ``*.json``/``*.gz`` of
 a folder as a rank's trace; TensorBoard's plugin every ``*.pt.trace.json``). Ledgers written
 by earlier versions (``NAME.autoannot.json``) are still read.
-
-Also here: the names the agent gives graphs and replays in traces (the runtime writes them,
-the trace tools read them).
 """
 
 from __future__ import annotations
@@ -20,16 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.traces.files import TraceError, atomic_write_text
+from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
+
+__all__ = ["FORMAT", "GRAPH_PREFIX", "REPLAY_PREFIX", "SUFFIX", "find", "ledger_path", "load",
+           "write"]
 
 FORMAT = "autoannot-ledger"
 VERSION = 1
 SUFFIX = ".autoannot"
 LEGACY_SUFFIX = ".autoannot.json"  # before 0.2: a name HTA took for a rank's trace
-
-#: A replay of graph G runs inside ``record_function(REPLAY_PREFIX + G)`` while profiling.
-REPLAY_PREFIX = "autoannot.replay:"
-#: Graphs are named GRAPH_PREFIX + a number, per process.
-GRAPH_PREFIX = "autoannot.graph."
 
 
 def _stem(trace_path: str | os.PathLike[str]) -> str:
