@@ -21,6 +21,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torch_cannot(what: str, exc: BaseException) -> dict[str, str]:
+    """A rank's result when torch itself, with the agent off, cannot run the scenario here
+    (an older torch or its gloo lacks the feature): the test skips, saying why."""
+    return {"torch_cannot": f"{what}: {type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def skip_if_torch_cannot(results: list[Any]) -> None:
+    import pytest
+    import torch
+
+    for result in results:
+        if isinstance(result, dict) and "torch_cannot" in result:
+            pytest.skip(f"torch {torch.__version__} cannot run it with the agent off "
+                        f"({result['torch_cannot']})")
+
+
 def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, port: int,
            out: str, args: tuple, timeout_s: float) -> None:
     from datetime import timedelta

@@ -10,6 +10,7 @@ from typing import Any
 
 import golden_cases
 import pytest
+import torch
 from harness import run_ranks
 
 from autoannot import vocabulary as V
@@ -117,6 +118,9 @@ def compare(label: str, rank: int, records: list[dict],
 @pytest.mark.parametrize("label", [x for x in LABELS if x not in golden_cases.GLOO_CANNOT_RUN])
 def test_golden_on_gloo(replays, label: str, rank: int) -> None:
     result = replays["gloo"][rank][label]
+    if isinstance(result, dict) and "torch_cannot" in result:
+        pytest.skip(f"gloo of torch {torch.__version__} cannot run it, with the agent off "
+                    f"too ({result['torch_cannot']}); checked on the fake group")
     assert not isinstance(result, dict), result
     compare(label, rank, result, replays["gloo"][rank]["#launched"])
 
@@ -129,12 +133,19 @@ def test_golden_on_fake_group(replays, label: str, rank: int) -> None:
     compare(label, rank, result, replays["fake"][rank]["#launched"])
 
 
+def _backend(replays: dict[str, list[dict]], rank: int, label: str) -> str:
+    """gloo, unless gloo cannot run the call (always, or on this torch with the agent off)."""
+    result = replays["gloo"][rank].get(label)
+    cannot = isinstance(result, dict) and "torch_cannot" in result
+    return "fake" if label in golden_cases.GLOO_CANNOT_RUN or cannot else "gloo"
+
+
 def test_golden_count(replays, figures) -> None:
     """Every golden call on both ranks: on gloo where gloo runs it, else on the fake group."""
     matched = 0
     for rank in range(WORLD):
         for label in LABELS:
-            backend = "fake" if label in golden_cases.GLOO_CANNOT_RUN else "gloo"
+            backend = _backend(replays, rank, label)
             compare(label, rank, replays[backend][rank][label],
                     replays[backend][rank]["#launched"])
             matched += 1
@@ -149,7 +160,7 @@ def test_golden_through_the_dispatcher_kernels_alone(replays_via_ops, figures) -
     matched, layers = 0, set()
     for rank in range(WORLD):
         for label in LABELS:
-            backend = "fake" if label in golden_cases.GLOO_CANNOT_RUN else "gloo"
+            backend = _backend(replays_via_ops, rank, label)
             records = replays_via_ops[backend][rank][label]
             assert not isinstance(records, dict), (label, records)
             compare(label, rank, records, replays_via_ops[backend][rank]["#launched"])

@@ -132,7 +132,8 @@ def test_nested_processes_are_each_instrumented_once(tmp_path: Path) -> None:
     env = {"AUTOANNOT": "1", "AUTOANNOT_RECORD": str(record), "PYTHONPATH": str(HOOK_DIR)}
     done = run_python(["nested.py", str(free_port()), str(free_port())], env, tmp_path)
     assert done.returncode == 0, done.stderr
-    processes = [line.split() for line in done.stdout.splitlines()]
+    processes = [line.split() for line in done.stdout.splitlines()
+                 if not line.startswith("[Gloo]")]  # gloo's own connection log (torch < 2.10)
     assert len(processes) == 2  # the program and its nested copy
     for pid, wrapped, kernels, distinct in processes:
         assert wrapped == "function"  # one proxy over torch's function, not a proxy of one
