@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU check and the GPU benchmark in one go, on a 2-GPU machine; results packed into
+# OUT/results.tgz (traces trimmed for committing under tests/data/gpu/).
+#
+#     bash tests/gpu/run_all.sh OUT
+#
+# Each step runs in its own processes under a time limit (a hang costs that step only) and
+# prints how long it took; steps that would end after DEADLINE seconds (default 540) are
+# skipped, most needed first. The exit status is the number of steps that failed or skipped.
+set -u
+OUT=${1:?usage: run_all.sh OUT}
+mkdir -p "$OUT/patterns" "$OUT/graphs" "$OUT/compile"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=0
+export PYTHONUNBUFFERED=1
+DEADLINE=${DEADLINE:-540}
+failed=0
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2 started=$SECONDS
+  shift 2
+  local left=$((DEADLINE - SECONDS - 20))  # 20 s kept for packing
+  [ "$limit" -le "$left" ] || limit=$left
+  if [ "$limit" -lt 30 ]; then
+    echo "== $name: skipped (deadline)" | tee -a "$OUT/steps.txt"; failed=$((failed + 1)); return
+  fi
+  echo "== $name (limit ${limit}s)"
+  timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - started))s" | tee -a "$OUT/steps.txt"
+  tail -n 5 "$OUT/$name.log"
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python -c "import torch, wrapt; print('torch', torch.__version__, 'nccl',
+  '.'.join(map(str, torch.cuda.nccl.version())), 'wrapt', wrapt.__version__)" | tee -a "$OUT/device.txt"
+for pattern in ddp graphed compiled mixed threads inference; do
+  step "pattern_$pattern" 120 env PATTERNS=$pattern DUMP_AFTER=110 \
+    AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/training_patterns.py "$OUT/patterns"
+done
+step patterns_verify 60 env PYTHONPATH=. python tests/gpu/training_patterns.py verify "$OUT/patterns"
+cp "$OUT/patterns_verify.log" "$OUT/patterns/run_output.txt"
+step gpu_graph 120 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
+step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
+step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
+PYTHONPATH=. python tests/gpu/pack.py "$OUT" "$OUT/results.tgz" && \
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name steps.txt -exec rm -rf {} +
+cat "$OUT/steps.txt"
+exit $failed
