@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -222,6 +223,9 @@ def ddp_training(rank: int, world: int, names: list[str]) -> dict[str, Any]:
                     optimizer.step()
                     optimizer.zero_grad()
                 steps.append(_records(records[before:]))
+            # gloo (torch < 2.10) closes a launch's profiler range in its worker thread after
+            # the work completes: give the last range time to close before the profiler stops.
+            time.sleep(0.1)
         out[name] = {
             "records": _records(records),
             "steps": steps,

@@ -16,8 +16,8 @@ DATA = Path(__file__).parent / "data" / "gpu" / "graphs"
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    for name in ("graph_rank0.json", "graph_rank0.autoannot.json", "graph_rank1.json",
-                 "graph_rank1.autoannot.json"):
+    for name in ("graph_rank0.json", "graph_rank0.autoannot", "graph_rank1.json",
+                 "graph_rank1.autoannot"):
         shutil.copy(DATA / name, tmp_path / name)
     return tmp_path
 
@@ -40,7 +40,7 @@ def test_truncated_malformed_and_empty_traces(folder: Path, capsys) -> None:
     for name, content in cases.items():
         bad = folder / f"{name}.json"
         bad.write_text(content)
-        shutil.copy(folder / "graph_rank0.autoannot.json", folder / f"{name}.autoannot.json")
+        shutil.copy(folder / "graph_rank0.autoannot", folder / f"{name}.autoannot")
         fails(["annotate", str(bad), "-o", str(out)], capsys, str(bad))
         assert out.read_text() == "keep me"  # never overwritten by a failed run
     assert not list(folder.glob(".autoannot-*"))  # no temporary file left behind
@@ -48,12 +48,12 @@ def test_truncated_malformed_and_empty_traces(folder: Path, capsys) -> None:
 
 def test_ledgers_that_do_not_belong(folder: Path, capsys) -> None:
     trace = str(folder / "graph_rank0.json")
-    fails(["annotate", trace, "--ledger", str(folder / "graph_rank1.autoannot.json"), "-o",
+    fails(["annotate", trace, "--ledger", str(folder / "graph_rank1.autoannot"), "-o",
            str(folder / "o.json")], capsys, "rank 1", "rank 0")
     (folder / "junk.json").write_text('{"graphs": {}}')
     fails(["annotate", trace, "--ledger", str(folder / "junk.json")], capsys,
           "not an autoannot ledger")
-    (folder / "graph_rank0.autoannot.json").unlink()
+    (folder / "graph_rank0.autoannot").unlink()
     fails(["annotate", trace], capsys, "no ledger", "graph_rank0.autoannot ")
     fails(["annotate", str(folder / "nope.json")], capsys, "nope.json", "no such file")
 

@@ -14,7 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
 import verify_traces
 
-KEEP = ("report_rank", "meta.json", ".autoannot", "run_output", ".log", ".txt", "full_rank")
+KEEP = ("report_rank", "meta.json", ".autoannot", "run_output", ".log", ".txt", "full_rank",
+        "results_")
+TRIMMED = ("eager_", "graph_", "inline_", "complex_")
 
 
 def main() -> int:
@@ -25,7 +27,7 @@ def main() -> int:
                 continue
             relative = path.relative_to(source)
             name = path.name
-            if name.endswith(".json") and name.startswith(("eager_", "graph_", "inline_")) \
+            if name.endswith(".json") and name.startswith(TRIMMED) \
                     and not name.endswith(".autoannot.json"):  # full_rank*: kept whole
                 trimmed = Path(tmp) / relative
                 trimmed.parent.mkdir(parents=True, exist_ok=True)

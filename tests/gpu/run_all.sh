@@ -6,7 +6,8 @@
 #
 # Each step runs in its own processes under a time limit (a hang costs that step only) and
 # prints how long it took; steps that would end after DEADLINE seconds (default 540) are
-# skipped, most needed first. The exit status is the number of steps that failed or skipped.
+# skipped, most needed first. STEPS (default "patterns gpu_graph graph_replay compile_graphs") and
+# PATTERNS_TO_RUN choose a part. The exit status is the number of steps that failed or skipped.
 set -u
 OUT=${1:?usage: run_all.sh OUT}
 mkdir -p "$OUT/patterns" "$OUT/graphs" "$OUT/compile"
@@ -26,23 +27,32 @@ step() {  # step NAME SECONDS COMMAND...
   echo "== $name (limit ${limit}s)"
   timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
+  if [ $rc -ne 0 ] && grep -q EADDRINUSE "$OUT/$name.log"; then  # the free port was taken
+    echo "== $name: port taken, once more"
+    timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+  fi
   echo "== $name: exit $rc after $((SECONDS - started))s" | tee -a "$OUT/steps.txt"
   tail -n 5 "$OUT/$name.log"
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
+want() { [[ " ${STEPS:-patterns gpu_graph graph_replay compile_graphs} " == *" $1 "* ]]; }
+
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python -c "import torch, wrapt; print('torch', torch.__version__, 'nccl',
   '.'.join(map(str, torch.cuda.nccl.version())), 'wrapt', wrapt.__version__)" | tee -a "$OUT/device.txt"
-for pattern in ddp graphed compiled mixed threads inference; do
-  step "pattern_$pattern" 120 env PATTERNS=$pattern DUMP_AFTER=110 \
-    AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/training_patterns.py "$OUT/patterns"
-done
-step patterns_verify 60 env PYTHONPATH=. python tests/gpu/training_patterns.py verify "$OUT/patterns"
-cp "$OUT/patterns_verify.log" "$OUT/patterns/run_output.txt"
-step gpu_graph 120 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
-step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
-step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
+if want patterns; then
+  for pattern in ${PATTERNS_TO_RUN:-ddp graphed compiled mixed threads inference}; do
+    step "pattern_$pattern" 120 env PATTERNS=$pattern DUMP_AFTER=110 \
+      AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/training_patterns.py "$OUT/patterns"
+  done
+  step patterns_verify 60 env PYTHONPATH=. python tests/gpu/training_patterns.py verify "$OUT/patterns"
+  cp "$OUT/patterns_verify.log" "$OUT/patterns/run_output.txt"
+fi
+want gpu_graph && step gpu_graph 120 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
+want graph_replay && step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
+want compile_graphs && step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
 PYTHONPATH=. python tests/gpu/pack.py "$OUT" "$OUT/results.tgz" && \
   find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name steps.txt -exec rm -rf {} +
 cat "$OUT/steps.txt"

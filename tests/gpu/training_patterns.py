@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 import traceback
@@ -327,7 +328,8 @@ def inference(rank: int, out: Path, tp: Any) -> list[int]:
             prof.step()
     torch.cuda.synchronize()
     prof.export_chrome_trace(str(out / f"graph_rank{rank}.json"))
-    prof.export_chrome_trace(str(out / f"full_rank{rank}.json"))  # kept whole, for HTA
+    for suffix in (".json", ".autoannot"):  # a copy kept whole, for HTA (kineto saves once)
+        shutil.copyfile(out / f"graph_rank{rank}{suffix}", out / f"full_rank{rank}{suffix}")
     return [2] * len(BATCH_SIZES)
 
 
