@@ -26,6 +26,7 @@ import functools
 import inspect
 import itertools
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -201,14 +202,25 @@ def _driver_capture_info() -> Any:
     return function
 
 
+@functools.cache
+def _current_raw_stream() -> Callable[[], int]:
+    """() -> the current CUDA stream's handle: torch's C functions where it has them
+    (``torch.cuda.current_stream()`` builds a Python object, ~10 us in a capture)."""
+    import torch
+
+    raw, device = (getattr(torch._C, name, None)
+                   for name in ("_cuda_getCurrentRawStream", "_cuda_getDevice"))
+    if raw is not None and device is not None:
+        return lambda: raw(device())
+    return lambda: torch.cuda.current_stream().cuda_stream
+
+
 def _cuda_capture_id() -> int | None:
     """The id of the capture the current stream takes part in, or None."""
     import ctypes
 
-    import torch
-
     status, capture_id = ctypes.c_int(), ctypes.c_uint64()
-    stream = torch.cuda.current_stream().cuda_stream
+    stream = _current_raw_stream()()
     if _driver_capture_info()(stream, ctypes.byref(status), ctypes.byref(capture_id)) != 0:
         return None
     return capture_id.value if status.value == _CAPTURE_STATUS_ACTIVE else None

@@ -13,8 +13,6 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from autoannot.traces import ledger as ledgers
-
 
 def ledger_document() -> dict[str, Any] | None:
     """This process's ledgers and torch's toolsId annotations; None when there are none."""
@@ -32,7 +30,11 @@ def ledger_document() -> dict[str, Any] | None:
 
 def write_ledger(trace_path: str) -> str | None:
     document = ledger_document()
-    return None if document is None else ledgers.write(trace_path, document)
+    if document is None:
+        return None
+    from autoannot.traces import ledger as ledgers  # at the first export, not at start-up
+
+    return ledgers.write(trace_path, document)
 
 
 def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
 from autoannot.state import STATE
@@ -64,30 +65,73 @@ class FileSink:
     """Appends each Record as one JSON line to a file (``AUTOANNOT_RECORD``).
 
     ``{rank}`` and ``{pid}`` in the path are filled in at the first record: the rank from
-    torch.distributed when initialized, else the ``RANK`` variable torchrun sets.
+    torch.distributed when initialized, else the ``RANK`` variable torchrun sets. Lines are
+    buffered and written out at least every ``FLUSH_EVERY_S`` seconds and at exit (a process
+    killed, or leaving through ``os._exit``, loses at most that much); a launch seen before
+    reuses the JSON of its annotation.
     """
+
+    FLUSH_EVERY_S = 0.5
 
     def __init__(self, template: str) -> None:
         self.template = template
         self._file: Any = None
+        self._flushed = 0.0
+        #: (id(annotation), id(cpu_only)) -> (annotation, cpu_only, their JSON): the records
+        #: of one distinct launch share those dicts (never mutated).
+        self._texts: dict[tuple[int, int], tuple[Any, Any, str]] = {}
 
     def _open(self) -> Any:
+        import atexit
+
         rank = os.environ.get("RANK", "0")
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             rank = str(dist.get_rank())
         path = self.template.format(rank=rank, pid=os.getpid())
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return open(path, "a", encoding="utf-8", buffering=1)  # line-buffered
+        atexit.register(self.close)
+        return open(path, "a", encoding="utf-8")
 
     def append(self, entry: Record) -> None:
-        import json
+        file = self._file
+        if file is None:
+            file = self._file = self._open()
+        annotation, cpu_only = entry.annotation, entry.cpu_only
+        key = (id(annotation), id(cpu_only))
+        known = self._texts.get(key)
+        if known is None or known[0] is not annotation or known[1] is not cpu_only:
+            if len(self._texts) >= 4096:
+                self._texts.clear()
+            text = (f'"annotation": {_dumps(annotation)}, '
+                    f'"param_comms": {_dumps(entry.param_comms)}}}\n')
+            known = self._texts[key] = (annotation, cpu_only, text)
+        file.write(f'{{"api": {_quote(entry.api)}, "call_site": {_quote(entry.call_site)}, '
+                   + known[2])
+        now = _monotonic()
+        if now - self._flushed >= self.FLUSH_EVERY_S:
+            file.flush()
+            self._flushed = now
 
-        if self._file is None:
-            self._file = self._open()
-        line = {"api": entry.api, "call_site": entry.call_site, "annotation": entry.annotation,
-                "param_comms": entry.param_comms}
-        self._file.write(json.dumps(line) + "\n")
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def _quote(text: str) -> str:
+    """``json.dumps`` of a string, without its Python-level overhead."""
+    import json.encoder
+
+    global _quote
+    _quote = json.encoder.encode_basestring_ascii  # type: ignore[assignment]
+    return _quote(text)
 
 
 def publish(entry: Record) -> None:
@@ -127,17 +171,35 @@ NO_PYTHON_CALLER = "<C++: no Python caller>"
 TORCH_CALLER = "<torch: no user frame>"
 
 
+#: code object -> its file name when that is the user's (not torch, wrapt, contextlib or
+#: autoannot), else None: a launch site is looked up once per function, not per call.
+_USER_FILES: dict[Any, str | None] = {}
+
+
 def call_site(depth: int = 2) -> str:
     """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot
     (``depth``: where to start, as for ``sys._getframe``)."""
-    skip = _SKIP_PREFIXES or _skip_prefixes()
     frame = sys._getframe(depth)
     outside_autoannot = False
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(skip):
+        code = frame.f_code
+        try:
+            filename = _USER_FILES[code]
+        except KeyError:
+            filename = _classify(code)
+        if filename is not None:
             return f"{filename}:{frame.f_lineno}"
-        outside_autoannot = outside_autoannot or not filename.startswith(_OWN_PREFIX)
+        outside_autoannot = outside_autoannot or not code.co_filename.startswith(_OWN_PREFIX)
         frame = frame.f_back
     return TORCH_CALLER if outside_autoannot else NO_PYTHON_CALLER
+
+
+def _classify(code: Any) -> str | None:
+    skip = _SKIP_PREFIXES or _skip_prefixes()
+    filename = code.co_filename
+    user = None if filename.startswith(skip) else filename
+    if len(_USER_FILES) >= 65536:  # code objects of generated functions: bounded
+        _USER_FILES.clear()
+    _USER_FILES[code] = user
+    return user
 

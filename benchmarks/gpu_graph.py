@@ -69,6 +69,21 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
             samples[mode]["replay_us"].append(begin.elapsed_time(end) * 1e3 / REPLAYS)
             del graph
     autoannot.disable()
+    if rank == 0 and os.environ.get("PROFILE_CAPTURE"):  # where a capture's added time goes
+        import cProfile
+        import pstats
+
+        autoannot.enable()
+        graph = torch.cuda.CUDAGraph()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        with torch.cuda.graph(graph):
+            body()
+        profiler.disable()
+        torch.cuda.synchronize()
+        autoannot.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        del graph
     if rank == 0:
         medians = {mode: {k: statistics.median(v) for k, v in values.items()}
                    for mode, values in samples.items()}

@@ -126,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.get('errors', '?'):>7} {r.get('skipped', '?'):>8} {r['minutes']:>5}")
         for reason, count in sorted(r.get("skip_reasons", {}).items()):
             print(f"    skipped {count}: {reason}")
+        if r.get("failed") or r.get("errors") or r.get("exit") not in (0,):
+            log = logs / f"torch-{r['release']}.log"  # pytest's summary of what failed
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith(("FAILED ", "ERROR ")) or " passed" in line:
+                    print(f"    {line}")
     bad = [r for r in results if "error" in r or r.get("failed") or r.get("errors")
            or r.get("exit") not in (0,)]
     return 1 if bad else 0
