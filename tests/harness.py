@@ -24,7 +24,8 @@ def free_port() -> int:
 def torch_cannot(what: str, exc: BaseException) -> dict[str, str]:
     """A rank's result when torch itself, with the agent off, cannot run the scenario here
     (an older torch or its gloo lacks the feature): the test skips, saying why."""
-    return {"torch_cannot": f"{what}: {type(exc).__name__}: {str(exc)[:200]}"}
+    first_line = str(exc).strip().split("\n")[0]
+    return {"torch_cannot": f"{what}: {type(exc).__name__}: {first_line[:200]}"}
 
 
 def skip_if_torch_cannot(results: list[Any]) -> None:
