@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autoannot import features
-from autoannot.recorder import Record, call_site, publish
+from autoannot.recorder import call_site, new_record, publish
 from autoannot.state import STATE
 
 #: Called with the annotation context on entry while a capture is in progress.
@@ -54,7 +54,7 @@ class AnnotationContext:
             inner.__exit__(exc_type, exc, tb)
         if exc_type is None and STATE.recorders:
             site = self.call_site or call_site(2)
-            publish(Record(self.api, self.annotation, site, self.cpu_only))
+            publish(new_record(self.api, self.annotation, site, self.cpu_only))
 
     def __repr__(self) -> str:
         return f"AnnotationContext({self.api!r}, {self.annotation!r})"

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
+from autoannot import vocabulary as V
 from autoannot.state import STATE
 
 
@@ -24,13 +25,13 @@ class Record(NamedTuple):
     def param_comms(self) -> dict[str, Any]:
         """The args of the eager CPU ``record_param_comms`` op: the kernel's plus its own
         (empty for a launch whose eager kernel carries no collective args)."""
-        if "Collective name" not in self.annotation:
+        if V.COLLECTIVE_NAME not in self.annotation:
             return {}
         kernel = {k: v for k, v in self.annotation.items() if k not in _LANE_KEYS}
         return {**kernel, **self.cpu_only}
 
 
-_LANE_KEYS = ("name", "stream")
+_LANE_KEYS = (V.NAME, V.STREAM)
 
 
 class Recording(list):  # list[Record], live: grows while the block runs

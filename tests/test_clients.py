@@ -19,28 +19,23 @@ import pytest
 
 from autoannot import vocabulary as V
 from autoannot.traces import annotate
+from autoannot.traces import ledger as ledgers
 
 DATA = Path(__file__).parent / "data" / "gpu"
 
-
-def ledger_of(trace: Path) -> Path:
-    """A committed trace's ledger: NAME.autoannot, or its earlier name NAME.autoannot.json
-    (the 4-GPU mesh set was recorded before the rename)."""
-    current = trace.with_suffix(".autoannot")
-    return current if current.exists() else trace.with_suffix(".autoannot.json")
 SETS = {"graphs": 2, "mesh": 4}  # 2 and 4 ranks
 
 
 def agent_folders(name: str, tmp_path: Path) -> dict[str, Path]:
     """Folders as the agent leaves them, raw and annotated: ``graph_rank<r>.json`` and its
-    ledger ``graph_rank<r>.autoannot`` side by side (the committed data has the ledger under
-    its earlier name, which the trace tool still reads)."""
+    ledger ``graph_rank<r>.autoannot`` side by side (the 4-GPU mesh set keeps its ledgers under
+    their earlier name, which the trace tool still reads)."""
     folders = {kind: tmp_path / name / kind for kind in ("raw", "annotated")}
     for folder in folders.values():
         folder.mkdir(parents=True)
     for rank in range(SETS[name]):
         trace = DATA / name / f"graph_rank{rank}.json"
-        ledger = ledger_of(DATA / name / f"graph_rank{rank}.json")
+        ledger = ledgers.find(trace)
         shutil.copy(trace, folders["raw"] / trace.name)
         annotate.annotate_file(trace, folders["annotated"] / trace.name, ledger)
         for folder in folders.values():
@@ -153,7 +148,7 @@ def test_perfetto_output_is_a_valid_trace(name: str, tmp_path: Path) -> None:
     for rank in range(SETS[name]):
         raw_path = DATA / name / f"graph_rank{rank}.json"
         out = tmp_path / f"rank{rank}.pftrace"
-        ledger = ledger_of(raw_path)
+        ledger = ledgers.find(raw_path)
         assert cli.main(["annotate", str(raw_path), "--ledger", str(ledger), "-o", str(out)]) == 0
         trace = _decode(out)
         packets = list(trace.packet)
