@@ -1,13 +1,18 @@
 """The ``autoannot`` command line.
 
-    autoannot annotate TRACE... [-o OUT]   merge the annotations into Kineto traces
-    autoannot summary TRACE...             per process group: what moved, how fast
-    autoannot plot TRACE... -o PNG         a timeline picture, one band per rank
-    autoannot doctor [--json]              what this machine has, which path the agent takes
-    autoannot run CMD [ARGS...]            run CMD with every Python process in it instrumented
-    autoannot hook-path                    the directory of the sitecustomize hook
+    autoannot annotate TRACE|DIR... [-o OUT]   give graphed NCCL kernels their eager args
+    autoannot summary TRACE|DIR... [-o FILE]   per process group: what moved, how fast
+    autoannot plot TRACE|DIR... -o PNG         a timeline picture, one band per rank
+    autoannot doctor [--json]                  what this machine has, which path the agent takes
+    autoannot run [--] CMD [ARGS...]           run CMD with every Python process instrumented
+    autoannot hook-path                        the directory of the sitecustomize hook
 
-Exit codes: 0 done; 1 done, but some kernels could not be matched (reported); 2 bad input.
+The same option means the same thing in every command: ``-o`` names what is written (never an
+input), ``--json`` prints JSON on stdout instead of text, ``-j`` the processes, ``-q`` no
+progress. A folder stands for the traces in it.
+
+Exit codes: 0 done; 1 done, but something was left undone or there was nothing to do
+(reported); 2 bad input (nothing of that input written).
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import autoannot
 
 HOOK_DIR = Path(__file__).parent / "_hook"
+DONE, INCOMPLETE, BAD_INPUT = 0, 1, 2
 
 
 def _jobs(value: str) -> int:
@@ -31,122 +38,186 @@ def _jobs(value: str) -> int:
     return number
 
 
+def _say(command: str, message: str) -> None:
+    print(f"autoannot {command}: {message}", file=sys.stderr)
+
+
 def _bad_input(command: str, message: str) -> int:
     """Say what is wrong in one line on stderr; return the exit code for bad input (2)."""
-    print(f"autoannot {command}: {message}", file=sys.stderr)
-    return 2
+    _say(command, message)
+    return BAD_INPUT
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not args.command:
-        return _bad_input("run", "give a command to run")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        return _bad_input("run", "give a command to run: autoannot run [--] CMD [ARGS...]")
     env = dict(os.environ, AUTOANNOT="1")
     if args.record:
         env["AUTOANNOT_RECORD"] = args.record
     paths = [str(HOOK_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     try:
-        os.execvpe(args.command[0], args.command, env)
+        os.execvpe(command[0], command, env)
     except OSError as exc:
-        print(f"autoannot run: cannot run {args.command[0]!r}: {exc.strerror}", file=sys.stderr)
+        print(f"autoannot run: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
 
 
-def _outputs(traces: list[Path], output: str | None) -> list[Path]:
-    from autoannot.traces import annotate
+def _annotate_plan(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+    """The traces to read and the outputs to write; TraceError for a plan that cannot be."""
+    from autoannot.traces import files, paths
 
-    if output is None:
-        return [annotate.default_output(t) for t in traces]
-    out = Path(output)
-    if len(traces) > 1 or out.is_dir() or output.endswith(("/", os.sep)):
-        out.mkdir(parents=True, exist_ok=True)
-        return [out / t.name for t in traces]
-    return [out]
+    traces = paths.expand(args.traces)
+    for trace in traces:
+        marker = files.annotated_from(trace)
+        if marker is not None:
+            raise files.TraceError(
+                f"{trace}: written by autoannot annotate already (annotated from "
+                f"{marker.get('from', '?')}): give the raw trace")
+    if args.ledger:
+        if len(traces) != 1:
+            raise files.TraceError("--ledger takes one trace")
+        if not Path(args.ledger).is_file():
+            raise files.TraceError(f"{args.ledger}: no such ledger file")
+    outputs = paths.plan_outputs(traces, args.output, args.format)
+    if args.ledger:
+        paths.check_outputs([*traces, Path(args.ledger)], outputs)
+    for out in outputs:
+        paths.make_parent(out)
+    return traces, outputs
+
+
+def _outcome(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return "failed:"
+    if "nothing" in result:
+        return "nothing to annotate in"
+    return "annotated" if _complete(result["report"]) else "partly annotated"
+
+
+def _complete(report: dict[str, Any]) -> bool:
+    return (report["kernels_annotated"] > 0 and not report["kernels_left"]
+            and not report["mismatches"])
 
 
 def _annotate(args: argparse.Namespace) -> int:
-    from autoannot.traces import annotate
+    from autoannot.traces import annotate, files, parallel
 
-    traces = [Path(t) for t in args.traces]
-    if args.ledger and len(traces) != 1:
-        return _bad_input("annotate", "--ledger takes one trace")
     try:
-        outputs = _outputs(traces, args.output)
-    except OSError as exc:
-        return _bad_input("annotate", f"{args.output}: cannot create: {exc.strerror}")
-    for out in outputs:
-        if not out.name.endswith((".json", ".json.gz", ".pftrace")):
-            return _bad_input("annotate", f"{out}: unknown output format (use .json, "
-                              ".json.gz or .pftrace)")
-    from autoannot.traces import parallel
-
+        traces, outputs = _annotate_plan(args)
+    except files.TraceError as exc:
+        return _bad_input("annotate", str(exc))
     ledger = Path(args.ledger) if args.ledger else None
-    jobs = [(trace, out, ledger, args.lanes) for trace, out in zip(traces, outputs, strict=True)]
-    reports, status = [], 0
-    results = parallel.map_files(annotate.annotate_job, jobs, args.jobs, "annotated",
-                                 name=lambda job: job[0])
-    for (trace, out, _, _), result in zip(jobs, results, strict=True):
+    jobs = [(trace, out, ledger, args.lanes, args.force)
+            for trace, out in zip(traces, outputs, strict=True)]
+    reports, status = [], DONE
+    results = parallel.map_files(annotate.annotate_job, jobs, args.jobs, show=not args.quiet,
+                                 name=lambda job: job[0], outcome=_outcome)
+    for (trace, out, *_), result in zip(jobs, results, strict=True):
         if "error" in result:
-            return _bad_input("annotate", result["error"])
+            _say("annotate", result["error"])
+            reports.append({"trace": str(trace), "error": result["error"]})
+            status = BAD_INPUT
+            continue
+        if "nothing" in result:
+            _say("annotate", result["nothing"])
+            reports.append({"trace": str(trace), "nothing": result["nothing"]})
+            status = max(status, INCOMPLETE)
+            continue
         report = result["report"]
         reports.append({**report, "output": str(out)})
         for problem in report["mismatches"]:
             print(f"{trace}: mismatch: {problem}", file=sys.stderr)
-        if report["mismatches"]:
-            status = 1
+        for note in report["notes"]:
+            print(f"{trace}: {note}", file=sys.stderr)
+        if not _complete(report):
+            status = max(status, INCOMPLETE)
         if not args.json:
+            left = (f", {report['kernels_left']} of the trace's "
+                    f"{report['graphed_nccl_kernels']} graphed NCCL kernels left unannotated"
+                    if report["kernels_left"] else "")
             print(f"{trace} -> {out}: {report['kernels_annotated']}/"
                   f"{report['kernels_expected']} graphed NCCL kernels annotated in "
                   f"{report['launches_of_known_graphs']} replays ({report['order_resolved']} "
-                  f"by capture order, {len(report['mismatches'])} mismatches)")
+                  f"by capture order, {len(report['mismatches'])} mismatches{left})")
     if args.json:
         print(json.dumps(reports, indent=1))
     return status
 
 
-def _summary(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, summary
+def _check_written(inputs: list[Path], outputs: list[Path]) -> None:
+    """Refuse outputs that are inputs; create their folders (TraceError otherwise)."""
+    from autoannot.traces import paths
 
+    paths.check_outputs(inputs, outputs)
+    for out in outputs:
+        paths.make_parent(out)
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from autoannot.traces import files, paths, summary
+
+    outputs = [Path(o) for o in args.output or []]
+    for out in outputs:
+        if out.suffix not in (".json", ".csv"):
+            return _bad_input("summary", f"-o {out}: name it .json or .csv")
     try:
-        rows = summary.summarize([Path(t) for t in args.traces], progress=not args.quiet,
-                                 jobs=args.jobs)
+        traces = paths.expand(args.traces, skip_outputs=False)
+        _check_written(traces, outputs)
+        result = summary.summarize(traces, progress=not args.quiet, jobs=args.jobs)
     except files.TraceError as exc:
         return _bad_input("summary", str(exc))
-    if not rows:
-        print("autoannot summary: no NCCL kernel carries collective args in these traces "
-              "(annotate graphed traces first: autoannot annotate)", file=sys.stderr)
-        return 1
-    print(summary.format_table(rows))
+    for note in result.notes:
+        _say("summary", note)
+    if args.json:
+        print(json.dumps({"rows": result.rows, "cpu_rows": result.cpu_rows,
+                          "notes": result.notes}, indent=1))
+    else:
+        if result.rows:
+            print(summary.format_table(result.rows))
+        if result.cpu_rows:
+            print(summary.format_cpu_table(result.cpu_rows))
     try:
-        if args.csv:
-            summary.write_csv(rows, Path(args.csv))
-        if args.json:
-            files.atomic_write_text(args.json, json.dumps(rows, indent=1))
+        for out in outputs:
+            rows = result.rows + result.cpu_rows
+            if out.suffix == ".csv":
+                summary.write_csv(result.rows or result.cpu_rows, out)
+            else:
+                files.atomic_write_text(out, json.dumps(rows, indent=1))
     except OSError as exc:
-        return _bad_input("summary", f"cannot write: {exc}")
-    return 0
+        return _bad_input("summary", f"{exc.filename}: cannot write: {exc.strerror}")
+    return DONE if result.rows or result.cpu_rows else INCOMPLETE
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from autoannot.traces import files
+    from autoannot.traces import files, paths
 
     output = Path(args.output)
     if output.suffix not in (".png", ".svg", ".pdf"):
-        return _bad_input("plot", f"{output}: use .png, .svg or .pdf")
+        return _bad_input("plot", f"-o {output}: name it .png, .svg or .pdf")
+    try:
+        traces = paths.expand(args.traces, skip_outputs=False)
+        _check_written(traces, [output])
+    except files.TraceError as exc:
+        return _bad_input("plot", str(exc))
     from autoannot.traces import plot  # matplotlib itself is imported when drawing
 
     try:
-        drawn = plot.plot([Path(t) for t in args.traces], output, args.title)
+        drawn = plot.plot(traces, output, args.title)
     except ImportError:
         return _bad_input("plot", "needs matplotlib: pip install matplotlib")
+    except plot.NothingToDraw as exc:
+        _say("plot", str(exc))
+        return INCOMPLETE
     except files.TraceError as exc:
         return _bad_input("plot", str(exc))
     except OSError as exc:
         return _bad_input("plot", f"{output}: cannot write: {exc.strerror}")
     print(f"{output}: {drawn['ranks']} ranks, {drawn['lanes']} lanes, {drawn['kernels']} "
           "kernels")
-    return 0
+    return DONE
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -167,44 +238,58 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autoannot",
         description="Annotate torch.distributed collectives so CUDA-graphed NCCL kernels "
         "carry their eager profiler metadata.",
-    )
+        epilog="Exit codes: 0 done; 1 done, but something left undone or nothing to do; "
+        "2 bad input.")
     parser.add_argument("--version", action="version", version=autoannot.__version__)
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    traces_help = "Kineto traces (.json, .json.gz), one per rank, or folders of them"
+
+    def common(command: argparse.ArgumentParser, jobs: str | None) -> None:
+        command.add_argument("--json", action="store_true",
+                             help="print JSON on stdout instead of text")
+        command.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+        if jobs:
+            command.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+                                 help=f"{jobs} at once (default: the cores)")
+
     annotate = sub.add_parser(
-        "annotate", help="merge the agent's annotations into Kineto traces",
+        "annotate", help="give graphed NCCL kernels the args of their eager kernels",
         description="Give every graphed NCCL kernel the args of its eager kernel, from the "
         "ledger each rank wrote next to its trace (NAME.autoannot), leaving it where it ran. "
-        "Exit 0: done; 1: some kernels could not be matched (reported); 2: bad input.")
-    annotate.add_argument("traces", nargs="+", metavar="TRACE",
-                          help="Kineto traces (.json or .json.gz), one per rank")
-    annotate.add_argument("-o", "--output", metavar="OUT", help="output file (one trace) or "
-                          "directory; .json, .json.gz or .pftrace (Perfetto). Default: "
-                          "NAME.annotated.json next to each trace")
+        "Exit 0: every graphed NCCL kernel annotated; 1: some left (reported) or nothing to "
+        "annotate; 2: bad input.")
+    annotate.add_argument("traces", nargs="+", metavar="TRACE", help=traces_help)
+    annotate.add_argument("-o", "--output", metavar="OUT",
+                          help="output file (one trace) or folder (any number: their layout "
+                          "is kept); default: annotated/NAME next to each trace")
+    annotate.add_argument("--format", choices=("json", "json.gz", "pftrace"),
+                          help="output format (default: the -o name's, else the trace's); "
+                          "pftrace: Perfetto")
     annotate.add_argument("--ledger", metavar="LEDGER",
                           help="the ledger file, when it is not next to the (single) trace")
-    annotate.add_argument("--json", action="store_true", help="print the reports as JSON")
+    annotate.add_argument("--force", action="store_true",
+                          help="use a ledger that does not belong to the trace (another rank "
+                          "or process, other graphs)")
     annotate.add_argument("--lanes", action="store_true",
                           help="move each annotated kernel to its process group's lane (one row "
                                "per group in a viewer; stream-based analyses then change)")
-    annotate.add_argument("-j", "--jobs", type=_jobs, metavar="N",
-                          help="traces annotated at once (default: the cores)")
+    common(annotate, "traces annotated")
     annotate.set_defaults(func=_annotate)
     summ = sub.add_parser(
         "summary", help="per process group, collective, dtype and size: counts, time, bandwidth",
-        description="Summarize the NCCL kernels that carry collective args (eager traces, and "
-        "graphed traces after `autoannot annotate`), one trace per rank: count, bytes, total "
-        "and median time, algbw and busbw (nccl-tests factors), across ranks.")
-    summ.add_argument("traces", nargs="+", metavar="TRACE")
-    summ.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
-    summ.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    summ.add_argument("-q", "--quiet", action="store_true", help="no progress display")
-    summ.add_argument("-j", "--jobs", type=_jobs, metavar="N",
-                      help="traces read at once (default: the cores)")
+        description="Summarize the collectives of one trace per rank: NCCL kernels that carry "
+        "collective args (eager traces, and graphed traces after `autoannot annotate`): count, "
+        "bytes, total and median time, algbw and busbw (nccl-tests factors); gloo collectives "
+        "(CPU traces): counts and time.")
+    summ.add_argument("traces", nargs="+", metavar="TRACE", help=traces_help)
+    summ.add_argument("-o", "--output", metavar="FILE", action="append",
+                      help="also write the rows to FILE (.json or .csv; may be repeated)")
+    common(summ, "traces read")
     summ.set_defaults(func=_summary)
     plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",
                           description="Draw compute and each process group's collectives, "
                           "one band per rank (needs matplotlib).")
-    plot.add_argument("traces", nargs="+", metavar="TRACE")
+    plot.add_argument("traces", nargs="+", metavar="TRACE", help=traces_help)
     plot.add_argument("-o", "--output", required=True, metavar="PNG",
                       help="the picture (.png, .svg or .pdf)")
     plot.add_argument("--title", help="the picture's title")
@@ -213,11 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description="What this machine has, which annotation path the agent "
                          "will take, what is missing for torch's toolsId path and how to get "
                          "it, and whether the AUTOANNOT start-up hook would fire.")
-    doc.add_argument("--json", action="store_true", help="the report as JSON")
+    doc.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
     doc.set_defaults(func=_doctor)
     run = sub.add_parser("run", help="run a command with the agent on in every Python process",
                          description="Run CMD with AUTOANNOT=1 and the start-up hook on "
-                         "PYTHONPATH, so every Python process it starts is instrumented.")
+                         "PYTHONPATH, so every Python process it starts is instrumented. Put "
+                         "-- before CMD when it has options of its own.")
     run.add_argument("--record", metavar="PATH", help="append each annotation as a JSON line "
                      "to PATH ({rank} and {pid} are filled in)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")

@@ -1,22 +1,41 @@
-"""Configuration from ``AUTOANNOT*`` environment variables (documented in the README)."""
+"""Configuration from ``AUTOANNOT*`` environment variables (documented in the README), parsed
+here and nowhere else. Imports nothing but ``os`` and ``sys``: the start-up hook uses it.
+
+A flag is on for ``1``/``true``/``yes``/``on`` and off for ``0``/``false``/``no``/``off`` or
+empty (any case, spaces ignored). Any other value is a mistake: it is reported once on stderr,
+and the flag is off (a typo never turns the agent, or one of its features, on).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-_FALSE = ("", "0", "false", "no", "off")
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("", "0", "false", "no", "off")
+_reported: set[str] = set()
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    value = env.get(name)
+def flag(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
+    """The value of the flag ``name`` (``default`` where unset); see the module's docstring."""
+    value = (os.environ if env is None else env).get(name)
     if value is None:
         return default
-    return value.strip().lower() not in _FALSE
+    word = value.strip().lower()
+    if word in TRUE:
+        return True
+    if word not in FALSE and name not in _reported:
+        _reported.add(name)
+        sys.stderr.write(f"autoannot: {name}={value!r} is not one of {'/'.join(TRUE)} or "
+                         f"{'/'.join(FALSE[1:])}: taken as off\n")
+    return False
 
 
-@dataclass(frozen=True)
+def flag_value_is_valid(value: str) -> bool:
+    return value.strip().lower() in TRUE + FALSE
+
+
 class Config:
     """``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
     torch has it. ``AUTOANNOT_TORCH_ANNOTATIONS`` (default 1): where torch's toolsId path works,
@@ -24,22 +43,29 @@ class Config:
     ``AUTOANNOT_ANNOTATE_ON_EXPORT`` (default 0): each rank annotates the trace it exports, in
     place; ``AUTOANNOT_LANES`` (default 0): with annotated kernels moved to their process
     group's lane. ``AUTOANNOT_OPS`` (default 1): put kernels on torch's dispatcher for the
-    launches no proxy sees (compiled code, DDP's reducer, autograd, C++).
-    (``AUTOANNOT`` itself is read by the start-up hooks, which must not import this.)"""
+    launches no proxy sees (compiled code, DDP's reducer, autograd, C++)."""
 
-    mark_kernels: bool = True
-    torch_annotations: bool = True
-    annotate_on_export: bool = False
-    lanes: bool = False
-    ops: bool = True
+    __slots__ = ("annotate_on_export", "lanes", "mark_kernels", "ops", "torch_annotations")
+
+    def __init__(self, mark_kernels: bool = True, torch_annotations: bool = True,
+                 annotate_on_export: bool = False, lanes: bool = False, ops: bool = True) -> None:
+        self.mark_kernels = mark_kernels
+        self.torch_annotations = torch_annotations
+        self.annotate_on_export = annotate_on_export
+        self.lanes = lanes
+        self.ops = ops
+
+
+def agent_requested(env: Mapping[str, str] | None = None) -> bool:
+    """``AUTOANNOT``: turn the agent on at start-up."""
+    return flag("AUTOANNOT", False, env)
 
 
 def from_environment(env: Mapping[str, str] | None = None) -> Config:
-    env = os.environ if env is None else env
     return Config(
-        mark_kernels=_flag(env, "AUTOANNOT_MARK_KERNELS", True),
-        torch_annotations=_flag(env, "AUTOANNOT_TORCH_ANNOTATIONS", True),
-        annotate_on_export=_flag(env, "AUTOANNOT_ANNOTATE_ON_EXPORT", False),
-        lanes=_flag(env, "AUTOANNOT_LANES", False),
-        ops=_flag(env, "AUTOANNOT_OPS", True),
+        mark_kernels=flag("AUTOANNOT_MARK_KERNELS", True, env),
+        torch_annotations=flag("AUTOANNOT_TORCH_ANNOTATIONS", True, env),
+        annotate_on_export=flag("AUTOANNOT_ANNOTATE_ON_EXPORT", False, env),
+        lanes=flag("AUTOANNOT_LANES", False, env),
+        ops=flag("AUTOANNOT_OPS", True, env),
     )

@@ -25,12 +25,16 @@ _said: set[str] = set()
 
 def warn_once(api: str, what: str, exc: BaseException, stacklevel: int = 4) -> None:
     """Say once per API and problem that ``what`` failed for ``api``."""
-    key = f"{api}:{what}"
+    say_once(f"{api}:{what}", f"autoannot: {what} for {api} failed ({type(exc).__name__}: "
+             f"{exc}); the collective ran without an annotation", stacklevel + 1)
+
+
+def say_once(key: str, message: str, stacklevel: int = 4) -> None:
+    """Say ``message`` once per ``key``, as an AutoannotWarning (or a log line where a filter
+    would raise it)."""
     if key in _said:
         return
     _said.add(key)
-    message = (f"autoannot: {what} for {api} failed ({type(exc).__name__}: {exc}); "
-               "the collective ran without an annotation")
     try:
         warnings.warn(message, AutoannotWarning, stacklevel=stacklevel)
     except Exception:  # a filter made it an error: never raise into the caller

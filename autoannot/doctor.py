@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autoannot import config
+
 NEEDED_CUDA_BINDINGS = (13, 1)
 NEEDED_DRIVER = 13010  # CUDA 13.1, as cudaDriverGetVersion reports it
 
@@ -36,10 +38,14 @@ def _hook_state() -> dict[str, Any]:
     hook_dir = str(Path(__file__).parent / "_hook")
     on_path = any(os.path.abspath(p) == hook_dir for p in sys.path)
     value = os.environ.get("AUTOANNOT", "")
-    fires = value.strip().lower() not in ("", "0", "false", "no", "off")
-    return {"pth_files": pth, "sitecustomize_on_path": on_path,
-            "installed": bool(pth) or on_path, "AUTOANNOT": value or None,
-            "would_fire": (bool(pth) or on_path) and fires}
+    fires = config.flag_value_is_valid(value) and config.agent_requested({"AUTOANNOT": value})
+    state = {"pth_files": pth, "sitecustomize_on_path": on_path,
+             "installed": bool(pth) or on_path, "AUTOANNOT": value or None,
+             "would_fire": (bool(pth) or on_path) and fires}
+    if not config.flag_value_is_valid(value):
+        state["problem"] = (f"AUTOANNOT={value!r} is not one of {'/'.join(config.TRUE)} or "
+                            f"{'/'.join(config.FALSE[1:])}: the agent stays off")
+    return state
 
 
 def diagnose() -> dict[str, Any]:
@@ -151,6 +157,8 @@ def format_report(report: dict[str, Any]) -> str:
               + (f" ({', '.join(hook['pth_files'])})" if hook["pth_files"] else ""),
               f"  AUTOANNOT={hook['AUTOANNOT'] or '(unset)'}: the hook "
               + ("would fire in a new process" if hook["would_fire"] else "would not fire")]
+    if hook.get("problem"):
+        lines.append(f"  {hook['problem']}")
     if not hook["installed"]:
         lines.append("    install with pip (./install.sh), or run under `autoannot run`")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ exported, in place (``AUTOANNOT_LANES=1``: with its collectives on their groups'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from types import ModuleType
@@ -50,7 +51,8 @@ def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any
             if settings.annotate_on_export:
                 from autoannot.traces import annotate
 
-                annotate.annotate_file(path, path, lanes=settings.lanes)
+                with contextlib.suppress(annotate.NothingToAnnotate):  # no replay traced
+                    annotate.annotate_file(path, path, lanes=settings.lanes)
     except Exception as exc:  # the trace is exported; our part failed
         from autoannot import diagnostics
 

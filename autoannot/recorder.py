@@ -47,8 +47,11 @@ def record() -> Iterator[Recording]:
     thread; from C++ (DDP's reducer, autograd's engine, ``pg.allreduce``), on this thread, the
     thread that turned the agent on, and the threads torch runs their work on.
 
-    Works with or without CUDA; requires ``autoannot.enable()`` (or ``AUTOANNOT=1``) to see calls.
+    Works with or without CUDA; requires ``autoannot.enable()`` (or ``AUTOANNOT=1``) to see calls:
+    opened with the agent off, it says so once (and records what launches once it is on).
     """
+    if not STATE.live:
+        _say_agent_off()
     recording = Recording()
     dispatch = sys.modules.get("autoannot.dispatch")  # loaded with torch while the agent is on
     if dispatch is not None:
@@ -60,6 +63,14 @@ def record() -> Iterator[Recording]:
         STATE.close_recorder(recording)
         if dispatch is not None:
             dispatch.release_thread()
+
+
+def _say_agent_off() -> None:
+    from autoannot import diagnostics
+
+    diagnostics.say_once(
+        "record:off", "autoannot.record() was opened with the agent off: it records nothing "
+        "until autoannot.enable() (or AUTOANNOT=1)", stacklevel=5)
 
 
 class FileSink:

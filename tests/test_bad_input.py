@@ -63,7 +63,8 @@ def test_unknown_formats_and_unwritable_outputs(folder: Path, capsys) -> None:
     fails(["annotate", trace, "-o", str(folder / "out.txt")], capsys, "unknown output format")
     blocker = folder / "a_file"
     blocker.write_text("x")
-    fails(["annotate", trace, "-o", str(blocker / "out.json")], capsys, "cannot write")
+    fails(["annotate", trace, "-o", str(blocker / "out.json")], capsys, "cannot create",
+          str(blocker))
     fails(["annotate", trace, str(folder / "graph_rank1.json"), "-o", str(blocker)], capsys,
           "cannot create")
     fails(["summary", str(folder / "missing.json")], capsys, "missing.json")

@@ -36,7 +36,7 @@ def by_hand(paths: list[Path], collective: str, group: str) -> tuple[float, floa
 
 
 def test_summary_bandwidth_matches_a_hand_computation() -> None:
-    rows = summary.summarize(EAGER, progress=False)
+    rows = summary.summarize(EAGER, progress=False).rows
     for collective, group, factor in (("allreduce", "0", lambda n: 2 * (n - 1) / n),
                                       ("_allgather_base", "1", lambda n: (n - 1) / n),
                                       ("broadcast", "1", lambda n: 1.0)):
@@ -58,8 +58,8 @@ def test_summary_counts_graphed_replays_once_annotated(tmp_path: Path, capsys) -
         out = tmp_path / f"annotated_rank{r}.json"
         tracetool.annotate_file(DATA / "graphs" / f"graph_rank{r}.json", out)
         outs.append(out)
-    assert cli.main(["summary", "-q", *map(str, outs), "--csv", str(tmp_path / "s.csv"),
-                     "--json", str(tmp_path / "s.json")]) == 0
+    assert cli.main(["summary", "-q", *map(str, outs), "-o", str(tmp_path / "s.csv"),
+                     "-o", str(tmp_path / "s.json")]) == 0
     rows = json.loads((tmp_path / "s.json").read_text())
     # 3 replays on both ranks (two same-size all_reduces on one group share a row: 6)
     assert all(r["count_min"] == r["count_max"] and r["count_max"] % 3 == 0 for r in rows)
@@ -79,7 +79,7 @@ def test_mesh_summary_reports_the_same_counts_and_sizes_per_group_on_every_rank(
         out = tmp_path / f"rank{r}.json"
         tracetool.annotate_file(DATA / "mesh" / f"graph_rank{r}.json", out, lanes=True)
         outs.append(out)
-    rows = summary.summarize(outs, progress=False)
+    rows = summary.summarize(outs, progress=False).rows
     assert {r["collective"] for r in rows} == {"_reduce_scatter_base", "_allgather_base",
                                                "allreduce"}
     for out in outs:  # each group's collectives sit on that group's own lane

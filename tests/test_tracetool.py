@@ -14,6 +14,7 @@ import verify_traces as verify
 from autoannot import cli
 from autoannot import vocabulary as V
 from autoannot.traces import annotate as tracetool
+from autoannot.traces import files
 from autoannot.traces import ledger as ledgers
 
 DATA = Path(__file__).parent / "data" / "gpu"
@@ -85,6 +86,8 @@ def test_annotated_kernels_stay_where_they_ran(tmp_path: Path) -> None:
     tracetool.annotate_file(folder / "graph_rank0.json", folder / "out.json")
     raw = json.loads((folder / "graph_rank0.json").read_text())
     out = json.loads((folder / "out.json").read_text())
+    assert out.pop(files.MARKER) == {"from": "graph_rank0.json", "ledger": "graph_rank0.autoannot",
+                                     "annotated": 36}  # the one key added: what it came from
     assert {k: v for k, v in out.items() if k != "traceEvents"} == {
         k: v for k, v in raw.items() if k != "traceEvents"}
     assert len(out["traceEvents"]) == len(raw["traceEvents"])
@@ -154,6 +157,8 @@ def test_compact_json_and_gzip_give_the_same_result(tmp_path: Path) -> None:
     with gzip.open(folder / "compact_out.json.gz", "rt") as f:
         from_compact = json.load(f)
     from_kineto = json.loads((folder / "kineto.json").read_text())
+    assert from_compact.pop(files.MARKER)["from"] == "compact.json"
+    assert from_kineto.pop(files.MARKER)["from"] == "graph_rank1.json"
     assert from_compact == from_kineto
 
 
@@ -165,7 +170,7 @@ def test_cli_outputs_and_exit_codes(tmp_path: Path, capsys) -> None:
         "graph_rank0.json", "graph_rank1.json"]
     assert "36/36 graphed NCCL kernels annotated in 6 replays" in capsys.readouterr().out
     assert cli.main(["annotate", traces[0]]) == 0
-    assert (folder / "graph_rank0.annotated.json").exists()
+    assert (folder / "annotated" / "graph_rank0.json").exists()
     capsys.readouterr()
     assert cli.main(["annotate", traces[0], "--json", "-o", str(tmp_path / "a.json")]) == 0
     assert json.loads(capsys.readouterr().out)[0]["kernels_annotated"] == 36

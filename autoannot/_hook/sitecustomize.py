@@ -23,7 +23,7 @@ def _chain_next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
-if os.environ.get("AUTOANNOT", "").strip().lower() not in ("", "0", "false", "no", "off"):
+if os.environ.get("AUTOANNOT", "").strip():  # autoannot._startup reads the value
     try:
         import autoannot._startup  # noqa: F401
     except Exception as exc:  # never stop the interpreter from starting

@@ -61,16 +61,126 @@ class Report:
     kernels_annotated: int = 0
     by_tools_id: int = 0  # of which through torch's toolsId map
     order_resolved: int = 0  # matched by capture order between groups of the same family
+    graphed_nccl_kernels: int = 0  # NCCL kernels of every graph launch in the trace
+    kernels_left: int = 0  # of which not annotated (unmatched, or of launches no ledger knows)
     mismatches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what else the user should know
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def complete(self) -> bool:
+        """Every graphed NCCL kernel annotated, and at least one."""
+        return self.kernels_annotated > 0 and not self.kernels_left and not self.mismatches
 
 
 def _wanted(chunk: str) -> bool:
     """Cheap first look at an event's text: might matching need it? (``annotate`` decides.)"""
     return "nccl" in chunk or "GraphLaunch" in chunk or REPLAY_PREFIX in chunk or (
-        '"thread_name"' in chunk)
+        '"thread_name"' in chunk) or '"gloo:' in chunk
+
+
+@dataclass
+class Scan:
+    """What annotating reads of a trace."""
+
+    launches: list[tuple[float, Any, Any, int]] = field(default_factory=list)  # ts, pid, tid, corr
+    markers: dict[tuple[Any, Any], list[tuple[float, float, str]]] = field(
+        default_factory=lambda: defaultdict(list))
+    kernels: dict[Any, list[int]] = field(default_factory=lambda: defaultdict(list))
+    flows: dict[tuple[Any, Any], list[int]] = field(default_factory=lambda: defaultdict(list))
+    named_tids: set[tuple[Any, Any]] = field(default_factory=set)
+    by_node: list[int] = field(default_factory=list)
+    nccl_kernels: int = 0
+    nccl_with_args: int = 0  # eager kernels (or annotated already)
+    gloo_collectives: int = 0  # gloo's profiler ranges ("gloo:all_reduce", ...)
+
+    @classmethod
+    def of(cls, trace: Trace) -> Scan:
+        scan = cls()
+        for i in trace.scan(_wanted):
+            event = trace.event(i)
+            cat, name = event.cat, event.name
+            if cat == "kernel" and kernel_family(name):
+                scan.nccl_kernels += 1
+                scan.nccl_with_args += event.collective
+                if event.node:
+                    scan.by_node.append(i)
+                scan.kernels[event.correlation].append(i)
+            elif cat == "cuda_runtime" and name.startswith(("cudaGraphLaunch", "cuGraphLaunch")):
+                scan.launches.append((event.ts, event.pid, event.tid, event.correlation))
+            elif cat == "user_annotation" and name.startswith(REPLAY_PREFIX):
+                scan.markers[(event.pid, event.tid)].append(
+                    (event.ts, event.ts + event.dur, name[len(REPLAY_PREFIX):]))
+            elif cat == "user_annotation" and name.startswith("gloo:"):
+                scan.gloo_collectives += 1
+            elif cat == "ac2g" and event.ph == "f":
+                scan.flows[(event.tid, event.ts)].append(i)
+            elif event.ph == "M" and name == "thread_name":
+                scan.named_tids.add((event.pid, event.tid))
+        for marker_list in scan.markers.values():
+            marker_list.sort()
+        return scan
+
+    def graphed_kernels(self) -> int:
+        return sum(len(self.kernels.get(c, ())) for _, _, _, c in self.launches)
+
+    def replayed_graphs(self) -> set[str]:
+        return {graph for markers in self.markers.values() for _, _, graph in markers}
+
+    def nothing_to_annotate(self, path: Path) -> str | None:
+        """Why a trace has nothing to annotate, and what to run instead; None if it has."""
+        if self.launches and self.graphed_kernels():
+            return None
+        if self.by_node:
+            return None
+        if self.launches:
+            return (f"{path}: {len(self.launches)} CUDA graph launches, none with an NCCL "
+                    "kernel: no graphed collective to annotate")
+        if self.nccl_kernels:
+            return (f"{path}: no CUDA graph replays; its {self.nccl_kernels} NCCL kernels are "
+                    f"eager ({self.nccl_with_args} carry collective args already): nothing to "
+                    f"annotate; autoannot summary {path} reports them")
+        if self.gloo_collectives:
+            return (f"{path}: a CPU trace ({self.gloo_collectives} gloo collectives; gloo "
+                    "runs no GPU kernels): nothing to annotate; autoannot summary "
+                    f"{path} lists them")
+        return (f"{path}: no CUDA graph replays and no collectives in this trace: nothing "
+                "to annotate")
+
+
+def check_ledger(scan: Scan, ledger: dict[str, Any], trace: Trace,
+                 ledger_path: Path | str) -> list[str]:
+    """Why ``ledger`` does not belong to ``trace`` (another rank, another process, graphs it
+    does not list, replays with other kernel counts); empty when it does."""
+    problems = []
+    rank = ledger.get("rank")
+    trace_rank = trace.metadata().get("distributedInfo", {}).get("rank")
+    if rank is not None and trace_rank is not None and rank != trace_rank:
+        problems.append(f"the ledger is rank {rank}'s, the trace rank {trace_rank}'s")
+    pid = ledger.get("pid")
+    pids = {launch_pid for _, launch_pid, _, _ in scan.launches}
+    if pid is not None and pids and pid not in pids:
+        problems.append(f"the ledger was written by process {pid}, the trace's graphs were "
+                        f"launched by process {', '.join(map(str, sorted(pids, key=str)))}")
+    graphs = ledger.get("graphs") or {}
+    unknown = sorted(scan.replayed_graphs() - set(graphs))
+    if graphs and unknown:  # (a ledger of toolsId maps alone names no graph)
+        problems.append(f"the trace replays {', '.join(unknown)}, which the ledger does not "
+                        "list")
+    counts: dict[str, set[int]] = defaultdict(set)
+    for ts, launch_pid, tid, correlation in scan.launches:
+        graph = _enclosing(scan.markers.get((launch_pid, tid), []), ts)
+        if graph in graphs:
+            counts[graph].add(len(scan.kernels.get(correlation, ())))
+    for graph, seen in sorted(counts.items()):
+        if len(graphs[graph]) not in seen:
+            problems.append(f"{graph} launches {'/'.join(map(str, sorted(seen)))} NCCL kernels "
+                            f"per replay, the ledger lists {len(graphs[graph])} collectives")
+    if problems:
+        problems.append(f"({ledger_path}; --force uses it anyway)")
+    return problems
 
 
 class Patches:
@@ -142,42 +252,16 @@ _STREAM = re.compile(r'"stream": -?\d+')
 _TS = re.compile(r'"ts": ([-0-9.e+]+)')
 
 
-def annotate(trace: Trace, ledger: dict[str, Any], lanes: bool = False
-             ) -> tuple[Report, Patches]:
+def annotate(trace: Trace, ledger: dict[str, Any], lanes: bool = False,
+             scan: Scan | None = None) -> tuple[Report, Patches]:
     """Annotate ``trace`` with ``ledger``; returns the report and the patches to write.
     ``lanes``: move annotated kernels (and their flow ends) to their group's lane."""
+    scan = scan if scan is not None else Scan.of(trace)
     report = Report(str(trace.path))
     graphs: dict[str, list[dict]] = ledger.get("graphs") or {}
     tools_id = {int(k): v for k, v in (ledger.get("tools_id") or {}).items()}
-    rank = ledger.get("rank")
-    trace_rank = trace.metadata().get("distributedInfo", {}).get("rank")
-    if rank is not None and trace_rank is not None and rank != trace_rank:
-        raise TraceError(f"{trace.path}: the ledger is rank {rank}'s, the trace rank "
-                         f"{trace_rank}'s: they do not belong together")
-
-    launches: list[tuple[float, Any, Any, int]] = []  # (ts, pid, tid, correlation)
-    markers: dict[tuple[Any, Any], list[tuple[float, float, str]]] = defaultdict(list)
-    kernels: dict[int, list[int]] = defaultdict(list)  # correlation -> NCCL kernel indices
-    flows: dict[tuple[Any, Any], list[int]] = defaultdict(list)  # (tid, ts) -> ac2g "f" events
-    named_tids: set[tuple[Any, Any]] = set()
-    by_node: list[int] = []
-    for i in trace.scan(_wanted):
-        event = trace.event(i)
-        cat, name = event.cat, event.name
-        if cat == "kernel" and kernel_family(name):
-            if event.node:
-                by_node.append(i)
-            kernels[event.correlation].append(i)
-        elif cat == "cuda_runtime" and name.startswith(("cudaGraphLaunch", "cuGraphLaunch")):
-            report.graph_launches += 1
-            launches.append((event.ts, event.pid, event.tid, event.correlation))
-        elif cat == "user_annotation" and name.startswith(REPLAY_PREFIX):
-            markers[(event.pid, event.tid)].append(
-                (event.ts, event.ts + event.dur, name[len(REPLAY_PREFIX):]))
-        elif cat == "ac2g" and event.ph == "f":
-            flows[(event.tid, event.ts)].append(i)
-        elif event.ph == "M" and name == "thread_name":
-            named_tids.add((event.pid, event.tid))
+    report.graph_launches = len(scan.launches)
+    report.graphed_nccl_kernels = scan.graphed_kernels()
 
     patches = Patches()
     named_lanes: dict[Any, tuple[Any, str]] = {}  # lane -> (pid, its row name)
@@ -191,13 +275,13 @@ def annotate(trace: Trace, ledger: dict[str, Any], lanes: bool = False
             if streamed:
                 patches.maybe_flows[index + 1] = (lane, event.ts)
             else:
-                for flow in flows.get((event.tid, event.ts), ()):
+                for flow in scan.flows.get((event.tid, event.ts), ()):
                     patches.flows[flow] = lane
             if lane not in named_lanes:
                 named_lanes[lane] = (event.pid, _lane_name(annotation))
         report.kernels_annotated += 1
 
-    for index in by_node:  # torch's toolsId path
+    for index in scan.by_node:  # torch's toolsId path
         entry = tools_id.get(int(trace.event(index).node))
         if entry:
             merged: dict[str, Any] = {}
@@ -207,24 +291,39 @@ def annotate(trace: Trace, ledger: dict[str, Any], lanes: bool = False
             apply(index, merged)
             report.by_tools_id += 1
 
-    for marker_list in markers.values():
-        marker_list.sort()
     ledgers: dict[str, _Ledger] = {}
-    for ts, pid, tid, correlation in sorted(launches, key=lambda launch: launch[0]):
-        graph = _enclosing(markers.get((pid, tid), []), ts)
+    unmarked = unknown = 0
+    for ts, pid, tid, correlation in sorted(scan.launches, key=lambda launch: launch[0]):
+        graph = _enclosing(scan.markers.get((pid, tid), []), ts)
         entries = graphs.get(graph) if graph is not None else None
         if entries is None:
+            if scan.kernels.get(correlation):
+                unmarked += graph is None
+                unknown += graph is not None
             continue
         if graph not in ledgers:
             ledgers[graph] = _Ledger(entries)
         report.launches_of_known_graphs += 1
-        ordered = sorted(kernels.get(correlation, []), key=lambda i: trace.event(i).ts)
+        ordered = sorted(scan.kernels.get(correlation, []), key=lambda i: trace.event(i).ts)
         todo = [i for i in ordered if i not in patches.kernels]
         report.kernels_expected += len(ordered)
         _match(trace, graph, correlation, todo, ledgers[graph], apply, report)
+    graphed = {i for _, _, _, c in scan.launches for i in scan.kernels.get(c, ())}
+    report.kernels_left = len(graphed - set(patches.kernels))
+    if unmarked:
+        report.notes.append(
+            f"{unmarked} graph launches with NCCL kernels ran outside any autoannot replay "
+            "range: replayed with the agent off, or traced by a profiler the agent did not see "
+            "start; their kernels are left as they are")
+    if unknown:
+        report.notes.append(f"{unknown} graph launches replay graphs the ledger does not list")
+    if graphs and not report.launches_of_known_graphs and not report.by_tools_id:
+        report.notes.append(
+            f"none of the ledger's {len(graphs)} graphs replays in this trace (was the profiler "
+            "running while they replayed?)")
 
     for lane, (pid, name) in sorted(named_lanes.items(), key=lambda item: item[0]):
-        if (pid, lane) not in named_tids:
+        if (pid, lane) not in scan.named_tids:
             trace.added.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": lane,
                                 "args": {"name": name}})
             trace.added.append({"name": "thread_sort_index", "ph": "M", "pid": pid,
@@ -357,46 +456,67 @@ def _match(trace: Trace, graph: str, correlation: Any, kernels: list[int], ledge
 
 # --- files -----------------------------------------------------------------------------------
 
-def default_output(trace_path: Path) -> Path:
-    name = trace_path.name
-    for ending in (".json.gz", ".json"):
-        if name.endswith(ending):
-            return trace_path.with_name(name[: -len(ending)] + ".annotated" + ending)
-    return trace_path.with_name(name + ".annotated.json")
+class NothingToAnnotate(TraceError):
+    """A readable trace with no graphed collective (eager, CPU, or no replays): says what it
+    holds and what to run instead."""
 
 
 def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[str],
-                  ledger_path: str | os.PathLike[str] | None = None, lanes: bool = False
-                  ) -> Report:
+                  ledger_path: str | os.PathLike[str] | None = None, lanes: bool = False,
+                  force: bool = False) -> Report:
     """Annotate one trace file with its ledger (found next to it unless given); write ``output``
     (``.json``, ``.json.gz`` or ``.pftrace``). ``lanes``: move annotated kernels to their
-    process group's lane (see ``annotate``)."""
+    process group's lane (see ``annotate``). A ledger that does not belong to the trace (see
+    ``check_ledger``) raises TraceError unless ``force``; a trace with nothing to annotate
+    raises ``NothingToAnnotate``."""
     trace_path, output = Path(trace_path), Path(output)
     if not trace_path.is_file():
         raise TraceError(f"{trace_path}: no such file")
-    ledger_file = Path(ledger_path) if ledger_path else ledgers.find(trace_path)
-    if ledger_file is None or not ledger_file.exists():
-        name = ledger_file.name if ledger_file else Path(ledgers.ledger_path(trace_path)).name
-        raise TraceError(f"{trace_path}: no ledger {name} next to it (was the agent on when "
-                         "the trace was exported? pass --ledger)")
-    ledger = ledgers.load(ledger_file)
     trace = Trace(trace_path)
-    report, patches = annotate(trace, ledger, lanes=lanes)
+    scan = Scan.of(trace)
+    if ledger_path is not None:
+        ledger_file: Path | None = Path(ledger_path)
+        ledger = ledgers.load(ledger_file)
+    else:
+        ledger_file = ledgers.find(trace_path)
+        reason = scan.nothing_to_annotate(trace_path)
+        if reason is not None:
+            raise NothingToAnnotate(reason)
+        if ledger_file is None:
+            raise TraceError(
+                f"{trace_path}: {scan.graphed_kernels()} graphed NCCL kernels, but no ledger "
+                f"{Path(ledgers.ledger_path(trace_path)).name} next to it: export the trace "
+                "with the agent on (AUTOANNOT=1), or give the ledger with --ledger FILE")
+        ledger = ledgers.load(ledger_file)
+    problems = check_ledger(scan, ledger, trace, ledger_file)
+    if problems and not force:
+        raise TraceError(f"{trace_path}: the ledger does not belong to this trace: "
+                         + "; ".join(problems))
+    report, patches = annotate(trace, ledger, lanes=lanes, scan=scan)
+    if problems:
+        report.notes.append("used a ledger that does not belong (--force): " + problems[0])
     if output.suffix == ".pftrace":
         from autoannot.traces import perfetto
 
         perfetto.write(trace.all_events(patches), output, trace.metadata())
     else:
-        trace.write(output, patches)
+        marker = {"from": trace_path.name,
+                  "ledger": ledger_file.name if ledger_file is not None else None,
+                  "annotated": report.kernels_annotated}
+        trace.write(output, patches, marker)
     return report
 
 
-def annotate_job(job: tuple[Path, Path, Path | None, bool]) -> dict[str, Any]:
-    """``annotate_file`` for a worker process: ``{"report": ...}`` or ``{"error": message}``
-    (a trace or ledger that cannot be used, an output that cannot be written)."""
-    trace, output, ledger, lanes = job
+def annotate_job(job: tuple[Path, Path, Path | None, bool, bool]) -> dict[str, Any]:
+    """``annotate_file`` for a worker process: ``{"report": ...}``, ``{"nothing": message}``
+    or ``{"error": message}`` (a trace or ledger that cannot be used, an output that cannot
+    be written)."""
+    trace, output, ledger, lanes, force = job
     try:
-        return {"report": annotate_file(trace, output, ledger, lanes=lanes).as_dict()}
+        return {"report": annotate_file(trace, output, ledger, lanes=lanes,
+                                        force=force).as_dict()}
+    except NothingToAnnotate as exc:
+        return {"nothing": str(exc)}
     except TraceError as exc:
         return {"error": str(exc)}
     except OSError as exc:

@@ -3,12 +3,13 @@ atomic writes (a temporary file renamed into place: never a half-written output)
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import re
+import secrets
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,25 +22,82 @@ class TraceError(Exception):
     """A trace or ledger that cannot be used; the message names the file and the problem."""
 
 
+def _temporary(folder: str) -> tuple[int, str]:
+    """A new file beside the output, opened for writing with the mode ``open()`` would give
+    (0666 less the umask, applied by the kernel: the process's umask is never changed)."""
+    while True:
+        name = os.path.join(folder, f".autoannot-{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
+
+
+def _named(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """The error of writing a temporary file, naming the output instead."""
+    return OSError(exc.errno, exc.strerror, os.fspath(path))
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+    """Write to a temporary file in the same folder, then rename: never a half-written file.
+    An error names ``path``, not the temporary file."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".autoannot-", dir=folder)
+    try:
+        fd, tmp = _temporary(folder)
+    except OSError as exc:
+        raise _named(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # what open() would have given, not mkstemp's 0600
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise _named(exc, path) from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+#: The top-level key of every trace autoannot writes: what it was annotated from. Tools read it
+#: to never take an output for an input (``annotate``) or for a second trace of a rank.
+MARKER = "autoannotAnnotated"
+
+
+def _head_text(path: Path, size: int = 1 << 16) -> str:
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+            return f.read(size)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read(size)
+
+
+def annotated_from(path: Path) -> dict[str, Any] | None:
+    """The marker of a trace autoannot wrote (``{"from": ..., "ledger": ...}``), else None."""
+    try:
+        head = _head_text(path)
+    except (OSError, EOFError):
+        return None
+    at = head.find(f'"{MARKER}": ')
+    if at < 0:
+        return None
+    try:
+        value, _ = json.JSONDecoder().raw_decode(head, at + len(MARKER) + 4)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def is_annotated_output(path: Path) -> bool:
+    return annotated_from(path) is not None
 
 
 _EVENTS_KEY = '"traceEvents": ['
@@ -180,18 +238,21 @@ class Trace:
         return [patches.apply_to_event(i, e) if i in patches else e
                 for i, e in enumerate(events)] + self.added
 
-    def write(self, output: Path, patches: Patches) -> None:
-        """Write the patched trace and the added events, atomically; streaming when the trace
-        has Kineto's layout (unchanged events are copied as text)."""
+    def write(self, output: Path, patches: Patches, marker: dict[str, Any]) -> None:
+        """Write the patched trace and the added events, atomically, with ``marker`` as the
+        first top-level key (``MARKER``); streaming when the trace has Kineto's layout
+        (unchanged events are copied as text)."""
         if self.document is not None:
             events = self.document["traceEvents"]
             for index in list(patches.kernels) + list(patches.flows):
                 patches.apply_to_event(index, events[index])
             events.extend(self.added)
-            write_text(output, json.dumps(self.document))
+            document = {MARKER: marker,
+                        **{k: v for k, v in self.document.items() if k != MARKER}}
+            write_text(output, json.dumps(document))
             return
         with _AtomicOutput(output) as out:
-            out.write(self.head)
+            out.write(_with_marker(self.head, marker))
             index = 0
             for block in self._blocks():
                 if index:
@@ -204,6 +265,19 @@ class Trace:
                 out.write(_SEPARATOR)
                 out.write(dump_event(event))
             out.write(self.tail)
+
+
+def _with_marker(head: str, marker: dict[str, Any]) -> str:
+    """Kineto's text before the first event, with the marker as the first key (replacing an
+    earlier one: a trace annotated in-job, then again)."""
+    text = f'\n  "{MARKER}": {json.dumps(marker)},'
+    at = head.find(f'"{MARKER}": ')
+    if at >= 0:
+        end = head.find("\n", at)
+        start = head.rfind("\n", 0, at)
+        head = head[:start] + head[end:]
+    opening = head.index("{") + 1
+    return head[:opening] + text + head[opening:]
 
 
 _BLOCK = 1 << 20
@@ -236,6 +310,7 @@ class Event(NamedTuple):
     correlation: Any
     node: Any  # "graph node id"
     label: Any  # args "name" (thread names)
+    collective: bool  # carries "Collective name" (an eager NCCL kernel, or annotated)
 
     @staticmethod
     def parse(chunk: str) -> Event:
@@ -249,7 +324,8 @@ class Event(NamedTuple):
             tid = int(tid) if tid.isdigit() else _number(tid)
             return Event(cat, "X", sys.intern(name), pid, tid, float(ts),
                          float(dur), int(correlation.group(1)) if correlation else None,
-                         int(node.group(1)) if node else None, None)
+                         int(node.group(1)) if node else None, None,
+                         '"Collective name"' in chunk)
         return Event.of(json.loads("{" + chunk + "}"))
 
     @staticmethod
@@ -258,7 +334,8 @@ class Event(NamedTuple):
         return Event(event.get("cat"), event.get("ph"), sys.intern(str(event.get("name", ""))),
                      event.get("pid"), event.get("tid"), float(event.get("ts", 0)),
                      float(event.get("dur", 0)), args.get("correlation"),
-                     args.get("graph node id"), args.get("name"))
+                     args.get("graph node id"), args.get("name"),
+                     "Collective name" in args)
 _CLOSING = "\n  }\n  ]"
 
 
@@ -269,16 +346,15 @@ class _AtomicOutput:
         self.path = path
 
     def __enter__(self) -> Any:
-        import tempfile
-
-        fd, self.tmp = tempfile.mkstemp(prefix=".autoannot-", dir=self.path.parent)
-        raw = os.fdopen(fd, "wb")
+        try:
+            fd, self.tmp = _temporary(str(self.path.parent))
+        except OSError as exc:
+            raise _named(exc, self.path) from None
+        self.raw = os.fdopen(fd, "wb")
         if self.path.name.endswith(".gz"):
-            self.stream = gzip.open(raw, "wt", encoding="utf-8", compresslevel=3)
-            self.raw = raw
+            self.stream = gzip.open(self.raw, "wt", encoding="utf-8", compresslevel=3)
         else:
             self.stream = open(fd, "w", encoding="utf-8", closefd=False)
-            self.raw = raw
         return self.stream
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -286,13 +362,13 @@ class _AtomicOutput:
             self.stream.close()
             self.raw.close()
             if exc_type is None:
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(self.tmp, 0o666 & ~umask)
                 os.replace(self.tmp, self.path)
+        except OSError as error:
+            raise _named(error, self.path) from None
         finally:
-            if os.path.exists(self.tmp):
-                os.unlink(self.tmp)
+            _remove(self.tmp)
+        if isinstance(exc, OSError) and exc.filename == self.tmp:
+            raise _named(exc, self.path) from None
 
 
 def dump_event(event: dict[str, Any]) -> str:

@@ -26,8 +26,8 @@ class Progress:
     """``[done/total] what`` on stderr: rewritten in place on a terminal, a line per step
     elsewhere (logs), and only for work that is long enough to watch (more than one file)."""
 
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label, self.done = total, label, 0
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
         self.live = sys.stderr.isatty()
         self.started = time.monotonic()
 
@@ -35,7 +35,7 @@ class Progress:
         self.done += 1
         if self.total < 2:
             return
-        line = f"[{self.done}/{self.total}] {self.label} {what}"
+        line = f"[{self.done}/{self.total}] {what}"
         if self.live:
             end = "\n" if self.done == self.total else ""
             print(f"\r\033[K{line}", end=end, file=sys.stderr, flush=True)
@@ -44,22 +44,23 @@ class Progress:
 
 
 def map_files(function: Callable[[T], R], items: Sequence[T], jobs: int | None = None,
-              label: str = "", name: Callable[[T], object] = str, show: bool = True
-              ) -> Iterator[R]:
+              label: str = "", name: Callable[[T], object] = str, show: bool = True,
+              outcome: Callable[[R], str] | None = None) -> Iterator[R]:
     """``function(item)`` for each item, on up to ``jobs`` processes (default: the cores),
     yielded in the order of ``items``. One process (or one item): no pool at all.
-    ``function`` must be picklable (a module-level function)."""
+    ``function`` must be picklable (a module-level function). The progress line says
+    ``label`` of each item, or ``outcome(result)`` where given (``"failed"``, ...)."""
     jobs = min(jobs or default_jobs(), len(items))
-    progress = Progress(len(items) if show else 0, label)
+    progress = Progress(len(items) if show else 0)
     if jobs <= 1:
         for item in items:
             result = function(item)
-            progress.step(name(item))
+            progress.step(f"{outcome(result) if outcome else label} {name(item)}")
             yield result
         return
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(function, item) for item in items]
         for item, future in zip(items, futures, strict=True):
             result: Any = future.result()
-            progress.step(name(item))
+            progress.step(f"{outcome(result) if outcome else label} {name(item)}")
             yield result

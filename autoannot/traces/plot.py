@@ -21,14 +21,25 @@ _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#D
 COMPUTE = "compute"
 
 
-def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, str]]]]:
+class NothingToDraw(files.TraceError):
+    """Readable traces without a GPU kernel (CPU traces): says what they hold instead."""
+
+
+def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, str]]], int]:
+    """A trace's rank, its kernels by lane, and its gloo collectives (CPU traces)."""
     trace = files.Trace(path)
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
     events = (trace.document["traceEvents"] if trace.document is not None
-              else (json.loads("{" + c + "}") for c in trace._chunks() if '"kernel"' in c))
+              else (json.loads("{" + c + "}") for c in trace._chunks()
+                    if '"kernel"' in c or '"gloo:' in c))
     lanes: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    gloo = 0
     for event in events:
-        if not isinstance(event, dict) or event.get("cat") != "kernel":
+        if not isinstance(event, dict):
+            continue
+        if event.get("cat") == "user_annotation" and str(event.get("name")).startswith("gloo:"):
+            gloo += 1
+        if event.get("cat") != "kernel":
             continue
         args = event.get("args", {})
         start, dur = float(event["ts"]), float(event.get("dur", 0))
@@ -46,7 +57,7 @@ def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, s
             lanes[group].append((start, dur, f"{name} {size}"))
         else:
             lanes[COMPUTE].append((start, dur, ""))
-    return rank, lanes
+    return rank, lanes, gloo
 
 
 def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str, Any]:
@@ -56,14 +67,17 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = []
+    ranks, gloo = [], 0
     for n, path in enumerate(paths):
-        rank, lanes = _lanes(path)
+        rank, lanes, collectives = _lanes(path)
         ranks.append((rank if isinstance(rank, int) else n, lanes))
+        gloo += collectives
     ranks.sort(key=lambda item: item[0])
     starts = [s for _, lanes in ranks for lane in lanes.values() for s, _, _ in lane]
     if not starts:
-        raise files.TraceError(f"{paths[0]}: no kernels to draw")
+        held = (f"CPU traces with {gloo} gloo collectives (gloo runs no GPU kernels): "
+                "autoannot summary lists them" if gloo else "no collectives either")
+        raise NothingToDraw(f"no GPU kernel to draw in {', '.join(map(str, paths))}: {held}")
     origin = min(starts)
     end = max(s + d for _, lanes in ranks for lane in lanes.values() for s, d, _ in lane)
     span = max(end - origin, 1e-3)

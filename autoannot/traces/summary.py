@@ -90,17 +90,26 @@ class Row:
         }
 
 
-def _kernels(path: Path, progress: bool) -> Iterable[dict[str, Any]]:
-    """The NCCL kernels with collective args, streamed."""
-    trace = files.Trace(path)
+@dataclass
+class TraceContents:
+    """What one trace holds, as far as the summary is concerned."""
+
+    path: Path
+    rank: int | None  # distributedInfo's rank; None where the trace names none
+    marker: dict[str, Any] | None  # autoannot's marker: annotated from which trace
+    durations: dict[Key, list[float]]  # the NCCL kernels with collective args, by key
+    unannotated: int  # NCCL kernels without collective args (graphed, not annotated yet)
+    gloo: dict[str, list[float]]  # gloo's profiler ranges ("gloo:all_reduce"): their times
+
+
+def _events(trace: files.Trace, progress: bool) -> Iterable[dict[str, Any]]:
+    """The events the summary reads (collective kernels, NCCL kernels, gloo ranges),
+    streamed."""
     if trace.document is not None:
-        events: Iterable[Any] = trace.document["traceEvents"]
-    else:
-        events = (json.loads("{" + c + "}") for c in _chunks_with_progress(trace, progress))
-    for event in events:
-        if isinstance(event, dict) and event.get("cat") == "kernel" and (
-                V.COLLECTIVE_NAME in event.get("args", {})):
-            yield event
+        yield from (e for e in trace.document["traceEvents"] if isinstance(e, dict))
+        return
+    for chunk in _chunks_with_progress(trace, progress):
+        yield json.loads("{" + chunk + "}")
 
 
 def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
@@ -111,7 +120,7 @@ def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
             _bar(trace.path.name, min(done / total, 1.0))
             shown = True
         for chunk in block:
-            if '"Collective name"' in chunk:
+            if "nccl" in chunk or '"gloo:' in chunk:
                 yield chunk
     if shown:
         _bar(trace.path.name, 1.0)
@@ -124,42 +133,97 @@ def _bar(name: str, fraction: float) -> None:
           end="", file=sys.stderr, flush=True)
 
 
-def _rank_of(path: Path, fallback: int) -> int:
+def read_trace(job: tuple[Path, bool]) -> TraceContents:
+    """One trace's collective kernel times by key, its rank and the rest the summary reports
+    (``job``: the path, whether to draw a progress bar)."""
+    from autoannot.traces.annotate import kernel_family
+
+    path, bar = job
     trace = files.Trace(path)
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
-    return rank if isinstance(rank, int) else fallback
-
-
-def file_durations(job: tuple[Path, int, bool]) -> tuple[int, dict[Key, list[float]]]:
-    """One trace's collective kernel times by key, and its rank (``job``: the path, its place
-    in the list as the rank where the trace names none, whether to draw a progress bar)."""
-    path, position, bar = job
-    per_key: dict[Key, list[float]] = defaultdict(list)
-    for kernel in _kernels(path, bar):
-        args = kernel["args"]
-        name = args[V.COLLECTIVE_NAME]
+    contents = TraceContents(path, rank if isinstance(rank, int) else None,
+                             files.annotated_from(path), defaultdict(list), 0, defaultdict(list))
+    for event in _events(trace, bar):
+        cat, name = event.get("cat"), str(event.get("name", ""))
+        if cat == "user_annotation" and name.startswith("gloo:"):
+            contents.gloo[name[len("gloo:"):]].append(float(event.get("dur", 0)))
+            continue
+        if cat != "kernel" or not kernel_family(name):
+            continue
+        args = event.get("args") or {}
+        if V.COLLECTIVE_NAME not in args:
+            contents.unannotated += 1
+            continue
+        collective = args[V.COLLECTIVE_NAME]
         nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
         dtype = str(args.get(V.DTYPE, "?"))
         group = f"{args.get(V.PG_DESC, '?')} ({args.get(V.PG_NAME, '?')})"
-        key = Key(group, name, dtype, nelems * DTYPE_BYTES.get(dtype, 0),
+        key = Key(group, collective, dtype, nelems * DTYPE_BYTES.get(dtype, 0),
                   int(args.get(V.GROUP_SIZE, 1)))
-        per_key[key].append(float(kernel.get("dur", 0)))
-    return _rank_of(path, position), dict(per_key)
+        contents.durations[key].append(float(event.get("dur", 0)))
+    contents.durations = dict(contents.durations)
+    contents.gloo = dict(contents.gloo)
+    return contents
 
 
-def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None
-              ) -> list[dict[str, Any]]:
+@dataclass
+class Summary:
+    rows: list[dict[str, Any]]  # one per (group, collective, dtype, size): NCCL kernels
+    cpu_rows: list[dict[str, Any]]  # one per gloo collective: counts and time, no sizes
+    notes: list[str]  # what the user should know about the inputs
+
+
+def assign_ranks(contents: list[TraceContents]) -> list[int]:
+    """Each trace's rank: the one it names, else (where none names one) its place in the list.
+    Two traces of one rank raise TraceError: adding them up would double every count."""
+    named = [c.rank for c in contents]
+    if all(r is None for r in named):
+        ranks = list(range(len(contents)))
+    elif any(r is None for r in named):
+        nameless = next(c.path for c in contents if c.rank is None)
+        raise files.TraceError(f"{nameless}: names no rank (no distributedInfo) while other "
+                               "traces do: give one trace per rank of one job")
+    else:
+        ranks = [r for r in named if r is not None]
+    first: dict[int, TraceContents] = {}
+    for rank, c in zip(ranks, contents, strict=True):
+        if rank in first:
+            other = first[rank]
+            hint = ""
+            for a, b in ((c, other), (other, c)):
+                if a.marker is not None and a.marker.get("from") == b.path.name:
+                    hint = f": {a.path} is autoannot's annotated copy of {b.path}; give one"
+            raise files.TraceError(
+                f"{other.path} and {c.path} are both rank {rank}'s trace{hint or ''}"
+                f"{'' if hint else ': give one trace per rank (adding them up would double '}"
+                f"{'' if hint else 'every count)'}")
+        first[rank] = c
+    return ranks
+
+
+def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None) -> Summary:
     """One row per (group, collective, dtype, size), over all ranks' traces (read on ``jobs``
     processes, default: the cores; the rows do not depend on it)."""
     from autoannot.traces import parallel
 
-    durations: dict[Key, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     bar = progress and len(paths) == 1  # one file: its own bar; several: a line per file
-    jobs_list = [(path, n, bar) for n, path in enumerate(paths)]
-    for rank, per_key in parallel.map_files(file_durations, jobs_list, jobs, "read",
-                                            name=lambda job: job[0], show=progress):
-        for key, times in per_key.items():
+    contents = list(parallel.map_files(read_trace, [(p, bar) for p in paths], jobs, "read",
+                                       name=lambda job: job[0], show=progress))
+    ranks = assign_ranks(contents)
+    durations: dict[Key, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    gloo: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    notes = []
+    for rank, c in zip(ranks, contents, strict=True):
+        for key, times in c.durations.items():
             durations[key][rank].extend(times)
+        for name, times in c.gloo.items():
+            gloo[name][rank].extend(times)
+        if c.unannotated:
+            notes.append(f"{c.path}: {c.unannotated} NCCL kernels carry no collective args "
+                         "(graphed, not annotated): left out; run autoannot annotate "
+                         f"{c.path}, then summarize what it writes")
+    if all(c.rank is None for c in contents) and len(contents) > 1:
+        notes.append("the traces name no rank: ranks taken in the order given")
     rows = []
     for key, per_rank in durations.items():
         row = Row(key, {r: len(d) for r, d in per_rank.items()},
@@ -167,7 +231,21 @@ def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None
                   {r: statistics.median(d) for r, d in per_rank.items()})
         rows.append(row.as_dict())
     rows.sort(key=lambda r: (r["group"], -r["total_us_median"]))
-    return rows
+    cpu_rows = []
+    for name, per_rank in sorted(gloo.items()):
+        counts = [len(t) for t in per_rank.values()]
+        totals = [sum(t) for t in per_rank.values()]
+        cpu_rows.append({"backend": "gloo", "collective": name, "count_min": min(counts),
+                         "count_max": max(counts), "ranks": len(per_rank),
+                         "total_us_median": statistics.median(totals)})
+    if cpu_rows:
+        notes.append("gloo collectives: counts and time in gloo's profiler ranges (waiting "
+                     "included); a gloo trace holds no sizes or groups: record them with "
+                     "AUTOANNOT=1 AUTOANNOT_RECORD=FILE")
+    if not rows and not cpu_rows:
+        notes.append("no collectives in these traces (no NCCL kernel with collective args, no "
+                     "gloo collective)")
+    return Summary(rows, cpu_rows, notes)
 
 
 def _size(n: float) -> str:
@@ -195,10 +273,19 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_cpu_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'backend':8} {'collective':32} {'count':>7} {'ranks':>5} {'total us':>10}"]
+    for r in rows:
+        count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
+                 else f"{r['count_min']}-{r['count_max']}")
+        lines.append(f"{r['backend']:8} {r['collective'][:32]:32} {count:>7} {r['ranks']:>5} "
+                     f"{r['total_us_median']:10.1f}")
+    return "\n".join(lines)
+
+
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     import csv
     import io
-
 
     buffer = io.StringIO()
     if rows:

@@ -1,0 +1,129 @@
+"""Which files a trace command reads and writes.
+
+Inputs: trace files, or folders (what ``tensorboard_trace_handler`` writes), whose traces are
+taken (``*.json``, ``*.json.gz``; not ledgers, not autoannot's own outputs). Outputs: one per
+input, never an input and never two the same; several inputs and an output folder keep their
+layout relative to the inputs' common folder (``n0/trace.json n1/trace.json -o out/`` writes
+``out/n0/trace.json`` and ``out/n1/trace.json``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from autoannot.traces.files import TraceError, is_annotated_output
+
+TRACE_ENDINGS = (".json", ".json.gz")
+LEDGER_ENDINGS = (".autoannot", ".autoannot.json")
+#: Output formats by file ending (``--format`` takes the same words, without the dot).
+FORMATS = {"json": ".json", "json.gz": ".json.gz", "pftrace": ".pftrace"}
+#: Where ``annotate`` writes by default: this folder next to each trace (no folder loader
+#: then takes an output for a rank's trace, and a glob of the traces never matches one).
+DEFAULT_FOLDER = "annotated"
+
+
+def is_trace_name(path: Path) -> bool:
+    name = path.name
+    return name.endswith(TRACE_ENDINGS) and not name.endswith(LEDGER_ENDINGS)
+
+
+def expand(arguments: list[str], skip_outputs: bool = True) -> list[Path]:
+    """The trace files the arguments name: files as given, folders as the traces in them
+    (sorted; ledgers left out, and autoannot's annotated outputs where ``skip_outputs``).
+    Raises TraceError for a path that does not exist, a folder with no trace, or a trace
+    given twice."""
+    found: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            inside = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p))
+            if skip_outputs:
+                inside = [p for p in inside if not is_annotated_output(p)]
+            if not inside:
+                raise TraceError(f"{path}: a folder with no trace in it (*.json, *.json.gz)")
+            found.extend(inside)
+        elif path.exists():
+            found.append(path)
+        else:
+            raise TraceError(f"{path}: no such file or folder")
+    seen: dict[str, Path] = {}
+    for path in found:
+        key = os.path.realpath(path)
+        if key in seen:
+            raise TraceError(f"{path}: given twice (also as {seen[key]})")
+        seen[key] = path
+    return found
+
+
+def _stem(name: str) -> str:
+    for ending in (".json.gz", ".json", ".pftrace"):
+        if name.endswith(ending):
+            return name[: -len(ending)]
+    return name
+
+
+def with_format(path: Path, ending: str | None) -> Path:
+    return path if ending is None else path.with_name(_stem(path.name) + ending)
+
+
+def format_of(path: Path) -> str | None:
+    """The output ending of a file name (``.json``, ``.json.gz``, ``.pftrace``), or None."""
+    for ending in (".json.gz", ".json", ".pftrace"):
+        if path.name.endswith(ending):
+            return ending
+    return None
+
+
+def plan_outputs(inputs: list[Path], output: str | None, fmt: str | None) -> list[Path]:
+    """One output per input (see the module's docstring). ``output``: ``-o``: a folder where it
+    is one, ends in ``/`` or has no extension (any number of inputs), else a file (one input,
+    named ``.json``, ``.json.gz`` or ``.pftrace``); ``fmt``: ``--format``.
+    Raises TraceError for a plan that would lose or overwrite data."""
+    ending = FORMATS[fmt] if fmt else None
+    if output is None:
+        outputs = [with_format(p.parent / DEFAULT_FOLDER / p.name, ending) for p in inputs]
+    else:
+        out = Path(output)
+        as_folder = out.is_dir() or output.endswith(("/", os.sep)) or not out.suffix
+        if not as_folder and len(inputs) > 1:
+            raise TraceError(f"-o {output}: names a file, and {len(inputs)} traces need one "
+                             f"output each: give a folder (-o {out.parent / _stem(out.name)}/)")
+        if as_folder:
+            base = Path(os.path.commonpath([os.path.abspath(p.parent) for p in inputs]))
+            outputs = [with_format(out / os.path.relpath(os.path.abspath(p), base), ending)
+                       for p in inputs]
+        else:
+            if ending is not None and format_of(out) not in (None, ending):
+                raise TraceError(f"-o {output} and --format {fmt} disagree: give one")
+            outputs = [out]
+    for out in outputs:
+        if format_of(out) is None:
+            raise TraceError(f"{out}: unknown output format (name it .json, .json.gz or "
+                             ".pftrace, or give --format)")
+    check_outputs(inputs, outputs)
+    return outputs
+
+
+def check_outputs(inputs: list[Path], outputs: list[Path]) -> None:
+    """Refuse outputs that are an input, or the output of another input."""
+    read = {os.path.realpath(p): p for p in inputs}
+    written: dict[str, Path] = {}
+    for out in outputs:
+        key = os.path.realpath(out)
+        if key in read:
+            raise TraceError(f"{out}: is an input of this command: refusing to write over it "
+                             "(choose another -o)")
+        if key in written:
+            raise TraceError(f"{out}: two inputs would both be written there "
+                             f"({written[key]} too): give -o a folder")
+        written[key] = out
+
+
+def make_parent(path: Path) -> None:
+    """Create an output's folder (and its parents) where missing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot create its folder {path.parent}: "
+                         f"{exc.strerror}") from None
