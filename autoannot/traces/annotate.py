@@ -129,9 +129,15 @@ class Scan:
     def replayed_graphs(self) -> set[str]:
         return {graph for markers in self.markers.values() for _, _, graph in markers}
 
-    def nothing_to_annotate(self, path: Path) -> str | None:
+    def nothing_to_annotate(self, trace: Trace) -> str | None:
         """Why a trace has nothing to annotate, and what to run instead; None if it has."""
-        if self.launches and self.graphed_kernels():
+        path = trace.path
+        graphed = [i for _, _, _, c in self.launches for i in self.kernels.get(c, ())]
+        if graphed and all(trace.event(i).collective for i in graphed):
+            return (f"{path}: its {len(graphed)} graphed NCCL kernels carry collective args "
+                    "already (annotated in the job, AUTOANNOT_ANNOTATE_ON_EXPORT=1): nothing "
+                    "to annotate")
+        if graphed:
             return None
         if self.by_node:
             return None
@@ -479,7 +485,7 @@ def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[
         ledger = ledgers.load(ledger_file)
     else:
         ledger_file = ledgers.find(trace_path)
-        reason = scan.nothing_to_annotate(trace_path)
+        reason = scan.nothing_to_annotate(trace)
         if reason is not None:
             raise NothingToAnnotate(reason)
         if ledger_file is None:

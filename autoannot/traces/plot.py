@@ -67,11 +67,13 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks, gloo = [], 0
-    for n, path in enumerate(paths):
+    read, gloo = [], 0
+    for path in paths:
         rank, lanes, collectives = _lanes(path)
-        ranks.append((rank if isinstance(rank, int) else n, lanes))
+        read.append((path, rank if isinstance(rank, int) else None, lanes))
         gloo += collectives
+    numbers = summary.assign_ranks([(path, rank) for path, rank, _ in read])
+    ranks = [(number, lanes) for number, (_, _, lanes) in zip(numbers, read, strict=True)]
     ranks.sort(key=lambda item: item[0])
     starts = [s for _, lanes in ranks for lane in lanes.values() for s, _, _ in lane]
     if not starts:

@@ -21,6 +21,7 @@ from typing import Any
 
 from autoannot import vocabulary as V
 from autoannot.traces import files
+from autoannot.traces.paths import DEFAULT_FOLDER
 
 #: Bytes per element of c10 ScalarType names.
 DTYPE_BYTES = {
@@ -96,7 +97,6 @@ class TraceContents:
 
     path: Path
     rank: int | None  # distributedInfo's rank; None where the trace names none
-    marker: dict[str, Any] | None  # autoannot's marker: annotated from which trace
     durations: dict[Key, list[float]]  # the NCCL kernels with collective args, by key
     unannotated: int  # NCCL kernels without collective args (graphed, not annotated yet)
     gloo: dict[str, list[float]]  # gloo's profiler ranges ("gloo:all_reduce"): their times
@@ -141,8 +141,8 @@ def read_trace(job: tuple[Path, bool]) -> TraceContents:
     path, bar = job
     trace = files.Trace(path)
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
-    contents = TraceContents(path, rank if isinstance(rank, int) else None,
-                             files.annotated_from(path), defaultdict(list), 0, defaultdict(list))
+    contents = TraceContents(path, rank if isinstance(rank, int) else None, defaultdict(list),
+                             0, defaultdict(list))
     for event in _events(trace, bar):
         cat, name = event.get("cat"), str(event.get("name", ""))
         if cat == "user_annotation" and name.startswith("gloo:"):
@@ -173,32 +173,30 @@ class Summary:
     notes: list[str]  # what the user should know about the inputs
 
 
-def assign_ranks(contents: list[TraceContents]) -> list[int]:
-    """Each trace's rank: the one it names, else (where none names one) its place in the list.
-    Two traces of one rank raise TraceError: adding them up would double every count."""
-    named = [c.rank for c in contents]
+def assign_ranks(traces: list[tuple[Path, int | None]]) -> list[int]:
+    """Each trace's rank (``traces``: path, the rank it names): the one it names, else (where
+    none names one) its place in the list. Two traces of one rank raise TraceError: adding
+    them up would double every count."""
+    named = [rank for _, rank in traces]
     if all(r is None for r in named):
-        ranks = list(range(len(contents)))
-    elif any(r is None for r in named):
-        nameless = next(c.path for c in contents if c.rank is None)
-        raise files.TraceError(f"{nameless}: names no rank (no distributedInfo) while other "
+        return list(range(len(traces)))
+    nameless = [path for path, rank in traces if rank is None]
+    if nameless:
+        raise files.TraceError(f"{nameless[0]}: names no rank (no distributedInfo) while other "
                                "traces do: give one trace per rank of one job")
-    else:
-        ranks = [r for r in named if r is not None]
-    first: dict[int, TraceContents] = {}
-    for rank, c in zip(ranks, contents, strict=True):
+    first: dict[int, Path] = {}
+    for path, rank in traces:
+        assert rank is not None
         if rank in first:
             other = first[rank]
-            hint = ""
-            for a, b in ((c, other), (other, c)):
-                if a.marker is not None and a.marker.get("from") == b.path.name:
-                    hint = f": {a.path} is autoannot's annotated copy of {b.path}; give one"
-            raise files.TraceError(
-                f"{other.path} and {c.path} are both rank {rank}'s trace{hint or ''}"
-                f"{'' if hint else ': give one trace per rank (adding them up would double '}"
-                f"{'' if hint else 'every count)'}")
-        first[rank] = c
-    return ranks
+            why = "give one trace per rank of one job"
+            for copy, source in ((path, other), (other, path)):
+                marker = files.annotated_from(copy)
+                if marker is not None and marker.get("from") == source.name:
+                    why = f"{copy} is autoannot's annotated copy of {source}: give one of them"
+            raise files.TraceError(f"{other} and {path} are both rank {rank}'s trace: {why}")
+        first[rank] = path
+    return [r for r in named if r is not None]
 
 
 def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None) -> Summary:
@@ -209,7 +207,7 @@ def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None)
     bar = progress and len(paths) == 1  # one file: its own bar; several: a line per file
     contents = list(parallel.map_files(read_trace, [(p, bar) for p in paths], jobs, "read",
                                        name=lambda job: job[0], show=progress))
-    ranks = assign_ranks(contents)
+    ranks = assign_ranks([(c.path, c.rank) for c in contents])
     durations: dict[Key, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     gloo: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     notes = []
@@ -219,9 +217,10 @@ def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None)
         for name, times in c.gloo.items():
             gloo[name][rank].extend(times)
         if c.unannotated:
+            annotated = c.path.parent / DEFAULT_FOLDER / c.path.name
             notes.append(f"{c.path}: {c.unannotated} NCCL kernels carry no collective args "
-                         "(graphed, not annotated): left out; run autoannot annotate "
-                         f"{c.path}, then summarize what it writes")
+                         f"(graphed, not annotated): left out; run autoannot annotate {c.path}, "
+                         f"then autoannot summary {annotated}")
     if all(c.rank is None for c in contents) and len(contents) > 1:
         notes.append("the traces name no rank: ranks taken in the order given")
     rows = []
