@@ -69,11 +69,6 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
-    @property
-    def complete(self) -> bool:
-        """Every graphed NCCL kernel annotated, and at least one."""
-        return self.kernels_annotated > 0 and not self.kernels_left and not self.mismatches
-
 
 def _wanted(chunk: str) -> bool:
     """Cheap first look at an event's text: might matching need it? (``annotate`` decides.)"""
