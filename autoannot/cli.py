@@ -82,10 +82,7 @@ def _annotate_plan(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
         if not Path(args.ledger).is_file():
             raise files.TraceError(f"{args.ledger}: no such ledger file")
     outputs = paths.plan_outputs(traces, args.output, args.format)
-    if args.ledger:
-        paths.check_outputs([*traces, Path(args.ledger)], outputs)
-    for out in outputs:
-        paths.make_parent(out)
+    _check_written([*traces, *([Path(args.ledger)] if args.ledger else [])], outputs)
     return traces, outputs
 
 
@@ -180,8 +177,8 @@ def _summary(args: argparse.Namespace) -> int:
         if result.cpu_rows:
             print(summary.format_cpu_table(result.cpu_rows))
     try:
+        rows = result.rows + result.cpu_rows
         for out in outputs:
-            rows = result.rows + result.cpu_rows
             if out.suffix == ".csv":
                 summary.write_csv(result.rows or result.cpu_rows, out)
             else:
