@@ -32,28 +32,97 @@ from typing import Any
 
 import wrapt
 
-from autoannot import features
+from autoannot import features, locks
 from autoannot.state import STATE
 from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
 
 _counter = itertools.count()
-_lock = _thread.allocate_lock()
+_lock = locks.renewed(sys.modules[__name__], "_lock")
 
 
 class Ledger:
     """What one captured graph launches, in capture order."""
 
-    __slots__ = ("capture_id", "entries", "holder", "name")
+    __slots__ = ("__weakref__", "capture_id", "entries", "holder", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.entries: list[dict[str, Any]] = []
         self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
-        self.holder: int | None = None  # the thread that includes the dispatcher key for it
+        self.holder: Any = None  # (thread, dispatcher layer) holding the layer for it
 
 
-#: Every graph captured with the agent on, by name (kept for the ledger files).
-LEDGERS: dict[str, Ledger] = {}
+class Ledgers:
+    """The ledgers of the graphs alive, by name, and of the last ``KEEP_RETIRED`` graphs
+    freed or captured again (a trace exported just after may still replay them): as many as
+    the process has graphs, however many it captures over its life."""
+
+    KEEP_RETIRED = 64
+
+    def __init__(self) -> None:
+        self.live: dict[str, Ledger] = {}
+        self.retired: dict[str, Ledger] = {}
+
+    def add(self, ledger: Ledger, graph: Any) -> None:
+        import weakref
+
+        with _lock:
+            self.live[ledger.name] = ledger
+        # A graph class without weak references: its ledger is retired at its next capture.
+        with contextlib.suppress(TypeError):
+            weakref.finalize(graph, self.retire, ledger.name)
+
+    def retire(self, name: str) -> None:
+        with _lock:
+            ledger = self.live.pop(name, None)
+            if ledger is None:
+                return
+            self.retired[name] = ledger
+            while len(self.retired) > self.KEEP_RETIRED:
+                del self.retired[next(iter(self.retired))]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        ledger = self.live.get(name) or self.retired.get(name)
+        return default if ledger is None else ledger
+
+    def all(self) -> dict[str, Ledger]:
+        """Every ledger kept, in capture order."""
+        with _lock:
+            merged = {**self.retired, **self.live}
+        return dict(sorted(merged.items(), key=lambda item: _graph_number(item[0])))
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self.retired)
+
+    def __iter__(self) -> Any:
+        return iter(self.all())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.live or name in self.retired
+
+    def __getitem__(self, name: str) -> Ledger:
+        ledger = self.get(name)
+        if ledger is None:
+            raise KeyError(name)
+        return ledger
+
+    def __setitem__(self, name: str, ledger: Ledger) -> None:
+        with _lock:
+            self.live[name] = ledger
+
+    def __delitem__(self, name: str) -> None:
+        with _lock:
+            if self.live.pop(name, None) is None:
+                del self.retired[name]
+
+
+def _graph_number(name: str) -> int:
+    tail = name.rpartition(".")[2]
+    return int(tail) if tail.isdigit() else -1
+
+
+#: The ledgers of the graphs captured with the agent on (for the ledger files).
+LEDGERS = Ledgers()
 
 
 class _Capturing(_thread._local):
@@ -244,14 +313,29 @@ def _ledger_of(graph: Any) -> Ledger | None:
     return LEDGERS.get(name) if name is not None else None
 
 
+def _said(step: str, exc: Exception) -> None:
+    from autoannot import diagnostics
+
+    diagnostics.warn_once(f"CUDAGraph.{step}", "the agent's part", exc)
+
+
 def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
-    name = f"{GRAPH_PREFIX}{next(_counter)}"
-    ledger = Ledger(name)
-    with _lock:
-        LEDGERS[name] = ledger
+    try:
+        _began(graph)
+    except Exception as exc:  # the capture goes on; its collectives may go unannotated
+        _said("capture_begin", exc)
+    return result
+
+
+def _began(graph: Any) -> None:
+    previous = getattr(graph, "_autoannot_graph", None)
+    if previous is not None:  # captured again (after reset()): its old ledger is retired
+        LEDGERS.retire(previous)
+    ledger = Ledger(f"{GRAPH_PREFIX}{next(_counter)}")
     with contextlib.suppress(AttributeError):  # a graph class without attributes: no ledger
-        graph._autoannot_graph = name
+        graph._autoannot_graph = ledger.name
+    LEDGERS.add(ledger, graph)
     _capturing.stack.append(ledger)
     try:
         IDENTITY.began(ledger)
@@ -259,49 +343,72 @@ def _capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
         from autoannot import diagnostics
 
         diagnostics.warn_once("CUDAGraph.capture_begin", "identifying the capture", exc)
-    dispatch = sys.modules.get("autoannot.dispatch")
-    if dispatch is not None:  # C++-origin launches on this thread (and autograd's) are seen
-        dispatch.include_thread()
-        ledger.holder = _thread.get_ident()
+    layer = _INSTRUMENTATION[0].dispatcher if _INSTRUMENTATION else None
+    if layer is not None:  # C++-origin launches on this thread (and autograd's) are seen
+        layer.hold()
+        ledger.holder = (_thread.get_ident(), layer)
     STATE.capture_started()
-    return result
 
 
 def _capture_end(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return wrapped(*args, **kwargs)
     finally:
-        stack = _capturing.stack
-        ledger = _ledger_of(graph)
-        if ledger is not None and ledger in stack:
-            stack.remove(ledger)
-        elif stack:
-            ledger = stack.pop()
+        try:
+            _ended(graph)
+        except Exception as exc:
+            _said("capture_end", exc)
+
+
+def _ended(graph: Any) -> None:
+    stack = _capturing.stack
+    ledger = _ledger_of(graph)
+    if ledger is not None and ledger in stack:
+        stack.remove(ledger)
+    elif stack:
+        ledger = stack.pop()
+    try:
         if ledger is not None:
             IDENTITY.ended(ledger)
-            if ledger.holder == _thread.get_ident():
-                ledger.holder = None
-                sys.modules["autoannot.dispatch"].release_thread()
+            holder, ledger.holder = ledger.holder, None
+            if holder is not None and holder[0] == _thread.get_ident():
+                holder[1].release()
+    finally:
         STATE.capture_ended()
 
 
 def _profiler_running() -> bool:
+    """Whether a profiler records on this thread or for the whole process: one started by a
+    Python profiler object, or on demand (Kineto's daemon, dynolog), which sets no Python
+    flag."""
     import torch
 
-    return bool(torch.autograd.profiler._is_profiler_enabled)
+    if torch.autograd.profiler._is_profiler_enabled:
+        return True
+    kind = getattr(torch._C._autograd, "_profiler_type", None)
+    return kind is not None and getattr(kind(), "name", "NONE") != "NONE"
 
 
 def _replay(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
-    dispatch = sys.modules.get("autoannot.dispatch")
-    if dispatch is not None and dispatch.REGISTRATION.lingering:  # captures are over
-        dispatch.REGISTRATION.remove_if_safe()
+    try:
+        marker = _replay_marker(graph)
+    except Exception as exc:  # the replay runs, unmarked
+        _said("replay", exc)
+        marker = None
+    if marker is None:
+        return wrapped(*args, **kwargs)
+    with marker:
+        return wrapped(*args, **kwargs)
+
+
+def _replay_marker(graph: Any) -> Any:
+    """``record_function("autoannot.replay:<graph>")`` while a profiler records; else None."""
     name = getattr(graph, "_autoannot_graph", None)
     if name is None or not STATE.live or not _profiler_running():
-        return wrapped(*args, **kwargs)
+        return None
     import torch
 
-    with torch.profiler.record_function(REPLAY_PREFIX + name):
-        return wrapped(*args, **kwargs)
+    return torch.profiler.record_function(REPLAY_PREFIX + name)
 
 
 def _graph_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -318,40 +425,35 @@ def _torch_annotations_usable() -> bool:
 
 
 _METHODS = {"capture_begin": _capture_begin, "capture_end": _capture_end, "replay": _replay}
-_proxies: dict[tuple[int, str], tuple[Any, Any]] = {}
+_INSTRUMENTATION: list[Any] = []  # the agent's Instrumentation, given at install
 
 
-def wrap_attribute(owner: Any, name: str, wrapper: Any) -> list[Any]:
+def wrap_attribute(owner: Any, name: str, wrapper: Any, instrumentation: Any) -> list[Any]:
+    """Put a proxy (the one cached for the original) over ``owner.name``."""
     from autoannot.patching import Patch
 
     original = owner.__dict__.get(name) if owner is not None else None
-    if original is None:
-        return []
-    key = (id(owner), name)
-    cached = _proxies.get(key)
-    if cached is not None and cached[1] is original:
-        return []  # already ours
-    if cached is not None and cached[0] is original:
-        proxy = cached[1]
-    else:
-        proxy = wrapt.FunctionWrapper(original, wrapper)
-        _proxies[key] = (original, proxy)
+    if original is None or instrumentation.proxies.is_proxy(original):
+        return []  # absent, or already ours
+    proxy = instrumentation.proxies.get(original) or instrumentation.proxies.put(
+        original, wrapt.FunctionWrapper(original, wrapper))
     setattr(owner, name, proxy)
     return [Patch(owner, name, original, proxy)]
 
 
-def install(graphs: ModuleType) -> list[Any]:
+def install(graphs: ModuleType, instrumentation: Any) -> list[Any]:
     """Wrap ``graphs.CUDAGraph``'s capture and replay methods and ``graphs.graph.__init__``."""
     from autoannot import annotation
 
+    _INSTRUMENTATION[:] = [instrumentation]
     patches: list[Any] = []
     graph_class = getattr(graphs, "CUDAGraph", None)
     for name, wrapper in _METHODS.items():
-        patches += wrap_attribute(graph_class, name, wrapper)
+        patches += wrap_attribute(graph_class, name, wrapper, instrumentation)
     context_class = getattr(graphs, "graph", None)
     init = getattr(context_class, "__init__", None)
     if init is not None and "enable_annotations" in _parameters(init):
-        patches += wrap_attribute(context_class, "__init__", _graph_init)
+        patches += wrap_attribute(context_class, "__init__", _graph_init, instrumentation)
     if on_annotation not in annotation.capture_listeners:
         annotation.capture_listeners.append(on_annotation)
     return patches

@@ -54,6 +54,12 @@ def _run(args: argparse.Namespace) -> int:
         return _bad_input("run", "give a command to run: autoannot run [--] CMD [ARGS...]")
     env = dict(os.environ, AUTOANNOT="1")
     if args.record:
+        from autoannot import journal
+
+        try:
+            journal.check_template(args.record)
+        except journal.JournalError as exc:
+            return _bad_input("run", str(exc).replace("AUTOANNOT_RECORD=", "--record "))
         env["AUTOANNOT_RECORD"] = args.record
     paths = [str(HOOK_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

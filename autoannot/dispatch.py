@@ -1,169 +1,173 @@
-"""Launches no Python proxy sees: Python kernels on torch's dispatcher, present only while the
-agent has something to annotate.
+"""Launches no Python proxy sees: Python kernels on torch's dispatcher, reached only on threads
+that hold the agent's dispatch key.
 
 Two op families of the table get kernels that run the proxies' launch wrapper around a
 redispatch to the keys below theirs, that is, to torch's own kernel:
 
-* ``torch.ops._c10d_functional`` (what compiled code, and funcol's autograd backward,
-  launches), on ``BackendSelect``: a key every call passes through, on any thread.
+* ``torch.ops._c10d_functional`` (what compiled code, and funcol's autograd backward, launch);
 * ``torch.ops.c10d`` (what every ``ProcessGroup`` call dispatches through: DDP's reducer,
-  autograd's engine threads, C++ extensions, ``pg.allreduce(...)``, and ``dist.*`` below the
-  proxies), on ``DeferredInit``: a key in no call's key set unless the calling thread includes
-  it (torchdistx's key; torch itself never includes it; the agent registers a fall-through
-  for every other op). The agent includes it on the thread that turns it on (the main
-  thread under ``AUTOANNOT=1``), for as long as it is on, and on a thread while it has a
-  recorder open or a capture in progress; torch carries a thread's included keys to the
-  threads that run work for it (autograd's engine threads during a backward started there:
-  DDP's reducer, backward collectives). The proxies exclude it around the call they annotate,
-  so a Python-API launch is annotated once and does not pay for a Python kernel below
-  (~20 us on a ``c10d::`` op: its ProcessGroup goes through the dispatcher as a ScriptObject).
-  Including it changes nothing Dynamo compiles or guards on as long as it stays included.
+  autograd's engine threads, C++ extensions, ``pg.allreduce(...)``, ``dist.*`` below the
+  proxies).
 
-A Python kernel costs microseconds per call just to be called, so the kernels are registered
-only while there is demand (a recorder open or a CUDA-graph capture in progress) and removed
-after: with nothing to annotate a collective pays nothing. Registering is safe while other
-threads dispatch through the op; removing is not (measured on 4 threads dispatching: 0 errors
-in 1,470 registrations, 2 internal asserts in 294 removals). So kernels are added whenever
-demand starts, and removed only where no other thread can be dispatching: when demand has
-ended, this is the only Python thread (foreign threads, such as autograd's, run only inside a
-backward) and it is not inside a backward. A recorder's end removes them at once where that
-holds; a capture's end leaves them for the next graph replay (captures come in bursts).
-Elsewhere they stay, as pass-throughs, until such a moment.
+Both are on ``DeferredInit``, a key in no call's key set unless the calling thread includes it
+(torchdistx's key; torch itself never includes it; the agent registers a fall-through for
+every other op). A thread includes it while it *holds* the layer: while it captures a CUDA
+graph, or has ``record(dispatcher=True)`` open. Torch carries a thread's included keys to the
+threads that run work for it (autograd's engine threads during a backward started there:
+DDP's reducer, backward collectives). Every other thread, and every thread when nothing is
+annotated, never reaches the kernels: they cost nothing, whatever threads the process has.
 
-Eager callers are annotated once: inside a wrapped call (``CALLS.depth``) a kernel only
-redispatches. Tracing is untouched: fake, functional and meta tensors go straight through, and
-compiled graphs hold torch's own ``OpOverload`` objects (no Python object is replaced). An op
-that already has a kernel for our key (someone else's) is left alone.
+Why the key, not registering and removing kernels as demand comes and goes: changing an op's
+kernel while another thread dispatches through it is a data race in torch's dispatcher
+(measured: 2 internal asserts in 294 removals, 4 threads dispatching). Here the kernels are
+registered once, at the first hold, when no thread includes the key (so none can be reading
+their table entries), and removed only by ``disable()`` when no thread holds it. Including a
+key on a thread is what torch.compile guards on (a compiled function called where the key is
+included is compiled again): so the key is included only inside captures and
+``record(dispatcher=True)`` blocks, never for a plain ``record()``, never for good.
+
+The proxies exclude the key around the call they annotate, so a Python-API launch is
+annotated once and does not pay for a Python kernel below (~20 us on a ``c10d::`` op: its
+ProcessGroup goes through the dispatcher as a ScriptObject). Tracing is untouched: fake,
+functional and meta tensors go straight through, and compiled graphs hold torch's own
+``OpOverload`` objects (no Python object is replaced). An op that already has a kernel for our
+key (someone else's) is left alone.
 """
 
 from __future__ import annotations
 
 import _thread
 import functools
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
-from autoannot import collectives, diagnostics, metadata, wrappers
+from autoannot import collectives, diagnostics, locks, metadata, wrappers
 from autoannot.state import CALLS, STATE
 
 
 @dataclass(frozen=True)
 class OpFamily:
-    """The ops of one torch.ops namespace, annotated by kernels on one dispatch key."""
+    """The ops of one torch.ops namespace, the table rows they come from."""
 
     namespace: str
     module: str  # the table's module for these rows
-    key: str  # the dispatch key the kernels go on
-    thread_scoped: bool  # the key is in a call's key set only where a thread includes it
 
 
 FAMILIES = (
-    OpFamily("_c10d_functional", collectives.OPS, "BackendSelect", thread_scoped=False),
-    OpFamily("c10d", collectives.PG_OPS, "DeferredInit", thread_scoped=True),
+    OpFamily("_c10d_functional", collectives.OPS),
+    OpFamily("c10d", collectives.PG_OPS),
 )
-SCOPED_KEY = "DeferredInit"
+KEY = "DeferredInit"
 
 
-class KernelRegistration:
-    """Our kernels on torch's dispatcher, registered while there is demand."""
+class _Holds(_thread._local):
+    def __init__(self) -> None:
+        self.count = 0  # this thread's holds (captures, dispatcher recorders) in progress
+        self.before = False  # the key was included before the first of them
 
-    __slots__ = ("libraries", "lingering", "ops", "registrations", "scoped", "skipped")
+
+class DispatcherLayer:
+    """The agent's kernels on torch's dispatcher and the threads that reach them.
+
+    ``hold()`` / ``release()`` on a thread: launches made on it (and on the threads torch runs
+    its work on) reach the kernels in between. Created by ``enable()`` when torch loads (with
+    ``AUTOANNOT_OPS`` on and a torch that can take such kernels); owned by the agent's
+    ``Instrumentation``; captures and recorders get it from there."""
 
     def __init__(self) -> None:
+        self._lock = locks.renewed(self, "_lock", reentrant=True)
         self.libraries: list[Any] = []
-        self.ops: list[str] = []  # "namespace::op"
+        self.ops: list[str] = []  # "namespace::op" of the kernels registered
         self.skipped: dict[str, str] = {}  # namespace -> why its ops are not annotated
-        self.lingering = False  # registered, no demand, waiting for a safe moment to go
-        self.scoped = False  # the thread-scoped family's kernels are registered
-        self.registrations = 0  # how many times the kernels were put on (for doctor, tests)
+        self.registrations = 0  # times the kernels were put on (for doctor and tests)
+        self.holders = 0  # threads holding the layer now
+        self.retired = False  # disable(): take the kernels off once no thread holds them
+        self._holds = _Holds()
+        #: ``(set_excluded, key)`` once kernels are registered: the proxies exclude the key
+        #: around the call they annotate.
+        self.exclusion: tuple[Callable[[Any, bool], None], Any] | None = None
 
     def __repr__(self) -> str:
-        return f"KernelRegistration({', '.join(self.ops) or 'none'})"
+        return f"DispatcherLayer({', '.join(self.ops) or 'no kernels'}, holders={self.holders})"
 
     @property
     def registered(self) -> bool:
         return bool(self.libraries)
 
-    def register(self) -> None:
-        """Put the kernels on (no-op if they are on)."""
-        with _lock:
-            self.lingering = False
-            if self.libraries:
+    def hold(self) -> None:
+        """Launches on this thread reach the kernels until the matching ``release()``."""
+        import torch
+
+        holds = self._holds
+        with self._lock:
+            if holds.count == 0:
+                key = _key()
+                if key is None:
+                    return
+                if not self.libraries:
+                    self._register()  # no thread includes the key: none reads these entries
+                holds.before = torch._C._dispatch_tls_is_dispatch_key_included(key)
+                self.holders += 1
+                self.retired = False
+            holds.count += 1
+        torch._C._dispatch_tls_set_dispatch_key_included(_key(), True)
+
+    def release(self) -> None:
+        """Undo one ``hold()`` of this thread (nothing if it holds none)."""
+        holds = self._holds
+        with self._lock:
+            if holds.count == 0:
                 return
-            self.registrations += 1
-            for family in FAMILIES:
-                try:
-                    why = _unavailable(family)
-                    if why:
-                        self.skipped[family.namespace] = why
-                        continue
-                    library, ops = _register_kernels(family)
-                    self.libraries.append(library)
-                    self.ops += ops
-                    self.scoped = self.scoped or (family.thread_scoped and bool(ops))
-                except Exception as exc:  # the collectives still run, unannotated
-                    self.skipped[family.namespace] = f"{type(exc).__name__}: {exc}"
-                    diagnostics.warn_once(family.namespace, "registering dispatcher kernels", exc)
-            wrappers.EXCLUSION = exclusion()
+            holds.count -= 1
+            if holds.count:
+                return
+            self.holders -= 1
+            if not holds.before:
+                import torch
 
-    def remove_if_safe(self) -> bool:
-        """Take the kernels off if there is no demand and no other thread can be dispatching
-        through them; else leave them (lingering) for a later moment. True if they are off."""
-        with _lock:
-            if not self.libraries:
-                self.lingering = False
-                return True
-            if STATE.demand or not _no_other_dispatcher():
-                self.lingering = not STATE.demand
-                return False
-            wrappers.EXCLUSION = None
-            for library in reversed(self.libraries):
+                torch._C._dispatch_tls_set_dispatch_key_included(_key(), False)
+            if self.retired and not self.holders:
+                self._remove()
+
+    def held_here(self) -> bool:
+        return self._holds.count > 0
+
+    def retire(self) -> None:
+        """(``disable()``) Take the kernels off now if no thread holds the layer, else when
+        the last one releases it. The key's fall-through stays (see ``_key``)."""
+        with self._lock:
+            self.retired = True
+            if not self.holders:
+                self._remove()
+
+    def _register(self) -> None:
+        self.registrations += 1
+        for family in FAMILIES:
+            try:
+                why = _unavailable(family)
+                if why:
+                    self.skipped[family.namespace] = why
+                    continue
+                library, ops = _register_kernels(family)
+                self.libraries.append(library)
+                self.ops += ops
+            except Exception as exc:  # the collectives still run, unannotated
+                self.skipped[family.namespace] = f"{type(exc).__name__}: {exc}"
+                diagnostics.warn_once(family.namespace, "registering dispatcher kernels", exc)
+        if self.ops:
+            import torch
+
+            self.exclusion = (torch._C._dispatch_tls_set_dispatch_key_excluded, _key())
+
+    def _remove(self) -> None:
+        self.exclusion = None
+        libraries, self.libraries, self.ops = self.libraries, [], []
+        for library in reversed(libraries):
+            try:
                 library._destroy()
-            self.libraries, self.ops, self.lingering, self.scoped = [], [], False, False
-            return True
-
-    def undo(self) -> bool:
-        """(``disable()``) Remove them where that is safe; else they stay as pass-throughs.
-        This thread stops carrying the thread-scoped key."""
-        self.remove_if_safe()
-        release_thread(enabling=True)
-        return True
-
-
-_lock = threading.RLock()
-REGISTRATION = KernelRegistration()
-
-
-def _no_other_dispatcher() -> bool:
-    """No other thread can be calling into the ops: this is the only Python thread (threads
-    torch started that ran Python, such as autograd's, are 'dummy' threads and run only
-    inside a backward) and this thread is not inside a backward."""
-    import torch
-
-    me = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not me and not isinstance(thread, threading._DummyThread):
-            return False
-    graph_task = getattr(torch._C, "_current_graph_task_id", None)
-    return graph_task is None or graph_task() == -1
-
-
-def on_demand(demand: bool, cause: str) -> None:
-    """``STATE``'s demand changed: kernels on when it starts; off when it ends, where safe
-    (after a capture: at the next replay, see ``capture._replay``)."""
-    try:
-        if demand:
-            REGISTRATION.register()
-        elif cause == "capture":
-            with _lock:
-                REGISTRATION.lingering = REGISTRATION.registered
-        else:
-            REGISTRATION.remove_if_safe()
-    except Exception as exc:  # never from a recorder's or a capture's edge into user code
-        diagnostics.warn_once("dispatcher kernels", "switching on or off", exc)
+            except Exception as exc:
+                diagnostics.warn_once("dispatcher kernels", "removing", exc)
 
 
 @functools.cache
@@ -177,14 +181,14 @@ def _unavailable(family: OpFamily) -> str:
         return "torch.library has no with_keyset kernels"
     if not hasattr(torch._C, "_dispatch_keyset_full_after"):
         return "torch has no _dispatch_keyset_full_after"
-    if family.thread_scoped:
+    if family.module == collectives.PG_OPS:
         import importlib
 
         c10d = importlib.import_module("torch.distributed.distributed_c10d")
         if not hasattr(c10d.ProcessGroup, "unbox"):
             return "ProcessGroup has no unbox()"
-        if _scoped_key() is None:
-            return f"the {family.key} dispatch key is taken (another library's fallback)"
+    if _key() is None:
+        return f"the {KEY} dispatch key is taken (another library's fallback)"
     return ""
 
 
@@ -196,12 +200,10 @@ def available() -> bool:
         return False
 
 
-# --- the thread-scoped key ------------------------------------------------------------------
-
 @functools.cache
-def _scoped_key() -> Any:
-    """The thread-scoped DispatchKey, with our fall-through for every op; None where another
-    library owns the key (torchdistx registers a real fallback on it).
+def _key() -> Any:
+    """The DispatchKey, with our fall-through for every op; None where another library owns
+    the key (torchdistx registers a real fallback on it).
 
     The fall-through lives as long as the process, on purpose: a thread that carries the key
     without it could run no op at all ("Could not run 'aten::ones' with arguments from the
@@ -212,81 +214,17 @@ def _scoped_key() -> Any:
 
     import torch
 
-    key = torch._C._dispatch_key_parse(SCOPED_KEY)
+    key = torch._C._dispatch_key_parse(KEY)
     if torch._C._dispatch_has_backend_fallback(key):
         return None
     line = sys._getframe().f_lineno
     library = torch._C._dispatch_library("IMPL", "_", "", __file__, line)
-    library.fallback(SCOPED_KEY, torch.library.fallthrough_kernel, False)
+    library.fallback(KEY, torch.library.fallthrough_kernel, False)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(library))  # never freed (see above)
     return key
 
 
-class _Included(_thread._local):
-    def __init__(self) -> None:
-        self.enabling = False  # the agent was turned on on this thread (and is on)
-        self.holds = 0  # recorders and captures in progress on this thread
-        self.before = False  # the key was included before we touched it
-
-
-_included = _Included()
-
-
-def include_thread(enabling: bool = False) -> None:
-    """Make C++-origin launches on this thread (and on the threads torch runs its work on)
-    reach our kernels: include the thread-scoped key here. ``enabling``: for as long as the
-    agent stays on; else for one recorder or capture (undone by ``release_thread``)."""
-    key = _scoped_key_if_ready()
-    if key is None:
-        return
-    import torch
-
-    mine = _included
-    if not mine.enabling and not mine.holds:
-        mine.before = torch._C._dispatch_tls_is_dispatch_key_included(key)
-    if enabling:
-        mine.enabling = True
-    else:
-        mine.holds += 1
-    torch._C._dispatch_tls_set_dispatch_key_included(key, True)
-
-
-def release_thread(enabling: bool = False) -> None:
-    """Undo ``include_thread`` (of a recorder or capture; ``enabling``: of turning on)."""
-    mine = _included
-    if enabling:
-        if not mine.enabling:
-            return
-        mine.enabling = False
-    else:
-        if not mine.holds:
-            return
-        mine.holds -= 1
-    key = _scoped_key_if_ready()
-    if key is not None and not mine.enabling and not mine.holds and not mine.before:
-        import torch
-
-        torch._C._dispatch_tls_set_dispatch_key_included(key, False)
-
-
-def _scoped_key_if_ready() -> Any:
-    try:
-        return _scoped_key() if not _unavailable(FAMILIES[1]) else None
-    except Exception:
-        return None
-
-
-def exclusion() -> tuple[Callable[[Any, bool], None], Any] | None:
-    """(set_excluded, key) while the thread-scoped kernels are registered: the proxies exclude
-    the key around the call they annotate (the launch must not reach a kernel below)."""
-    if not REGISTRATION.scoped:
-        return None
-    import torch
-
-    return torch._C._dispatch_tls_set_dispatch_key_excluded, _scoped_key()
-
-
-def _real_tensor_check() -> Callable[[Any], bool]:
+def _real_tensor_check() -> Callable[[tuple], bool]:
     import torch
 
     plain = (torch.Tensor, torch.nn.Parameter)
@@ -311,6 +249,7 @@ def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any
     is_real = _real_tensor_check()
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # see wrappers.py
         if STATE.demand and not CALLS.depth and is_real(args):
             return wrapper(functools.partial(redispatch, keyset & below), None, args, kwargs)
         return redispatch(keyset & below, *args, **kwargs)
@@ -319,28 +258,13 @@ def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any
     return kernel
 
 
-def install(module: ModuleType) -> list[KernelRegistration]:
-    """Listen for demand (the kernels go on when it starts: now, if it has); this thread
-    carries the thread-scoped key while the agent is on."""
-    from autoannot import config
-
-    if not config.from_environment().ops or not available():
-        return []
-    STATE.add_demand_listener(on_demand)
-    include_thread(enabling=True)
-    if STATE.demand:
-        REGISTRATION.register()
-    return [REGISTRATION]
-
-
 @functools.cache
 def _kernels(family: OpFamily) -> tuple[tuple[str, str, Callable[..., Any]], ...]:
-    """(op name, qualified name, kernel) for each op of the table this torch has; built once
-    (each registration reuses them: a capture pays for the registration alone)."""
+    """(op name, qualified name, kernel) for each op of the table this torch has."""
     import torch
 
     ops = getattr(torch.ops, family.namespace)
-    below = torch._C._dispatch_keyset_full_after(torch._C._dispatch_key_parse(family.key))
+    below = torch._C._dispatch_keyset_full_after(torch._C._dispatch_key_parse(KEY))
     kernels = []
     for row in collectives.COLLECTIVES:
         if row.module != family.module:
@@ -361,8 +285,18 @@ def _register_kernels(family: OpFamily) -> tuple[Any, list[str]]:
     registered = []
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     for api, name, kernel in _kernels(family):
-        if has_kernel(name, family.key):
+        if has_kernel(name, KEY):
             continue  # someone else's kernel: leave it
-        library.impl(api, kernel, family.key, with_keyset=True)
+        library.impl(api, kernel, KEY, with_keyset=True)
         registered.append(name)
     return library, registered
+
+
+def create() -> DispatcherLayer | None:
+    """The layer, where ``AUTOANNOT_OPS`` is on and this torch can take it; else None. Nothing
+    is put on the dispatcher until a thread first holds it."""
+    from autoannot import config
+
+    if not config.from_environment().ops or not available():
+        return None
+    return DispatcherLayer()

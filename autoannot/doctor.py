@@ -131,7 +131,8 @@ def _dispatcher_layer(config: Any, dispatch: Any) -> tuple[str, str]:
     for family, what in zip(dispatch.FAMILIES, ("_c10d_functional", "c10d::"), strict=True):
         why = dispatch._unavailable(family)
         lines.append(f"not annotated: {why}" if why else
-                     f"annotated (a {family.key} kernel per {what} op, while annotating)")
+                     f"annotated (a {dispatch.KEY} kernel per {what} op, reached only inside "
+                     f"captures and record(dispatcher=True))")
     return lines[0], lines[1]
 
 

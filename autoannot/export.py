@@ -19,7 +19,7 @@ def ledger_document() -> dict[str, Any] | None:
     """This process's ledgers and torch's toolsId annotations; None when there are none."""
     from autoannot import capture, features
 
-    graphs = {name: ledger.entries for name, ledger in capture.LEDGERS.items()}
+    graphs = {name: ledger.entries for name, ledger in capture.LEDGERS.all().items()}
     api = features.graph_annotations()
     tools_id = {str(k): v for k, v in api.recorded().items()} if api is not None else {}
     if not graphs and not tools_id:
@@ -60,10 +60,10 @@ def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any
     return result
 
 
-def install(module: ModuleType) -> list[Any]:
+def install(module: ModuleType, instrumentation: Any) -> list[Any]:
     """Wrap ``_KinetoProfile.export_chrome_trace`` (what ``profile.export_chrome_trace`` and
     ``tensorboard_trace_handler`` call)."""
     from autoannot import capture
 
     owner = getattr(module, "_KinetoProfile", None)
-    return capture.wrap_attribute(owner, "export_chrome_trace", _after_export)
+    return capture.wrap_attribute(owner, "export_chrome_trace", _after_export, instrumentation)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from autoannot import locks
 from autoannot import vocabulary as V
 
 
@@ -53,7 +53,7 @@ def _global_rank_keys(start: int | None, stride: int) -> dict[str, int]:
     return keys
 
 
-_lock = threading.Lock()
+_lock = locks.renewed(sys.modules[__name__], "_lock")
 # id(pg) -> (weak reference to pg, facts). Weak: holding a group would keep its backend alive
 # after destroy_process_group(), its threads running into interpreter exit (where gloo's can
 # abort the process); the entry goes when the group does.

@@ -6,8 +6,9 @@ AUTOANNOT is set, where every millisecond counts.
 
 from __future__ import annotations
 
-import _thread
 import sys
+
+from autoannot import locks
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     Hook = Callable[[ModuleType], None]
 
 _hooks: dict[str, list[Hook]] = {}
-_lock = _thread.RLock()
+_lock = locks.renewed(sys.modules[__name__], "_lock", reentrant=True)
 
 
 def when_imported(name: str, hook: Hook) -> None:

@@ -7,10 +7,9 @@ Importing this module does not import torch: when torch.distributed is not impor
 
 from __future__ import annotations
 
-import _thread
 import sys
 
-from autoannot import importhook
+from autoannot import importhook, locks
 from autoannot.state import STATE
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
@@ -18,13 +17,14 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-_lock = _thread.RLock()
+_lock = locks.renewed(sys.modules[__name__], "_lock", reentrant=True)
 
-#: Modules whose import triggers instrumentation, and the modules that instrument each.
+#: Modules whose import triggers instrumentation, and the modules that instrument each
+#: (``install(module, instrumentation)`` -> the patches it made).
 HOOKED_MODULES = {
-    # The _c10d_functional ops, which compiled code calls: once torch has finished importing
-    # (torch.distributed may be imported halfway through it, before torch.library).
-    "torch": ("autoannot.dispatch",),
+    # The dispatcher layer (compiled code's ops, C++-origin launches): once torch has
+    # finished importing (torch.distributed may be imported halfway through it).
+    "torch": ("autoannot.patching",),
     "torch.distributed.distributed_c10d": ("autoannot.patching",),  # the collectives
     "torch.distributed._functional_collectives": ("autoannot.patching",),
     "torch.cuda.graphs": ("autoannot.capture",),  # captures, replays, ledgers
@@ -59,15 +59,55 @@ class Patch:
         return False
 
 
-_patches: list[Patch] = []
-# id(original) -> (original, proxy): proxies are reused across enable/disable cycles.
-_proxies: dict[int, tuple[Any, Any]] = {}
+class ProxyCache:
+    """The one proxy made for each original object (functions, methods), reused across
+    enable/disable cycles: ``disable()`` restores the original, ``enable()`` the same proxy."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, proxy)
+
+    def get(self, original: Any) -> Any:
+        """The proxy made for ``original``, or None."""
+        entry = self._entries.get(id(original))
+        return entry[1] if entry is not None and entry[0] is original else None
+
+    def put(self, original: Any, proxy: Any) -> Any:
+        self._entries[id(original)] = (original, proxy)
+        return proxy
+
+    def is_proxy(self, obj: Any) -> bool:
+        """Whether ``obj`` is one of the proxies made here."""
+        wrapped = getattr(obj, "__wrapped__", None)
+        return wrapped is not None and self.get(wrapped) is obj
+
+    def originals_by_proxy_id(self) -> dict[int, Any]:
+        return {id(proxy): original for original, proxy in self._entries.values()}
+
+
+class Instrumentation:
+    """What the agent puts in a process, owned in one place (as an OpenTelemetry instrumentor
+    owns its instrument/uninstrument): the patches in place, the proxies, and the dispatcher
+    layer (created when torch loads; captures and recorders take it from here)."""
+
+    def __init__(self) -> None:
+        self.patches: list[Patch] = []
+        self.proxies = ProxyCache()
+        self.dispatcher: Any = None  # dispatch.DispatcherLayer, once torch is loaded
+
+    def exclusion(self) -> Any:
+        layer = self.dispatcher
+        return layer.exclusion if layer is not None else None
+
+
+INSTRUMENTATION = Instrumentation()
+_patches = INSTRUMENTATION.patches
+PROXIES = INSTRUMENTATION.proxies
 
 
 def proxies_of(original: Any) -> list[Any]:
     """The proxies we made for an original function (none or one)."""
-    entry = _proxies.get(id(original))
-    return [entry[1]] if entry is not None and entry[0] is original else []
+    proxy = PROXIES.get(original)
+    return [] if proxy is None else [proxy]
 
 
 def is_enabled() -> bool:
@@ -81,6 +121,7 @@ def enable() -> None:
         if STATE.live:
             return
         STATE.set_live(True)
+        _guarded(_install_partial_reducer, "installing", "functools.partial pickling")
         for module_name in HOOKED_MODULES:
             importhook.when_imported(module_name, _on_import)
 
@@ -93,9 +134,31 @@ def disable() -> None:
             return
         STATE.set_live(False)
         for patch in reversed(_patches):
-            patch.undo()
+            _guarded(patch.undo, "restoring", patch)
         _patches.clear()
-        _unbind_proxies_everywhere()
+        _guarded(_unbind_proxies_everywhere, "restoring module bindings", "disable")
+        if INSTRUMENTATION.dispatcher is not None:
+            _guarded(INSTRUMENTATION.dispatcher.retire, "removing", "dispatcher kernels")
+        if "autoannot.proxies" in sys.modules:
+            _guarded(sys.modules["autoannot.proxies"].remove_partial_reducer, "removing",
+                     "functools.partial pickling")
+
+
+def _install_partial_reducer() -> None:
+    """Partials made before ``enable()`` over a collective pickle while the agent is on (see
+    proxies.py); imported with the first proxy, not at start-up (it needs wrapt)."""
+    importhook.when_imported("autoannot.proxies",
+                             lambda module: module.install_partial_reducer(PROXIES.get))
+
+
+def _guarded(step: Any, what: str, subject: Any) -> None:
+    """Run one step of ``disable()``; a failure is said once and the other steps still run."""
+    try:
+        step()
+    except Exception as exc:
+        from autoannot import diagnostics
+
+        diagnostics.warn_once(str(subject), what, exc)
 
 
 def _unbind_proxies_everywhere() -> None:
@@ -103,7 +166,7 @@ def _unbind_proxies_everywhere() -> None:
     a user's ``from torch.distributed import all_reduce``) get the original back too."""
     from autoannot import collectives
 
-    originals = {id(proxy): original for original, proxy in _proxies.values()}
+    originals = PROXIES.originals_by_proxy_id()
     names = {row.api for row in collectives.COLLECTIVES if row.module not in collectives.OP_MODULES}
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
@@ -121,16 +184,33 @@ def _on_import(module: ModuleType) -> None:
             return
         for installer in HOOKED_MODULES[module.__name__]:
             try:
-                if installer == __name__:
-                    _install_module(module)
-                else:
+                if installer != __name__:
                     import importlib
 
-                    _patches.extend(importlib.import_module(installer).install(module))
+                    _patches.extend(
+                        importlib.import_module(installer).install(module, INSTRUMENTATION))
+                elif module.__name__ == "torch":
+                    _create_dispatcher_layer()
+                else:
+                    _install_module(module)
             except Exception as exc:  # never break the import of torch
                 from autoannot import diagnostics
 
                 diagnostics.warn_once(module.__name__, f"instrumenting ({installer})", exc)
+
+
+def _create_dispatcher_layer() -> None:
+    """When torch loads. An ``AUTOANNOT_RECORD`` file open by then takes every launch of the
+    thread importing torch (the main thread) and of the threads it runs its work on (DDP's
+    reducer, backward collectives): that thread holds the layer for good."""
+    if INSTRUMENTATION.dispatcher is not None:
+        INSTRUMENTATION.dispatcher.retired = False  # on again: its kernels stay
+        return
+    from autoannot import dispatch
+
+    layer = INSTRUMENTATION.dispatcher = dispatch.create()
+    if layer is not None and STATE.journals:
+        layer.hold()
 
 
 def _install_module(module: ModuleType) -> None:
@@ -153,29 +233,24 @@ def _install_module(module: ModuleType) -> None:
 
 
 def _is_our_proxy(obj: Any) -> bool:
-    entry = _proxies.get(id(getattr(obj, "__wrapped__", None)))
-    return entry is not None and entry[1] is obj
+    return PROXIES.is_proxy(obj)
 
 
 def _proxy_for(original: Any, row: Any, plan: Any) -> Any:
     import functools
 
-    import wrapt
-
-    from autoannot import wrappers
+    from autoannot import proxies, wrappers
     from autoannot.collectives import Role
 
-    entry = _proxies.get(id(original))
-    if entry is not None and entry[0] is original:
-        return entry[1]
+    proxy = PROXIES.get(original)
+    if proxy is not None:
+        return proxy
     wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, plan)
     # The fast path: wrapt's C code asks ``enabled`` (a C-level callable, no Python frame) and,
     # while nothing wants annotations, calls the original itself. The wrapper never runs, so
     # no frame of ours sits between the caller and torch (warnings keep their stack levels).
     enabled = None if row.role is Role.BATCH else functools.partial(getattr, STATE, "demand")
-    proxy = wrapt.FunctionWrapper(original, wrapper, enabled=enabled)
-    _proxies[id(original)] = (original, proxy)
-    return proxy
+    return PROXIES.put(original, proxies.CollectiveProxy(original, wrapper, enabled=enabled))
 
 
 def _wraps(obj: Any, original: Any) -> bool:
@@ -224,11 +299,7 @@ def _install_p2p_op(c10d: ModuleType) -> list[Patch]:
             kwargs = {**kwargs, "op": kwargs["op"].__wrapped__}
         return wrapped(*args, **kwargs)
 
-    entry = _proxies.get(id(init))
-    proxy = entry[1] if entry is not None and entry[0] is init else wrapt.FunctionWrapper(
-        init, unwrap_op
-    )
-    _proxies[id(init)] = (init, proxy)
+    proxy = PROXIES.get(init) or PROXIES.put(init, wrapt.FunctionWrapper(init, unwrap_op))
     p2p_op.__init__ = proxy
     return [Patch(p2p_op, "__init__", init, proxy)]
 

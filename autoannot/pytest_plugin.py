@@ -36,11 +36,13 @@ def _restore(was_enabled: bool) -> None:
 
 @pytest.fixture
 def autoannot_records() -> Iterator[Recording]:
-    """Enable the agent for this test and yield the records of the collectives it launches."""
+    """Enable the agent for this test and yield the records of the collectives it launches,
+    from the Python API and below it (``record(dispatcher=True)``: DDP's reducer, compiled
+    code, ``pg.*`` on the test's thread)."""
     was_enabled = patching.is_enabled()
     patching.enable()
     try:
-        with record() as records:
+        with record(dispatcher=True) as records:
             yield records
     finally:
         _restore(was_enabled)

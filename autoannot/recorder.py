@@ -6,7 +6,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
 from autoannot import vocabulary as V
@@ -42,113 +41,72 @@ class Recording(list):  # list[Record], live: grows while the block runs
 
 
 @contextlib.contextmanager
-def record() -> Iterator[Recording]:
-    """Record every collective launched while the block runs: through the Python API, from any
-    thread; from C++ (DDP's reducer, autograd's engine, ``pg.allreduce``), on this thread, the
-    thread that turned the agent on, and the threads torch runs their work on.
+def record(dispatcher: bool = False) -> Iterator[Recording]:
+    """Record every collective launched through torch's Python API while the block runs, from
+    any thread (``dist.*``, funcol, DTensor and FSDP2 through them).
+
+    ``dispatcher=True``: also the launches that reach torch's dispatcher without a Python
+    proxy — DDP's reducer, autograd's engine, ``pg.allreduce(...)``, compiled code — made on
+    this thread and on the threads torch runs its work on. That includes a dispatch key on
+    this thread, which ``torch.compile`` guards on: a function compiled outside such a block
+    is compiled again when called inside one. (A plain ``record()`` changes nothing torch
+    sees.) With ``AUTOANNOT_OPS=0`` it records what a plain one does.
 
     Works with or without CUDA; requires ``autoannot.enable()`` (or ``AUTOANNOT=1``) to see calls:
     opened with the agent off, it says so once (and records what launches once it is on).
     """
     if not STATE.live:
-        _say_agent_off()
+        _say_once("record:off", "autoannot.record() was opened with the agent off: it records "
+                  "nothing until autoannot.enable() (or AUTOANNOT=1)", stacklevel=4)
     recording = Recording()
-    dispatch = sys.modules.get("autoannot.dispatch")  # loaded with torch while the agent is on
-    if dispatch is not None:
-        dispatch.include_thread()
+    layer = _dispatcher_layer() if dispatcher else None
+    if layer is not None:
+        layer.hold()
     STATE.open_recorder(recording)
     try:
         yield recording
     finally:
         STATE.close_recorder(recording)
-        if dispatch is not None:
-            dispatch.release_thread()
+        if layer is not None:
+            layer.release()
 
 
-def _say_agent_off() -> None:
+def _dispatcher_layer() -> Any:
+    from autoannot.patching import INSTRUMENTATION
+
+    layer = INSTRUMENTATION.dispatcher
+    if layer is None and STATE.live:
+        _say_once("record:dispatcher", "autoannot.record(dispatcher=True): no dispatcher "
+                  "layer here (AUTOANNOT_OPS=0, torch not loaded yet, or a torch that cannot "
+                  "take its kernels: autoannot doctor says which); recording Python-API "
+                  "launches only", stacklevel=5)
+    return layer
+
+
+def _say_once(key: str, message: str, stacklevel: int = 4) -> None:
+    """Say once, as a warning pointing ``stacklevel`` frames up from this function's caller."""
     from autoannot import diagnostics
 
-    diagnostics.say_once(
-        "record:off", "autoannot.record() was opened with the agent off: it records nothing "
-        "until autoannot.enable() (or AUTOANNOT=1)", stacklevel=5)
-
-
-class FileSink:
-    """Appends each Record as one JSON line to a file (``AUTOANNOT_RECORD``).
-
-    ``{rank}`` and ``{pid}`` in the path are filled in at the first record: the rank from
-    torch.distributed when initialized, else the ``RANK`` variable torchrun sets. Lines are
-    buffered and written out at least every ``FLUSH_EVERY_S`` seconds and at exit (a process
-    killed, or leaving through ``os._exit``, loses at most that much); a launch seen before
-    reuses the JSON of its annotation.
-    """
-
-    FLUSH_EVERY_S = 0.5
-
-    def __init__(self, template: str) -> None:
-        self.template = template
-        self._file: Any = None
-        self._flushed = 0.0
-        #: (id(annotation), id(cpu_only)) -> (annotation, cpu_only, their JSON): the records
-        #: of one distinct launch share those dicts (never mutated).
-        self._texts: dict[tuple[int, int], tuple[Any, Any, str]] = {}
-
-    def _open(self) -> Any:
-        import atexit
-
-        rank = os.environ.get("RANK", "0")
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank = str(dist.get_rank())
-        path = self.template.format(rank=rank, pid=os.getpid())
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        atexit.register(self.close)
-        return open(path, "a", encoding="utf-8")
-
-    def append(self, entry: Record) -> None:
-        file = self._file
-        if file is None:
-            file = self._file = self._open()
-        annotation, cpu_only = entry.annotation, entry.cpu_only
-        key = (id(annotation), id(cpu_only))
-        known = self._texts.get(key)
-        if known is None or known[0] is not annotation or known[1] is not cpu_only:
-            if len(self._texts) >= 4096:
-                self._texts.clear()
-            text = (f'"annotation": {_dumps(annotation)}, '
-                    f'"param_comms": {_dumps(entry.param_comms)}}}\n')
-            known = self._texts[key] = (annotation, cpu_only, text)
-        file.write(f'{{"api": {_quote(entry.api)}, "call_site": {_quote(entry.call_site)}, '
-                   + known[2])
-        now = _monotonic()
-        if now - self._flushed >= self.FLUSH_EVERY_S:
-            file.flush()
-            self._flushed = now
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
-
-
-def _quote(text: str) -> str:
-    """``json.dumps`` of a string, without its Python-level overhead."""
-    import json.encoder
-
-    global _quote
-    _quote = json.encoder.encode_basestring_ascii  # type: ignore[assignment]
-    return _quote(text)
+    diagnostics.say_once(key, message, stacklevel=stacklevel + 1)
 
 
 def publish(entry: Record) -> None:
+    """Give a launch that returned to the open recorders."""
     for recording in STATE.recorders:
         recording.append(entry)
+
+
+def enter(entry: Record) -> None:
+    """Write a launch about to run to the open journals (``AUTOANNOT_RECORD``). A journal that
+    fails is closed, said once; the launch, and the in-memory recorders, go on."""
+    for journal in STATE.journals:
+        try:
+            journal.enter(entry)
+        except Exception as exc:
+            STATE.close_journal(journal)
+            _say_once(f"journal:{id(journal)}", f"autoannot: AUTOANNOT_RECORD: cannot write "
+                      f"{getattr(journal, 'path', journal)} ({type(exc).__name__}: {exc}); "
+                      "no more lines are written to it")
 
 
 def new_record(api: str, annotation: dict[str, Any], site: str, cpu_only: dict[str, Any]
@@ -160,37 +118,55 @@ def new_record(api: str, annotation: dict[str, Any], site: str, cpu_only: dict[s
 _tuple_new = tuple.__new__
 
 
-_SKIP_PREFIXES: tuple[str, ...] = ()
 _OWN_PREFIX = os.path.dirname(os.path.abspath(__file__))  # autoannot's own files
+_PACKAGE_FOLDERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
-def _skip_prefixes() -> tuple[str, ...]:
-    global _SKIP_PREFIXES
-    if not _SKIP_PREFIXES:
+class _Places:
+    """Where no call site is: torch (but its tests, ``torch/testing``: their lines are the
+    callers), wrapt, autoannot, and the standard library (threading, multiprocessing, runpy,
+    unittest: no collective is written there), but packages installed inside its folder."""
+
+    def __init__(self) -> None:
+        import sysconfig
+
         import torch
         import wrapt
 
-        roots = [os.path.dirname(m.__file__) for m in (torch, wrapt) if m.__file__]
-        roots += [_OWN_PREFIX, os.path.dirname(contextlib.__file__) + os.sep + "contextlib"]
-        _SKIP_PREFIXES = tuple(roots)
-    return _SKIP_PREFIXES
+        roots = [os.path.dirname(m.__file__) + os.sep for m in (torch, wrapt) if m.__file__]
+        self.libraries = (*roots, _OWN_PREFIX + os.sep)
+        self.tests = (os.path.join(os.path.dirname(torch.__file__ or ""), "testing") + os.sep,)
+        paths = sysconfig.get_paths()
+        self.stdlib = tuple({paths[name] + os.sep for name in ("stdlib", "platstdlib")})
+
+    def is_library(self, filename: str) -> bool:
+        if filename.startswith(self.tests):
+            return False
+        if filename.startswith(self.libraries):
+            return True
+        if filename.startswith(self.stdlib):
+            return not any(folder in filename for folder in _PACKAGE_FOLDERS)
+        return False
+
+
+_PLACES: list[_Places] = []
 
 
 #: The call site of a launch made from C++ with no Python code on the thread's stack (autograd's
 #: engine threads: DDP's reducer, a backward's collectives).
 NO_PYTHON_CALLER = "<C++: no Python caller>"
-#: The call site of a launch whose Python callers are all torch's own code.
-TORCH_CALLER = "<torch: no user frame>"
+#: The call site of a launch whose Python callers are all torch's or the standard library's.
+TORCH_CALLER = "<no user frame>"
 
 
-#: code object -> its file name when that is the user's (not torch, wrapt, contextlib or
-#: autoannot), else None: a launch site is looked up once per function, not per call.
+#: code object -> its file name when that is the user's (see ``_Places``), else None: a launch
+#: site is looked up once per function, not per call.
 _USER_FILES: dict[Any, str | None] = {}
 
 
 def call_site(depth: int = 2) -> str:
-    """``"file.py:line"`` of the first frame outside torch, wrapt, contextlib and autoannot
-    (``depth``: where to start, as for ``sys._getframe``)."""
+    """``"file.py:line"`` of the first frame outside torch (its tests count as callers), wrapt,
+    autoannot and the standard library (``depth``: where to start, as for ``sys._getframe``)."""
     frame = sys._getframe(depth)
     outside_autoannot = False
     while frame is not None:
@@ -207,9 +183,10 @@ def call_site(depth: int = 2) -> str:
 
 
 def _classify(code: Any) -> str | None:
-    skip = _SKIP_PREFIXES or _skip_prefixes()
+    if not _PLACES:
+        _PLACES.append(_Places())
     filename = code.co_filename
-    user = None if filename.startswith(skip) else filename
+    user = None if _PLACES[0].is_library(filename) else filename
     if len(_USER_FILES) >= 65536:  # code objects of generated functions: bounded
         _USER_FILES.clear()
     _USER_FILES[code] = user

@@ -16,22 +16,24 @@ from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext
 from autoannot.collectives import C10D, Collective, Role
 from autoannot.diagnostics import warn_once
-from autoannot.recorder import call_site, new_record, publish
+from autoannot.patching import INSTRUMENTATION
+from autoannot.recorder import call_site, enter, new_record, publish
 from autoannot.state import CALLS, STATE
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
-
-#: ``(set_excluded, key)`` while dispatch.py's thread-scoped kernels are registered (it sets
-#: this): the call a proxy annotates runs with that key excluded, so the launch does not also
-#: pass through a Python kernel below (the same launch; ~20 us for nothing).
-EXCLUSION: tuple[Callable[[Any, bool], None], Any] | None = None
+# The frames of this module are marked ``__tracebackhide__`` (pytest, IPython and others leave
+# them out of the tracebacks they show): an exception raised by a collective the agent
+# annotated reads as it does with the agent off.
 
 
 def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run a call whose launch is annotated here: wrapped calls inside it (``CALLS.depth``)
-    and the dispatcher kernels below it take it for the same launch."""
-    exclusion = EXCLUSION
+    and the dispatcher kernels below it take it for the same launch (the dispatcher layer's
+    key is excluded around it: the launch does not also pass through a Python kernel below,
+    the same launch, ~20 us for nothing)."""
+    __tracebackhide__ = True
+    exclusion = INSTRUMENTATION.exclusion()
     CALLS.depth += 1
     if exclusion is None:
         try:
@@ -50,10 +52,14 @@ def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -
 def _run_annotated(
     label: str, ctx: AnnotationContext, wrapped: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
+    __tracebackhide__ = True
     try:
         ctx.__enter__()
+        entered = True
     except Exception as exc:
         warn_once(label, "entering the annotation context", exc)
+        entered = False
+    if not entered:  # outside the except block: the caller's exception carries none of ours
         return wrapped(*args, **kwargs)
     try:
         result = call_as_one_launch(wrapped, args, kwargs)
@@ -75,6 +81,7 @@ def _run_unannotated(
 ) -> Any:
     """The metadata could not be derived: run the call (the same launch: not annotated again
     by a dispatcher kernel below); if it succeeds, say so once."""
+    __tracebackhide__ = True
     result = call_as_one_launch(wrapped, args, kwargs)
     warn_once(label, "deriving the collective metadata", why)
     return result
@@ -104,29 +111,42 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
         return found
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        if not STATE.demand:
+        __tracebackhide__ = True
+        state = STATE
+        if not state.demand:
             return wrapped(*args, **kwargs)
         calls = CALLS
         if calls.depth:  # launched from inside another wrapped call
             return wrapped(*args, **kwargs)
+        why: Exception | None = None
         try:
             launch = derive(args, kwargs)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
-            return call_as_one_launch(wrapped, args, kwargs)
+            launch = None
         except Exception as exc:
-            return _run_unannotated(label, exc, wrapped, args, kwargs)
+            launch, why = None, exc
+        # The call runs outside the except blocks: its own exception carries none of ours.
+        if launch is None:
+            if why is None:
+                return call_as_one_launch(wrapped, args, kwargs)
+            return _run_unannotated(label, why, wrapped, args, kwargs)
         if calls.blocks:  # inside a _coalescing_manager block: the block is the launch
             calls.blocks[-1].launches.append(launch)
             return call_as_one_launch(wrapped, args, kwargs)
         annotation, cpu_only = annotate(launch)
-        if STATE.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
+        if state.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
             ctx = AnnotationContext(label, annotation, cpu_only, launch.kernels)
             return _run_annotated(label, ctx, wrapped, args, kwargs)
-        result = call_as_one_launch(wrapped, args, kwargs)  # recorders only: run, then publish
-        try:
-            publish(new_record(label, annotation, call_site(2), cpu_only))  # from our caller
-        except Exception as exc:
-            warn_once(label, "recording", exc)
+        site = None
+        if state.journals:  # written before the call: a collective that hangs is in the file
+            site = call_site(2)  # from our caller
+            enter(new_record(label, annotation, site, cpu_only))
+        result = call_as_one_launch(wrapped, args, kwargs)  # recorders: run, then publish
+        if state.recorders:
+            try:
+                publish(new_record(label, annotation, site or call_site(2), cpu_only))
+            except Exception as exc:
+                warn_once(label, "recording", exc)
         return result
 
     return wrapper
@@ -146,13 +166,16 @@ class CoalescingBlock:
         return value
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        __tracebackhide__ = True
         CALLS.blocks.remove(self)
         if exc_type is not None or not self.launches:
             return self._manager.__exit__(exc_type, exc, tb)
         try:
-            ctx = self._context()
+            ctx: AnnotationContext | None = self._context()
         except Exception as own:
             warn_once(self._label, "deriving the collective metadata", own)
+            ctx = None
+        if ctx is None:  # outside the except block: the block's exception carries none of ours
             return self._manager.__exit__(None, None, None)
         return _run_annotated(self._label, ctx, self._manager.__exit__, (None, None, None), {})
 
@@ -172,6 +195,7 @@ def block_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of ``_coalescing_manager``."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
         manager = wrapped(*args, **kwargs)
         if not STATE.demand or CALLS.depth:
             return manager
@@ -218,6 +242,7 @@ def batch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
     """The wrapper of ``batch_isend_irecv``: labels the launches made inside it."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
         try:
             if args:
                 args = (normalize_p2p_ops(args[0]), *args[1:])

@@ -291,6 +291,29 @@ TRACE = os.environ.get("AUTOANNOT_FUZZ_TRACE")
 WARNINGS = ["ignore"]
 
 
+def _chain(exc: BaseException) -> list[tuple[str, str, str]]:
+    """The exceptions ``exc`` carries (``__cause__``, else ``__context__``, and on)."""
+    chain = []
+    while True:
+        link = "cause" if exc.__cause__ is not None else "context"
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        if exc is None:
+            return chain
+        chain.append((link, type(exc).__name__, re.sub(r"0x[0-9a-f]+", "0x?", str(exc))[:200]))
+
+
+def _agent_frames(exc: BaseException) -> list[str]:
+    """Frames of autoannot a traceback shows (pytest and IPython hide ``__tracebackhide__``)."""
+    shown, tb = [], exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if "/autoannot/" in frame.f_code.co_filename and not frame.f_locals.get(
+                "__tracebackhide__"):
+            shown.append(frame.f_code.co_name)
+        tb = tb.tb_next
+    return shown
+
+
 def run_once(api: str, chosen: list[str], values: list[Any], positional: int) -> Any:
     args = [build(v) for v in values]
     pos, kw = args[:positional], dict(zip(chosen[positional:], args[positional:], strict=True))
@@ -313,7 +336,7 @@ def run_once(api: str, chosen: list[str], values: list[Any], positional: int) ->
         # the text are torch's).
         message = re.sub(r"\n(BackendSelect|DeferredInit): [^\n]*", r"\n\1: <ours>", message)
         message = re.sub(r"\nDeferredInit: <ours>", "", message).replace("DeferredInit, ", "")
-        outcome = ("raised", type(exc).__name__, message)
+        outcome = ("raised", type(exc).__name__, message, _chain(exc), _agent_frames(exc))
     return outcome, _summary(args)
 
 
@@ -345,7 +368,7 @@ def fuzz(rank: int, world: int, examples: int, fixed: bool, warnings_as: str = "
         off = run_once(*spec)
         autoannot.enable()
         fast = run_once(*spec)
-        with autoannot.record():
+        with autoannot.record(dispatcher=True):
             annotating = run_once(*spec)
         autoannot.disable()
         stats["calls"] += 1

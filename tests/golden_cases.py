@@ -215,7 +215,7 @@ def replay(rank: int, world: int, skip: frozenset[str] = frozenset(),
         if label in skip:
             continue
         try:
-            with autoannot.record() as records:
+            with autoannot.record(dispatcher=True) as records:
                 call()
             results[label] = [
                 {"api": r.api, "annotation": r.annotation, "param_comms": r.param_comms,

@@ -32,7 +32,7 @@ def four_rank_groups(rank: int, world: int) -> dict[str, Any]:
         pg = mesh.get_group(dim)
         out["mesh"][dim] = {"name": pg.group_name, "desc": pg.group_desc,
                             "ranks": dist.get_process_group_ranks(pg)}
-    with autoannot.record() as records:
+    with autoannot.record(dispatcher=True) as records:
         if rank in (1, 3):
             dist.broadcast(torch.ones(5), src=3, group=odd)
             dist.broadcast(torch.ones(5), group=odd, group_src=0)
@@ -58,7 +58,7 @@ def wide_world(rank: int, world: int) -> list[dict[str, Any]]:
     """A 40-rank group: ranks and splits longer than the profiler's 30-item limit."""
     autoannot.enable()
     splits = list(range(world))
-    with autoannot.record() as records:
+    with autoannot.record(dispatcher=True) as records:
         dist.all_to_all_single(torch.empty(sum(splits)), torch.ones(sum(splits)), splits, splits)
         dist.all_reduce(torch.ones(8, dtype=torch.complex64))
         dist.reduce(torch.ones(8, dtype=torch.complex64), dst=0)
@@ -81,7 +81,7 @@ def coalesced_point_to_point(rank: int, world: int) -> list[dict[str, Any]]:
     except Exception as exc:
         return torch_cannot("point-to-point in a coalescing block on gloo", exc)
     autoannot.enable()
-    with autoannot.record() as records:
+    with autoannot.record(dispatcher=True) as records:
         block()
     return _records(records)
 
@@ -116,7 +116,7 @@ def functional_forms(rank: int, world: int) -> list[dict[str, Any]]:
     for name, call in calls.items():
         if not hasattr(funcol, name):
             continue
-        with autoannot.record() as records:
+        with autoannot.record(dispatcher=True) as records:
             result = call()
             for tensor in result if isinstance(result, list) else [result]:
                 funcol.wait_tensor(tensor)
@@ -156,7 +156,8 @@ def fsdp_and_dtensor(rank: int, world: int) -> dict[str, Any]:
     except Exception as exc:
         return torch_cannot("FSDP2 on the CPU", exc)
     autoannot.enable()
-    with profile(activities=[ProfilerActivity.CPU]) as prof, autoannot.record() as records:
+    with profile(activities=[ProfilerActivity.CPU]) as prof, \
+            autoannot.record(dispatcher=True) as records:
         on = step()
     autoannot.disable()
     return {"same": off == on, "records": _records(records),
@@ -205,7 +206,8 @@ def ddp_training(rank: int, world: int, names: list[str]) -> dict[str, Any]:
                                     torch.nn.Linear(32, 4))
         x = torch.randn(8, 16) + rank
         steps: list[list[dict[str, Any]]] = []
-        with profile(activities=[ProfilerActivity.CPU]) as prof, autoannot.record() as records:
+        with profile(activities=[ProfilerActivity.CPU]) as prof, \
+            autoannot.record(dispatcher=True) as records:
             ddp = DistributedDataParallel(
                 model, process_group=group, bucket_cap_mb=0.002,
                 static_graph=config.get("static_graph", False),

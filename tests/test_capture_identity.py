@@ -91,7 +91,7 @@ def _carry_callers_keys() -> None:
     thread-local dispatch keys (the agent's key included; the real thing runs on CUDA)."""
     from autoannot import dispatch
 
-    torch._C._dispatch_tls_set_dispatch_key_included(dispatch._scoped_key(), True)
+    torch._C._dispatch_tls_set_dispatch_key_included(dispatch._key(), True)
 
 
 def _ledger(graph: Graph) -> list[tuple[str, int]]:

@@ -50,10 +50,11 @@ def _all_reduce_pg(tensor: torch.Tensor, group: Any) -> None:
 
 
 def _on_a_recording_thread(work: Any) -> Any:
-    """C++-origin launches are seen on threads that carry the agent's dispatch key: one with a
-    recorder open does (its records also reach every other open recorder)."""
+    """C++-origin and compiled-code launches are seen on threads that hold the dispatcher
+    layer: one with a ``record(dispatcher=True)`` open does (its records also reach every
+    other open recorder)."""
     def run(t: int) -> None:
-        with autoannot.record():
+        with autoannot.record(dispatcher=True):
             work(t)
     return run
 
@@ -91,7 +92,7 @@ def test_threads_and_a_toggling_thread(fake_world, via: str) -> None:
     try:
         with autoannot.record() as records:
             toggler = threading.Thread(target=toggle)
-            target = _on_a_recording_thread(work) if via == "pg" else work
+            target = _on_a_recording_thread(work) if via in ("pg", "op") else work
             workers = [threading.Thread(target=target, args=(t,)) for t in range(8)]
             toggler.start()
             for w in workers:

@@ -79,11 +79,12 @@ def compiled_vs_eager(rank: int, world: int, backend: str) -> dict[str, Any]:
     autoannot.disable()
     reference = collectives_body(x.clone())  # eager, agent off
     autoannot.enable()
-    with autoannot.record() as eager:
+    with autoannot.record(dispatcher=True) as eager:
         again = collectives_body(x.clone(), AsTraced())
     compiled = torch.compile(collectives_body, fullgraph=True, backend=backend)
     try:
-        compiled(x.clone())  # compiles
+        with autoannot.record(dispatcher=True):  # compiled where it runs: the key included
+            compiled(x.clone())
     except Exception as exc:
         autoannot.disable()
         torch._dynamo.reset()
@@ -92,7 +93,7 @@ def compiled_vs_eager(rank: int, world: int, backend: str) -> dict[str, Any]:
         except Exception as off:
             return torch_cannot(f"compiling c10d collectives with {backend}", off)
         raise exc
-    with autoannot.record() as records:
+    with autoannot.record(dispatcher=True) as records:
         outputs = compiled(x.clone())
     return {
         "breaks": _graph_breaks(),
@@ -102,7 +103,7 @@ def compiled_vs_eager(rank: int, world: int, backend: str) -> dict[str, Any]:
         "compiled": _records_without_names(records),
         "eager": _records_without_names(eager),
         "compiled_names": [r.api for r in records],
-        "registered": [repr(p) for p in patching.installed() if "Kernel" in repr(p)],
+        "registered": list(patching.INSTRUMENTATION.dispatcher.ops),
     }
 
 
@@ -139,12 +140,12 @@ def compiled_mesh(rank: int, world: int) -> dict[str, Any]:
     except Exception as exc:
         return torch_cannot("funcol on a gloo mesh", exc)
     autoannot.enable()
-    with autoannot.record() as eager:
+    with autoannot.record(dispatcher=True) as eager:
         again = mesh_body(x, mesh)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(mesh_body, fullgraph=True, backend="aot_eager")
-    with autoannot.record() as records:
+    with autoannot.record(dispatcher=True) as records:
         outputs = compiled(x, mesh)
     return {"breaks": _graph_breaks(),
             "bitwise": all(torch.equal(a, b) for a, b in zip(outputs, reference, strict=True))
@@ -181,7 +182,7 @@ def graph_code(rank: int, world: int, record: bool) -> str | dict[str, str]:
                              backend=aot_autograd(fw_compiler=keep))
     try:
         if record:
-            with autoannot.record():
+            with autoannot.record(dispatcher=True):
                 compiled(torch.ones(4))
         else:
             compiled(torch.ones(4))
@@ -227,7 +228,7 @@ def op_outcomes(rank: int, world: int) -> dict[str, list[Any]]:
         autoannot.disable()
         off = outcome(call)
         autoannot.enable()
-        with autoannot.record() as records:
+        with autoannot.record(dispatcher=True) as records:
             on = outcome(call)
         results[label] = [off, on, len(records)]
     autoannot.disable()
@@ -247,79 +248,78 @@ def test_ops_raise_and_return_what_torch_does() -> None:
 
 
 def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
-    """In a fresh process: when our kernels are on torch's dispatcher, and what they do."""
+    """In a fresh process: when our kernels are on torch's dispatcher, and who reaches them."""
     import threading
 
     from autoannot import capture, dispatch, patching
-    from autoannot.state import STATE
 
     ops = torch.ops._c10d_functional
+    key = torch._C._dispatch_key_parse(dispatch.KEY)
     seen: dict[str, Any] = {}
-
-    ours = (("_c10d_functional::all_reduce_", "BackendSelect"),
-            ("c10d::allreduce_", "DeferredInit"))
+    ours = ("_c10d_functional::all_reduce_", "c10d::allreduce_")
 
     def registered() -> bool:
-        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op, key in ours)
+        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch.KEY)
+                   for op in ours)
 
     def none_registered() -> bool:
-        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
-                       for op, key in ours)
+        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch.KEY)
+                       for op in ours)
+
+    def included() -> bool:
+        return torch._C._dispatch_tls_is_dispatch_key_included(key)
 
     def call() -> list[float]:
         return ops.wait_tensor.default(ops.all_reduce.default(torch.ones(2), "sum", "0")).tolist()
 
-    def recorded_apis() -> list[str]:
-        with autoannot.record() as records:
-            seen.setdefault("registered while recording", []).append(registered())
+    def recorded_apis(dispatcher: bool) -> list[str]:
+        with autoannot.record(dispatcher=dispatcher) as records:
+            seen.setdefault("inside: registered, key included", []).append(
+                (registered(), included()))
             call()
         return [r.api for r in records]
 
     seen["fresh process"] = none_registered()
     autoannot.enable()
     autoannot.enable()
-    seen["registrations listed"] = len([p for p in patching.installed() if "Kernel" in repr(p)])
-    seen["enabled, idle"] = none_registered()
-    seen["record"] = recorded_apis()
-    seen["after the record, alone"] = none_registered()
+    layer = patching.INSTRUMENTATION.dispatcher
+    seen["enabled, idle"] = (none_registered(), included())
+    seen["record()"] = recorded_apis(False)
     other = threading.Event()
-    helper = threading.Thread(target=other.wait)
+    helper = threading.Thread(target=other.wait)  # another thread alive throughout
     helper.start()
-    seen["record, another thread alive"] = recorded_apis()
-    seen["after it: lingering"] = registered() and dispatch.REGISTRATION.lingering
+    seen["record(dispatcher=True)"] = recorded_apis(True)
+    seen["after it: kernels stay, key gone"] = (registered(), included())
     seen["pass-through result"] = call()
-    autoannot.disable()  # another thread alive: still there, as a pass-through
-    seen["disabled, another thread alive"] = registered()
+    seen["registrations"] = layer.registrations
+    graph = type("Graph", (), {})()
+    capture._capture_begin(lambda: None, graph, (), {})
+    seen["capture in progress: key included"] = included()
+    capture._capture_end(lambda: None, graph, (), {})
+    seen["capture over: key gone"] = not included()
+    autoannot.disable()  # no thread holds the layer: its kernels go
+    seen["disabled"] = none_registered()
+    autoannot.enable()
+    seen["on again: record(dispatcher=True)"] = (recorded_apis(True), layer.registrations)
+    autoannot.disable()
     other.set()
     helper.join()
-    autoannot.enable()
-    seen["record again (no new registration)"] = (
-        recorded_apis(), dispatch.REGISTRATION.registrations)
-    seen["alone again: removed"] = none_registered()
-    STATE.capture_started()  # what CUDAGraph.capture_begin's wrapper does
-    seen["capture in progress"] = registered()
-    STATE.capture_ended()
-    seen["capture over: lingering until a replay"] = registered()
-    capture._replay(lambda: None, object(), (), {})
-    seen["after a replay"] = none_registered()
-    autoannot.disable()
     return seen
 
 
-def test_kernels_are_on_only_while_there_is_something_to_annotate() -> None:
-    """Registered when a recorder opens or a capture starts, removed when that ends and no
-    other thread can be dispatching through them (else left as pass-throughs until then)."""
+def test_kernels_are_reached_only_where_something_is_annotated() -> None:
+    """Registered at the first capture or ``record(dispatcher=True)``, reached only on the
+    thread holding one (whatever other threads are alive), removed by ``disable()``."""
     (seen,) = run_ranks(kernel_lifecycle, 2, "fake", ranks=(0,))
     op = "_c10d_functional.all_reduce"
     assert seen == {
-        "fresh process": True, "registrations listed": 1, "enabled, idle": True,
-        "record": [op], "after the record, alone": True,
-        "record, another thread alive": [op], "after it: lingering": True,
-        "pass-through result": [1.0, 1.0], "disabled, another thread alive": True,
-        "record again (no new registration)": [[op], 2], "alone again: removed": True,
-        "capture in progress": True, "capture over: lingering until a replay": True,
-        "after a replay": True,
-        "registered while recording": [True, True, True],
+        "fresh process": True, "enabled, idle": [True, False],  # (JSON: lists, not tuples)
+        "record()": [], "record(dispatcher=True)": [op],
+        "after it: kernels stay, key gone": [True, False], "pass-through result": [1.0, 1.0],
+        "registrations": 1, "capture in progress: key included": True,
+        "capture over: key gone": True, "disabled": True,
+        "on again: record(dispatcher=True)": [[op], 2],
+        "inside: registered, key included": [[False, False], [True, True], [True, True]],
     }
 
 
@@ -351,10 +351,10 @@ def autograd_forms(rank: int, world: int) -> dict[str, Any]:
     _autograd_step(reference)  # agent off
     x = torch.arange(4.0, requires_grad=True)
     autoannot.enable()
-    with autoannot.record() as records:
+    with autoannot.record(dispatcher=True) as records:
         _autograd_step(x)
     # What the backward launches, called eagerly: the same ops on tensors of the grads' shapes.
-    with autoannot.record() as eager:
+    with autoannot.record(dispatcher=True) as eager:
         funcol.all_gather_tensor(torch.ones(4), 0, dist.group.WORLD)
         funcol.reduce_scatter_tensor(torch.ones(8), "sum", 0, dist.group.WORLD)
     return {"apis": [r.api for r in records], "grad": x.grad.tolist(),

@@ -107,14 +107,16 @@ import autoannot
 from torch.testing._internal.distributed.fake_pg import FakeStore
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 ops = torch.ops._c10d_functional
-with autoannot.record() as records:
+key = torch._C._dispatch_key_parse("DeferredInit")
+with autoannot.record(dispatcher=True) as records:
     dist.all_reduce(torch.ones(2))
     dist.group.WORLD.allreduce([torch.ones(3)]).wait()
     ops.wait_tensor(ops.all_reduce(torch.ones(4), "sum", "0"))
-    ours = (("c10d::allreduce_", "DeferredInit"), ("_c10d_functional::all_reduce", "BackendSelect"))
-    kernels = [torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op, key in ours]
-key = torch._C._dispatch_key_parse("DeferredInit")
-print([r.api for r in records], kernels, torch._C._dispatch_tls_is_dispatch_key_included(key))
+    ours = ("c10d::allreduce_", "_c10d_functional::all_reduce")
+    kernels = [torch._C._dispatch_has_kernel_for_dispatch_key(op, "DeferredInit") for op in ours]
+    touched = (torch._C._dispatch_tls_is_dispatch_key_included(key),
+               torch._C._dispatch_has_backend_fallback(key))
+print([r.api for r in records], kernels, touched)
 """
 
 
@@ -130,7 +132,7 @@ def test_autoannot_ops_0_puts_nothing_on_the_dispatcher(ops: str, tmp_path) -> N
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]
     if ops == "0":  # only the proxies: the C++-origin and compiled-code launches go unseen
-        assert last == "['all_reduce'] [False, False] False"
+        assert last == "['all_reduce'] [False, False] (False, False)"
     else:
         assert last == ("['all_reduce', 'c10d.allreduce_', '_c10d_functional.all_reduce'] "
-                        "[True, True] True")
+                        "[True, True] (True, True)")

@@ -77,7 +77,7 @@ def test_calls_that_broke_under_warnings_as_errors(fake_world, name: str, demand
     autoannot.enable()
     try:
         if demand == "recorder":
-            with autoannot.record() as records:
+            with autoannot.record(dispatcher=True) as records:
                 got = _result(call())
             entries = [r.annotation for r in records]
         else:  # a capture in progress (CPU-simulated): the launch goes to the graph's ledger
@@ -128,7 +128,7 @@ def test_a_failure_is_said_once_through_logging_and_the_result_kept(fake_world, 
     monkeypatch.setattr(groups, "lane_for", broken)
     autoannot.enable()
     try:
-        with autoannot.record() as records:
+        with autoannot.record(dispatcher=True) as records:
             works = [dist.all_reduce(torch.ones(2), group=fresh, async_op=True)
                      for _ in range(3)]
     finally:
@@ -146,7 +146,7 @@ def test_the_same_failure_is_a_warning_where_warnings_are_warnings(fake_world, m
     monkeypatch.setattr(groups, "lane_for", lambda name: 1 / 0)
     autoannot.enable()
     try:
-        with warnings.catch_warnings(record=True) as caught, autoannot.record():
+        with warnings.catch_warnings(record=True) as caught, autoannot.record(dispatcher=True):
             warnings.simplefilter("always")
             dist.all_reduce(torch.ones(2), group=fresh)
     finally:

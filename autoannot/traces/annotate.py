@@ -413,28 +413,43 @@ def _match(trace: Trace, graph: str, correlation: Any, kernels: list[int], ledge
         lane_end[li] = ends[k]
     if len(chosen) < len(kernels):  # stuck: search the other choices
         chosen, head[:], lane_end[:] = [], [0] * len(lanes), [float("-inf")] * len(lanes)
-        steps, deepest = [0], [0]
+        deepest = [0]
 
-        def search(k: int) -> bool:
-            steps[0] += 1
-            if k == len(kernels):
-                return True
-            if steps[0] > _SEARCH_LIMIT:
-                return False
-            deepest[0] = max(deepest[0], k)
-            for _, li in sorted(candidates(k)):
-                saved = lane_end[li]
+        def search() -> bool:
+            """Depth-first over the choices, with a stack of its own (a replay can hold
+            thousands of kernels: no recursion); at most ``_SEARCH_LIMIT`` steps."""
+            count = len(kernels)
+            # Per level: the lanes that fit its kernel, the next one to try, the lane's end
+            # before the choice made there.
+            stack: list[list[Any]] = [[[li for _, li in sorted(candidates(0))], 0, 0.0]]
+            k = steps = 0
+            while stack:
+                steps += 1
+                if steps > _SEARCH_LIMIT:
+                    return False
+                deepest[0] = max(deepest[0], k)
+                level = stack[-1]
+                lanes_fit, tried, _ = level
+                if tried:  # undo this level's last choice
+                    li = chosen.pop()
+                    head[li] -= 1
+                    lane_end[li] = level[2]
+                if tried == len(lanes_fit):
+                    stack.pop()
+                    k -= 1
+                    continue
+                li = lanes_fit[tried]
+                level[1], level[2] = tried + 1, lane_end[li]
                 head[li] += 1
                 lane_end[li] = ends[k]
                 chosen.append(li)
-                if search(k + 1):
+                k += 1
+                if k == count:
                     return True
-                chosen.pop()
-                head[li] -= 1
-                lane_end[li] = saved
+                stack.append([[li for _, li in sorted(candidates(k))], 0, 0.0])
             return False
 
-        if not search(0):
+        if not search():
             k = deepest[0]
             left = sorted({ledger.apis[q[h][0]] for q, h in zip(lanes, head, strict=True)
                            if h < len(q)})

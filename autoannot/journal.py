@@ -1,0 +1,188 @@
+"""``AUTOANNOT_RECORD=PATH``: one JSON line per collective launch, written as the launch is
+entered, before it runs.
+
+So the file always ends with what each rank last entered: a collective that hangs is there, on
+the ranks that entered it, whatever ends the job (SIGTERM from torchrun, SIGKILL, ``os._exit``).
+Each line is one ``write()`` to a file opened for appending, under a lock: nothing is buffered,
+lines from threads never mix, and a line is in the file (the kernel's page cache) before the
+collective starts.
+
+A line::
+
+    {"rank": 0, "pid": 4242, "monotonic_ns": 81630154123, "group": "0", "seq": 17,
+     "api": "all_reduce", "call_site": "/job/train.py:88",
+     "annotation": {...}, "param_comms": {...}}
+
+``rank``: the process's rank (torch.distributed's when initialized, else ``RANK``, else null);
+``monotonic_ns``: ``time.monotonic_ns()`` (one clock for all processes of a host);
+``group``: the process group's name ("Process Group Name"; "" for point-to-point blocks);
+``seq``: how many launches this process entered on that group before this one (0, 1, ...):
+the same collective has the same ``seq`` on every member rank; ``annotation``: what the
+annotation context was given; ``param_comms``: the eager ``record_param_comms`` op's args.
+
+``{rank}``, ``{pid}`` and ``{host}`` in the path are filled in when the first line is
+written. A missing folder is created, and that is said on stderr (a typo shows at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import weakref
+
+from autoannot import locks
+
+TYPE_CHECKING = False  # imported at start-up (AUTOANNOT_RECORD): typing and json cost ms
+if TYPE_CHECKING:
+    from typing import Any
+
+PG_NAME = "Process Group Name"  # vocabulary.PG_NAME
+
+FIELDS = ("rank", "pid", "host")
+
+
+class JournalError(ValueError):
+    """An ``AUTOANNOT_RECORD`` value that cannot name a file."""
+
+
+def check_template(template: str) -> None:
+    """Raise JournalError unless ``template`` names a file, with only ``{rank}``, ``{pid}`` and
+    ``{host}`` to fill in."""
+    if not template.strip():
+        raise JournalError("AUTOANNOT_RECORD is empty")
+    import _string
+
+    try:
+        names = [name for _, name, _, _ in _string.formatter_parser(template) if name is not None]
+    except ValueError as exc:
+        raise JournalError(f"AUTOANNOT_RECORD={template!r}: {exc}") from None
+    unknown = sorted({name for name in names if name not in FIELDS})
+    if unknown:
+        raise JournalError(f"AUTOANNOT_RECORD={template!r}: unknown field "
+                           f"{', '.join('{' + n + '}' for n in unknown)} (known: "
+                           f"{', '.join('{' + n + '}' for n in FIELDS)})")
+    if template.endswith(("/", os.sep)):
+        raise JournalError(f"AUTOANNOT_RECORD={template!r} names a folder: give a file")
+
+
+class Journal:
+    """The ``AUTOANNOT_RECORD`` file of this process (see the module docstring)."""
+
+    def __init__(self, template: str) -> None:
+        check_template(template)
+        self.template = template
+        self.path: str | None = None  # once opened
+        self._fd: int | None = None
+        self._rank: int | None = None
+        self._seq: dict[str, int] = {}
+        #: (id(annotation), id(cpu_only)) -> (annotation, cpu_only, their JSON): the records
+        #: of one distinct launch share those dicts (never mutated).
+        self._texts: dict[tuple[int, int], tuple[Any, Any, str]] = {}
+        self._lock = locks.renewed(self, "_lock")
+        if hasattr(os, "register_at_fork"):
+            me = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: (me() or _Nothing).after_fork_in_child())
+
+    def __repr__(self) -> str:
+        return f"Journal({self.path or self.template!r})"
+
+    def _open(self) -> int:
+        import atexit
+        import socket
+
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            self._rank = dist.get_rank()
+        elif os.environ.get("RANK", "").isdigit():
+            self._rank = int(os.environ["RANK"])
+        path = self.template.format(rank="" if self._rank is None else self._rank,
+                                    pid=os.getpid(), host=socket.gethostname())
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            os.makedirs(folder, exist_ok=True)
+            sys.stderr.write(f"autoannot: created {folder} for AUTOANNOT_RECORD's file\n")
+        self.path = path
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        atexit.register(self.close)
+        return fd
+
+    def enter(self, entry: Any) -> None:
+        """Write one line for a launch about to run."""
+        group = entry.annotation.get(PG_NAME, "")
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                fd = self._fd = self._open()
+            seq = self._seq.get(group, 0)
+            self._seq[group] = seq + 1
+            rank = "null" if self._rank is None else self._rank
+            line = (f'{{"rank": {rank}, "pid": {os.getpid()}, '
+                    f'"monotonic_ns": {time.monotonic_ns()}, "group": {_quote(str(group))}, '
+                    f'"seq": {seq}, "api": {_quote(entry.api)}, '
+                    f'"call_site": {_quote(entry.call_site)}, {self._text(entry)}')
+            data = line.encode()
+            while data:
+                data = data[os.write(fd, data):]
+
+    def _text(self, entry: Any) -> str:
+        annotation, cpu_only = entry.annotation, entry.cpu_only
+        key = (id(annotation), id(cpu_only))
+        known = self._texts.get(key)
+        if known is None or known[0] is not annotation or known[1] is not cpu_only:
+            if len(self._texts) >= 4096:
+                self._texts.clear()
+            import json
+
+            text = (f'"annotation": {json.dumps(annotation)}, '
+                    f'"param_comms": {json.dumps(entry.param_comms)}}}\n')
+            known = self._texts[key] = (annotation, cpu_only, text)
+        return known[2]
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def after_fork_in_child(self) -> None:
+        """The child writes its own lines (its own file where the path has ``{pid}``), with its
+        own sequence numbers."""
+        fd, self._fd = self._fd, None
+        self._seq = {}
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _Nothing:
+    @staticmethod
+    def after_fork_in_child() -> None:
+        pass
+
+
+def _quote(text: str) -> str:
+    """``json.dumps`` of a string, without its Python-level overhead."""
+    import json.encoder
+
+    global _quote
+    _quote = json.encoder.encode_basestring_ascii  # type: ignore[assignment]
+    return _quote(text)
+
+
+def open_from_environment() -> Journal | None:
+    """The journal ``AUTOANNOT_RECORD`` asks for, opened (lines go to it); None if unset. A
+    value that cannot name a file is said on stderr, once; the job runs without it."""
+    template = os.environ.get("AUTOANNOT_RECORD")
+    if not template:
+        return None
+    try:
+        journal = Journal(template)
+    except JournalError as exc:
+        sys.stderr.write(f"autoannot: {exc}: no record file is written\n")
+        return None
+    from autoannot.state import STATE
+
+    STATE.open_journal(journal)
+    return journal

@@ -1,0 +1,427 @@
+"""What the agent changes in a user's process: nothing they can notice — pickling and copies,
+the dispatcher when nothing is annotated (with other threads alive), what torch.compile guards
+on, the capture, replay, export and disable steps, ledgers over a long job, exceptions, call
+sites, fork."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import wrapt
+from harness import run_ranks
+
+import autoannot
+from autoannot import capture, collectives, patching
+from autoannot.state import STATE
+
+# --- pickling and copies --------------------------------------------------------------------
+
+
+def _wrapped_functions() -> dict[str, Any]:
+    """Every collective of the table the agent replaces in a module, as that module holds it."""
+    import importlib
+
+    found = {}
+    for row in collectives.COLLECTIVES:
+        if row.module in collectives.OP_MODULES:
+            continue
+        module = importlib.import_module(row.module)
+        if row.api in module.__dict__:
+            found[f"{row.module}.{row.api}"] = module.__dict__[row.api]
+    return found
+
+
+def test_collectives_pickle_and_copy_as_with_the_agent_off() -> None:
+    """``pickle``, ``copy`` and ``deepcopy`` of every wrapped collective, and of partials over
+    one (made before and after ``enable()``): the same bytes and objects as with the agent
+    off, and the bytes load (to what the module holds)."""
+    import torch.distributed._functional_collectives  # noqa: F401
+
+    autoannot.disable()
+    originals = _wrapped_functions()
+    assert len(originals) >= 25
+    off = {name: pickle.dumps(f) for name, f in originals.items()}
+    off_partial = {name: pickle.dumps(functools.partial(f, 7)) for name, f in originals.items()}
+    made_before = {name: functools.partial(f, 7) for name, f in originals.items()}
+    autoannot.enable()
+    try:
+        current = _wrapped_functions()
+        assert all(current[n] is not originals[n] for n in current)  # proxies in place
+        for name, proxy in current.items():
+            assert pickle.dumps(proxy) == off[name], name
+            assert pickle.loads(off[name]) is proxy, name
+            assert copy.copy(proxy) is proxy and copy.deepcopy(proxy) is proxy, name
+            assert copy.deepcopy({"f": proxy})["f"] is proxy, name
+            assert pickle.dumps(functools.partial(proxy, 7)) == off_partial[name], name
+            assert pickle.dumps(made_before[name]) == off_partial[name], name
+            assert copy.deepcopy(made_before[name]).args == (7,), name
+    finally:
+        autoannot.disable()
+    for name, f in made_before.items():  # and after disable(), as before enable()
+        assert pickle.dumps(f) == off_partial[name], name
+
+
+# --- the dispatcher when nothing is annotated ------------------------------------------------
+
+
+def _agent_code_runs(call: Any) -> bool:
+    """Whether any function of autoannot runs during ``call()`` (on this thread)."""
+    ran: list[str] = []
+    root = os.path.dirname(autoannot.__file__)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            ran.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return bool(ran)
+
+
+def idle_after_annotating(rank: int, world: int) -> dict[str, Any]:
+    from torch.distributed import _functional_collectives as funcol
+
+    ops = torch.ops._c10d_functional
+    pg = dist.group.WORLD
+    calls = {
+        "pg.allreduce": lambda: pg.allreduce([torch.ones(4)]).wait(),
+        "funcol op": lambda: ops.wait_tensor(ops.all_reduce(torch.ones(4), "sum", "0")),
+        "dist.all_reduce": lambda: dist.all_reduce(torch.ones(4)),
+        "funcol.all_reduce": lambda: funcol.all_reduce(torch.ones(4), "sum", pg).wait(),
+    }
+    stop = threading.Event()
+    helpers = [threading.Thread(target=stop.wait) for _ in range(2)]  # idle threads, alive
+    for helper in helpers:
+        helper.start()
+    seen: dict[str, Any] = {}
+    autoannot.enable()
+    try:
+        with autoannot.record() as records:
+            for call in calls.values():
+                call()
+        seen["recorded"] = len(records)
+        seen["after record()"] = [n for n, call in calls.items() if _agent_code_runs(call)]
+        graph = type("Graph", (), {})()  # what CUDAGraph.capture_begin's wrapper sees
+        capture._capture_begin(lambda: None, graph, (), {})
+        with autoannot.record() as records:
+            calls["pg.allreduce"]()  # from C++ code, in a capture: annotated
+        capture._capture_end(lambda: None, graph, (), {})
+        seen["captured"] = [r.api for r in records]
+        seen["after a capture"] = [n for n, call in calls.items() if _agent_code_runs(call)]
+    finally:
+        autoannot.disable()
+        stop.set()
+        for helper in helpers:
+            helper.join()
+    return seen
+
+
+def test_nothing_of_the_agent_runs_when_nothing_is_annotated_whatever_the_threads() -> None:
+    """Two idle threads alive: after a ``record()`` and after a capture, no code of the agent
+    runs on a collective's launch (no Python kernel below any of them)."""
+    (seen,) = run_ranks(idle_after_annotating, 2, "fake", ranks=(0,))
+    # A plain record() sees the Python-API launches (2); a capture also the C++-origin one.
+    assert seen == {"recorded": 2, "after record()": [], "captured": ["c10d.allreduce_"],
+                    "after a capture": []}
+
+
+def compile_from_threads(rank: int, world: int) -> dict[str, Any]:
+    compiled_frames: list[int] = []
+
+    def counting_backend(gm: Any, example_inputs: Any) -> Any:
+        compiled_frames.append(1)
+        return gm.forward
+
+    @torch.compile(backend=counting_backend)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sum()
+
+    autoannot.enable()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(3):
+                step(torch.ones(4))
+                with autoannot.record():
+                    step(torch.ones(4))
+                    dist.all_reduce(torch.ones(4))
+                step(torch.ones(4))
+        except BaseException as exc:
+            errors.append(exc)
+
+    step(torch.ones(4))
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    work()
+    autoannot.disable()
+    return {"compiles": len(compiled_frames), "errors": [repr(e) for e in errors]}
+
+
+def test_compiled_code_is_never_recompiled_for_the_agent() -> None:
+    """A compiled function called from 3 threads and the main one, recorders opening and
+    closing on each: compiled once."""
+    (seen,) = run_ranks(compile_from_threads, 2, "fake", ranks=(0,))
+    assert seen == {"compiles": 1, "errors": []}
+
+
+# --- the capture, replay, export and disable steps -------------------------------------------
+
+
+class _Graph:
+    """What the capture wrappers see of a CUDAGraph (this machine has no CUDA)."""
+
+
+def test_a_failing_agent_step_never_reaches_the_capture_or_replay(agent, monkeypatch,
+                                                                  recwarn) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("agent step broke")
+
+    graph = _Graph()
+    monkeypatch.setattr(capture.LEDGERS, "add", broken)
+    assert capture._capture_begin(lambda: "begun", graph, (), {}) == "begun"
+    monkeypatch.undo()
+    capture._capture_end(lambda: None, graph, (), {})
+    capture._capture_begin(lambda: None, graph, (), {})
+    monkeypatch.setattr(capture.IDENTITY, "ended", broken)
+    assert capture._capture_end(lambda: "ended", graph, (), {}) == "ended"
+    monkeypatch.undo()
+    assert STATE.captures == 0  # the count is right after the failure
+    monkeypatch.setattr(capture, "_profiler_running", broken)
+    assert capture._replay(lambda: "replayed", graph, (), {}) == "replayed"
+    said = [str(w.message) for w in recwarn if "agent step broke" in str(w.message)]
+    assert len(said) == 3, said
+
+
+def test_disable_runs_every_step_whatever_fails(recwarn) -> None:
+    autoannot.enable()
+    torch.ones(1)  # torch loaded: the patches are in place
+    class Doomed(patching.Patch):
+        def undo(self) -> bool:
+            raise RuntimeError("undo broke")
+
+    patching._patches.insert(0, Doomed(sys.modules[__name__], "_nothing", None, None))
+    autoannot.disable()
+    assert not autoannot.is_enabled()
+    assert not isinstance(dist.all_reduce, wrapt.ObjectProxy)  # every other patch undone
+    assert any("undo broke" in str(w.message) for w in recwarn)
+
+
+def test_replays_are_marked_however_the_profiler_was_started(agent) -> None:
+    """A profiler started below torch's Python objects (as Kineto's on-demand tracing starts
+    it: no Python flag set) still gets each replay's marker."""
+    from torch._C._autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+    from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState
+    from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401
+
+    graph = _Graph()
+    capture._capture_begin(lambda: None, graph, (), {})
+    capture._capture_end(lambda: None, graph, (), {})
+    config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
+                            torch._C._profiler._ExperimentalConfig())
+    activities = {ProfilerActivity.CPU}
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities)
+    assert not torch.autograd.profiler._is_profiler_enabled
+    capture._replay(lambda: torch.ones(2).sum(), graph, (), {})
+    result = _disable_profiler()
+    names = [event.name() for event in result.events()]
+    assert f"autoannot.replay:{graph._autoannot_graph}" in names
+
+
+def test_ledgers_live_as_long_as_their_graphs(agent) -> None:
+    """1,000 graphs captured and freed, and one captured again 1,000 times (reset()):
+    the ledgers kept stay bounded; a live graph's ledger is always there."""
+    import gc
+
+    kept = capture.Ledgers.KEEP_RETIRED
+    start = len(capture.LEDGERS)
+    for _ in range(1000):
+        graph = _Graph()
+        capture._capture_begin(lambda: None, graph, (), {})
+        capture._capture_end(lambda: None, graph, (), {})
+        del graph
+    gc.collect()
+    assert len(capture.LEDGERS) <= start + kept
+    again = _Graph()
+    for _ in range(1000):
+        capture._capture_begin(lambda: None, again, (), {})
+        capture._capture_end(lambda: None, again, (), {})
+    assert len(capture.LEDGERS) <= start + kept + 1
+    assert again._autoannot_graph in capture.LEDGERS
+
+
+# --- exceptions and call sites ---------------------------------------------------------------
+
+
+def _chain(exc: BaseException | None) -> list[tuple[str, str]]:
+    chain = []
+    while exc is not None:
+        chain.append((type(exc).__name__, str(exc).split("\n")[0]))
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def bad_broadcast(rank: int, world: int) -> dict[str, Any]:
+    """PyTorch's test_exception_logger: broadcast from a root outside a 2-rank group."""
+    seen = {}
+    for mode in ("off", "on", "recording"):
+        if mode != "off":
+            autoannot.enable()
+        try:
+            if mode == "recording":
+                with autoannot.record():
+                    dist.broadcast(torch.ones(2), src=3)
+            else:
+                dist.broadcast(torch.ones(2), src=3)
+        except Exception as exc:
+            frames = []
+            tb = exc.__traceback__
+            while tb is not None:
+                code = tb.tb_frame.f_code
+                if "autoannot" in code.co_filename and "__tracebackhide__" not in (
+                        tb.tb_frame.f_locals):
+                    frames.append(code.co_name)
+                tb = tb.tb_next
+            seen[mode] = {"chain": _chain(exc), "cause": repr(exc.__cause__),
+                          "context": repr(exc.__context__), "agent frames shown": frames}
+        autoannot.disable()
+    return seen
+
+
+def test_a_failing_collective_raises_what_it_raises_with_the_agent_off() -> None:
+    seen = run_ranks(bad_broadcast, 2, "gloo")
+    for rank_seen in seen:
+        assert rank_seen["on"] == rank_seen["off"]
+        assert rank_seen["recording"] == rank_seen["off"]
+
+
+def test_torch_tests_are_call_sites_and_the_standard_library_is_not(fake_world, agent) -> None:
+    """PyTorch's own distributed tests live in torch/testing: their lines are the call sites.
+    A collective called straight from threading's or multiprocessing's code has none."""
+    path = os.path.join(os.path.dirname(torch.__file__), "testing", "_internal", "a_test.py")
+    code = compile("def test():\n    dist.all_reduce(torch.ones(2))\n", path, "exec")
+    namespace = {"dist": dist, "torch": torch}
+    exec(code, namespace)
+    with autoannot.record() as records:
+        namespace["test"]()
+        thread = threading.Thread(target=dist.barrier)
+        thread.start()
+        thread.join()
+    assert [r.call_site for r in records] == [f"{path}:2", "<no user frame>"]
+
+
+# --- fork ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_every_lock_is_renewed_in_a_forked_child(agent) -> None:
+    """A thread holds each of the agent's locks while the process forks: the child can still
+    take every one of them (enable, disable, record and capture in the child do)."""
+    from autoannot import groups, importhook, locks
+
+    held = [patching._lock, importhook._lock, capture._lock, groups._lock, STATE._lock]
+    layer = patching.INSTRUMENTATION.dispatcher
+    if layer is not None:
+        held.append(layer._lock)
+    assert locks.count() >= len(held)
+    ready, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for lock in held:
+            lock.acquire()
+        ready.set()
+        release.wait()
+        for lock in reversed(held):
+            lock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    ready.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: every lock free, or exit 3
+        status = 0
+        try:
+            fresh = [patching._lock, importhook._lock, capture._lock, groups._lock, STATE._lock]
+            if layer is not None:
+                fresh.append(layer._lock)
+            for lock in fresh:
+                if not lock.acquire(timeout=2):
+                    status = 3
+                    break
+                lock.release()
+        finally:
+            os._exit(status)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# --- a long replay -----------------------------------------------------------------------------
+
+
+def test_a_replay_of_5000_collectives_annotates(tmp_path) -> None:
+    """One replay of a graph with 5,000 all-reduces on two groups, where the capture-order
+    walk takes a wrong turn at the next-to-last kernel (only the last one shows it): the
+    search goes back one step, with no recursion."""
+    import json
+
+    from autoannot.traces import annotate
+    from autoannot.traces.files import Trace
+
+    n = 5000
+    kernel = "ncclDevKernel_{}_Sum_f32_RING_LL"
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "user_annotation", "name": "autoannot.replay:autoannot.graph.0",
+         "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
+         "ts": 1, "dur": 5, "args": {"correlation": 7}}]
+    for k in range(n):  # back to back; the last overlaps the one before (another group)
+        family = "AllGather" if k == n - 1 else "AllReduce"
+        start = 100 + 10 * k - (8 if k == n - 1 else 0)
+        events.append({"ph": "X", "cat": "kernel", "name": kernel.format(family), "pid": 0,
+                       "tid": 7, "ts": start, "dur": 5, "args": {"correlation": 7}})
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+
+    def entry(group: str, kinds: list[str], position: int) -> dict[str, Any]:
+        return {"api": "all_reduce", "kernels": kinds,
+                "annotation": {"Collective name": "allreduce", "Process Group Name": group,
+                               "stream": int(group), "Seq": position}}
+
+    # Group 0 captured n - 1 collectives that run as AllReduce or AllGather kernels, group 1
+    # one AllReduce, captured last: the walk gives kernel n-2 to group 0 (captured first);
+    # then kernel n-1, an AllGather, fits no group.
+    entries = [entry("0", ["AllReduce", "AllGather"], k) for k in range(n - 1)]
+    entries.append(entry("1", ["AllReduce"], n - 1))
+    report, patches = annotate.annotate(Trace(path), {"graphs": {"autoannot.graph.0": entries}})
+    assert report.mismatches == []
+    assert report.kernels_annotated == n
+    by_kernel = {i: patch[0] for i, patch in patches.kernels.items()}
+    groups = [by_kernel[i]["Process Group Name"] for i in sorted(by_kernel)]
+    assert groups == ["0"] * (n - 2) + ["1", "0"]
