@@ -6,11 +6,12 @@
 #
 # Each step runs in its own processes under a time limit (a hang costs that step only) and
 # prints how long it took; steps that would end after DEADLINE seconds (default 540) are
-# skipped, most needed first. STEPS (default "patterns gpu_graph graph_replay compile_graphs") and
+# skipped, most needed first. STEPS (default "patterns gpu_graph graph_replay compile_graphs
+# footprint") and
 # PATTERNS_TO_RUN choose a part. The exit status is the number of steps that failed or skipped.
 set -u
 OUT=${1:?usage: run_all.sh OUT}
-mkdir -p "$OUT/patterns" "$OUT/graphs" "$OUT/compile"
+mkdir -p "$OUT/patterns" "$OUT/graphs" "$OUT/compile" "$OUT/footprint"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=0
 export PYTHONUNBUFFERED=1
 DEADLINE=${DEADLINE:-540}
@@ -37,7 +38,7 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
-want() { [[ " ${STEPS:-patterns gpu_graph graph_replay compile_graphs} " == *" $1 "* ]]; }
+want() { [[ " ${STEPS:-patterns gpu_graph graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python -c "import torch, wrapt; print('torch', torch.__version__, 'nccl',
@@ -53,6 +54,7 @@ fi
 want gpu_graph && step gpu_graph 120 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
 want graph_replay && step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
 want compile_graphs && step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
+want footprint && step footprint 150 env PYTHONPATH=. python tests/gpu/footprint.py "$OUT/footprint"
 PYTHONPATH=. python tests/gpu/pack.py "$OUT" "$OUT/results.tgz" && \
   find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name steps.txt -exec rm -rf {} +
 cat "$OUT/steps.txt"
