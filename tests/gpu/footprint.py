@@ -57,16 +57,22 @@ def capture_once(x: torch.Tensor) -> torch.cuda.CUDAGraph:
 
 
 def idle_cost(rank: int) -> dict[str, Any]:
+    import wrapt
+
     import autoannot
+    from autoannot.state import STATE
 
     ops = torch.ops._c10d_functional
     pg = dist.group.WORLD
     x = torch.ones(1024, device=f"cuda:{rank}")
+    floor = wrapt.FunctionWrapper(dist.all_reduce, lambda f, i, a, k: f(*a, **k))
     calls = {
         "pg.allreduce": lambda: pg.allreduce([x]),
         "funcol op": lambda: ops.wait_tensor(ops.all_reduce(x, "sum", pg.group_name)),
         "dist.all_reduce": lambda: dist.all_reduce(x),
+        "dist.all_reduce in a bare wrapt proxy": lambda: floor(x),
     }
+    demand_seen = []
     stop = threading.Event()
     helpers = [threading.Thread(target=stop.wait) for _ in range(2)]
     for helper in helpers:
@@ -79,13 +85,15 @@ def idle_cost(rank: int) -> dict[str, Any]:
         autoannot.enable()
         graph = capture_once(x)  # a capture: the dispatcher layer was held, then released
         graph.replay()
+        demand_seen.append(STATE.demand)
         for name, call in calls.items():
             samples[name]["on"].append(per_call_us(call))
     stop.set()
     for helper in helpers:
         helper.join()
     autoannot.disable()
-    result = {}
+    result: dict[str, Any] = {"demand after the captures": demand_seen,
+                              "wrapt proxy class": str(type(floor).__mro__[1])}
     for name, by_mode in samples.items():
         off, on = statistics.median(by_mode["off"]), statistics.median(by_mode["on"])
         result[name] = {"off_us": round(off, 2), "on_us": round(on, 2),
