@@ -56,6 +56,12 @@ class Config:
         self.ops = ops
 
 
+def record_template(env: Mapping[str, str] | None = None) -> str | None:
+    """``AUTOANNOT_RECORD``: the record file's path template (see journal.py); None if unset
+    or empty."""
+    return (os.environ if env is None else env).get("AUTOANNOT_RECORD") or None
+
+
 def agent_requested(env: Mapping[str, str] | None = None) -> bool:
     """``AUTOANNOT``: turn the agent on at start-up."""
     return flag("AUTOANNOT", False, env)

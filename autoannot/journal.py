@@ -174,8 +174,10 @@ def _quote(text: str) -> str:
 def open_from_environment() -> Journal | None:
     """The journal ``AUTOANNOT_RECORD`` asks for, opened (lines go to it); None if unset. A
     value that cannot name a file is said on stderr, once; the job runs without it."""
-    template = os.environ.get("AUTOANNOT_RECORD")
-    if not template:
+    from autoannot import config
+
+    template = config.record_template()
+    if template is None:
         return None
     try:
         journal = Journal(template)
