@@ -194,6 +194,63 @@ def _summary(args: argparse.Namespace) -> int:
     return DONE if result.rows or result.cpu_rows else INCOMPLETE
 
 
+def _split_records(arguments: list[str]) -> tuple[list[str], list[Path]]:
+    """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces."""
+    traces, records = [], []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            inside = sorted(path.glob("*.jsonl"))
+            records += inside
+            if any(p.name.endswith((".json", ".json.gz")) for p in path.iterdir()) \
+                    or not inside:
+                traces.append(argument)
+        elif path.suffix == ".jsonl":
+            if not path.exists():
+                raise FileNotFoundError(argument)
+            records.append(path)
+        else:
+            traces.append(argument)
+    return traces, records
+
+
+def _skew(args: argparse.Namespace) -> int:
+    from autoannot.traces import files, paths, skew, summary
+
+    outputs = [Path(o) for o in args.output or []]
+    for out in outputs:
+        if out.suffix not in (".json", ".csv"):
+            return _bad_input("skew", f"-o {out}: name it .json or .csv")
+    try:
+        named, records = _split_records(args.inputs)
+        traces = paths.expand(named, skip_outputs=True) if named else []
+        _check_written([*traces, *records], outputs)
+        analysis = skew.analyze_files(traces, records)
+    except FileNotFoundError as exc:
+        return _bad_input("skew", f"{exc.args[0]}: no such file")
+    except files.TraceError as exc:
+        return _bad_input("skew", str(exc))
+    rows = analysis.rows()
+    if args.json:
+        print(json.dumps({"instances": rows, "ranks": analysis.per_rank(),
+                          "clocks": [c.__dict__ for c in analysis.clocks],
+                          "problems": analysis.problems}, indent=1))
+    else:
+        print(skew.format_report(analysis, args.top))
+    try:
+        for out in outputs:
+            if out.suffix == ".csv":
+                summary.write_csv(skew.csv_rows(rows), out)
+            else:
+                files.atomic_write_text(out, json.dumps(rows, indent=1))
+    except OSError as exc:
+        return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror}")
+    if not rows:
+        _say("skew", "no collective instance across ranks in these inputs")
+        return INCOMPLETE
+    return INCOMPLETE if analysis.problems else DONE
+
+
 def _plot(args: argparse.Namespace) -> int:
     from autoannot.traces import files, paths
 
@@ -289,6 +346,23 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also write the rows to FILE (.json or .csv; may be repeated)")
     common(summ, "traces read")
     summ.set_defaults(func=_summary)
+    skew_ = sub.add_parser(
+        "skew", help="per collective across ranks: who arrived last, who waited, the transfer",
+        description="Line up each collective across its ranks (same process group, same place "
+        "in its sequence) from one trace per rank (eager NCCL, or graphed after `autoannot "
+        "annotate`) and/or the ranks' AUTOANNOT_RECORD files (*.jsonl: call sites; gloo "
+        "groups and sizes): per instance the last rank to arrive, the skew, each rank's wait "
+        "and the transfer time; per rank the time it waited and the time others waited for it. "
+        "Clock offsets between ranks are fitted on the instances' end times and reported.")
+    skew_.add_argument("inputs", nargs="+", metavar="TRACE_OR_RECORDS",
+                       help=f"{traces_help}; AUTOANNOT_RECORD files (*.jsonl)")
+    skew_.add_argument("-o", "--output", metavar="FILE", action="append",
+                       help="write one row per instance to FILE (.json; .csv: one row per "
+                       "instance and rank); may be repeated")
+    skew_.add_argument("--top", type=int, default=10, metavar="N",
+                       help="instances listed, by skew (default 10)")
+    skew_.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
+    skew_.set_defaults(func=_skew)
     plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",
                           description="Draw compute and each process group's collectives, "
                           "one band per rank (needs matplotlib).")
