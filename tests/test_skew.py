@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from harness import run_ranks
 
 from autoannot.traces import skew
-from harness import run_ranks
 
 SLEEP_S = 0.3
 LATE_RANK, LATE_STEP, STEPS = 2, 3, 6
@@ -118,7 +118,3 @@ def test_a_clock_offset_is_fitted_and_never_taken_for_skew(tmp_path: Path) -> No
     for a, b in zip(before.rows(), after.rows(), strict=True):
         assert abs(a["skew_us"] - b["skew_us"]) < 5.0
         assert a["straggler"] == b["straggler"]
-
-
-def _unused(x: Any) -> None:  # keeps the import of Any used by type hints above
-    pass
