@@ -7,7 +7,6 @@ import inspect
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
