@@ -3,8 +3,12 @@ ground truth for ``autoannot skew``.
 
     AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/skew_sleep.py OUT_DIR
 
-Each rank runs the same body: 4 all-reduces (two groups, two sizes); before each, rank 1 runs
-``torch.cuda._sleep`` (a spin kernel of a known length on its stream) and rank 0 does not. The
+Each rank runs the same body: one small all-reduce that brings the ranks in step (the
+profiler's start, a replay's launch, reach the ranks at different moments: that skew is
+real, and lands there), then 4 all-reduces of two sizes on the same group; before each of
+those, rank 1 runs ``torch.cuda._sleep`` (a spin kernel of a known length on its stream) and
+rank 0 does not. (On two groups the second group's kernel on rank 0 would not wait for the
+first's: its skew is not the spin.) The
 body runs eagerly under the profiler (``eager_rank{r}.json``), then is captured into a CUDA graph
 and replayed 3 times under the profiler (``graph_rank{r}.json`` and its ledger). Then each
 rank's graph trace is annotated and ``autoannot skew`` runs on the eager pair and on the
@@ -31,11 +35,18 @@ LATE = 1
 REPLAYS = 3
 
 
+SYNC_NUMEL = 8  # the in-step all-reduce: told apart by its size
+
+
 def body(rank: int, x: torch.Tensor, y: torch.Tensor, tp: dist.ProcessGroup) -> None:
-    for tensor, group in ((x, None), (y, tp), (x, tp), (y, None)):
+    # Both ranks spin first (eager: the CPU's launches then run ahead of the GPU, so the
+    # kernels start when the GPU gets to them, as in a replay), then get in step.
+    torch.cuda._sleep(4 * SPIN_CYCLES)
+    dist.all_reduce(torch.ones(SYNC_NUMEL, device="cuda"), group=tp)
+    for tensor in (x, y, x, y):
         if rank == LATE:
             torch.cuda._sleep(SPIN_CYCLES)
-        dist.all_reduce(tensor, group=group)
+        dist.all_reduce(tensor, group=tp)
 
 
 def worker(rank: int, world: int, out_dir: str, port: int) -> None:
@@ -93,6 +104,8 @@ def check(out: Path) -> dict:
         rows = analysis.rows()
         checked = []
         for row in rows:
+            if row["size_bytes"] == SYNC_NUMEL * 4:
+                continue  # the in-step all-reduce
             start = row["ranks"][str(LATE)]["start_us"]
             before = [s for s in spins if s[1] <= start + 1.0]
             spin = before[-1][1] - before[-1][0] if before else None
@@ -111,7 +124,8 @@ def spin_kernels(trace: Path) -> list[tuple[float, float]]:
     return sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]))
                   for e in doc["traceEvents"]
                   if isinstance(e, dict) and e.get("cat") == "kernel"
-                  and "spin" in str(e.get("name", "")).lower())
+                  and "spin" in str(e.get("name", "")).lower()
+                  and float(e["dur"]) < 2 * SPIN_CYCLES / 1e3)  # not the first, long one
 
 
 def main() -> int:
