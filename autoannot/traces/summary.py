@@ -5,6 +5,14 @@ Reads the NCCL kernels that carry collective args (eager traces, and graphed tra
 follows nccl-tests: algbw = size / time, busbw = algbw x factor, with factor 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for broadcast and reduce;
 size is the larger of the input and output messages, in bytes.
+
+The time is the *transfer*: an NCCL kernel starts when its rank arrives and ends when the
+transfer is done, so its duration is mostly waiting for the last rank. Where the traces of a
+group's ranks line up (``skew.py``: each collective on every member rank), the time of one
+collective is the last rank's kernel (from the last arrival to the end), as nccl-tests time a
+collective after a barrier; and the rank that arrived last most often is named with the time
+the others spent waiting for it. Where they do not (one rank's trace), the kernel time is used
+and the row says so.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +63,12 @@ def bus_factor(collective: str, ranks: int) -> float:
 
 @dataclass(frozen=True)
 class Key:
-    group: str
+    group: str  # "description (name)"
     collective: str
     dtype: str
     size_bytes: int
     ranks: int
+    name: str = ""  # the process group's name alone
 
 
 @dataclass
@@ -68,14 +77,16 @@ class Row:
     count: dict[int, int]  # rank -> calls
     total_us: dict[int, float]  # rank -> total kernel time
     median_us: dict[int, float]  # rank -> median kernel time
+    instances: list[dict[str, Any]] = field(default_factory=list)  # skew.py's rows, this key's
 
     def as_dict(self) -> dict[str, Any]:
         key = self.key
         ranks = sorted(self.total_us)
         medians = [self.median_us[r] for r in ranks]
-        typical = statistics.median(medians)
+        transfers = [i["transfer_us"] for i in self.instances if i["transfer_us"]]
+        typical = statistics.median(transfers) if transfers else statistics.median(medians)
         algbw = key.size_bytes / (typical * 1e-6) / 1e9 if typical > 0 else 0.0
-        slowest = max(ranks, key=lambda r: self.total_us[r])
+        held_up_by, held_up_us = _held_up(self.instances)
         return {
             "group": key.group, "collective": key.collective, "dtype": key.dtype,
             "size_bytes": key.size_bytes, "group_size": key.ranks,
@@ -86,9 +97,31 @@ class Row:
             "total_us_max": max(self.total_us.values()),
             "median_us_min": min(medians), "median_us_median": typical,
             "median_us_max": max(medians),
+            "time_from": ("transfer (the last rank's kernel)" if transfers
+                          else "kernel time (waiting included)"),
+            "transfer_us_median": statistics.median(transfers) if transfers else None,
+            "skew_us_median": (statistics.median(i["skew_us"] for i in self.instances)
+                               if self.instances else None),
             "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(key.collective, key.ranks),
-            "slowest_rank": slowest, "ranks": len(ranks),
+            "held_up_by": held_up_by, "held_up_us": held_up_us, "ranks": len(ranks),
         }
+
+
+def _held_up(instances: list[dict[str, Any]]) -> tuple[int | None, float | None]:
+    """The rank that arrived last most often, and the time the others spent waiting in the
+    instances it arrived last; (None, None) without instances or stragglers."""
+    if not instances:
+        return None, None
+    counts: dict[int, int] = defaultdict(int)
+    for instance in instances:
+        if instance["straggler"] is not None:
+            counts[instance["straggler"]] += 1
+    if not counts:
+        return None, 0.0
+    rank = max(counts, key=lambda r: (counts[r], -r))
+    waited = sum(p["wait_us"] for i in instances if i["straggler"] == rank
+                 for p in i["ranks"].values())
+    return rank, round(waited, 3)
 
 
 @dataclass
@@ -159,7 +192,7 @@ def read_trace(job: tuple[Path, bool]) -> TraceContents:
         dtype = str(args.get(V.DTYPE, "?"))
         group = f"{args.get(V.PG_DESC, '?')} ({args.get(V.PG_NAME, '?')})"
         key = Key(group, collective, dtype, nelems * DTYPE_BYTES.get(dtype, 0),
-                  int(args.get(V.GROUP_SIZE, 1)))
+                  int(args.get(V.GROUP_SIZE, 1)), str(args.get(V.PG_NAME, "?")))
         contents.durations[key].append(float(event.get("dur", 0)))
     contents.durations = dict(contents.durations)
     contents.gloo = dict(contents.gloo)
@@ -223,11 +256,13 @@ def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None)
                          f"then autoannot summary {annotated}")
     if all(c.rank is None for c in contents) and len(contents) > 1:
         notes.append("the traces name no rank: ranks taken in the order given")
+    instances = _instances(paths, durations, notes)
     rows = []
     for key, per_rank in durations.items():
         row = Row(key, {r: len(d) for r, d in per_rank.items()},
                   {r: sum(d) for r, d in per_rank.items()},
-                  {r: statistics.median(d) for r, d in per_rank.items()})
+                  {r: statistics.median(d) for r, d in per_rank.items()},
+                  instances.get((key.name, key.collective, key.size_bytes), []))
         rows.append(row.as_dict())
     rows.sort(key=lambda r: (r["group"], -r["total_us_median"]))
     cpu_rows = []
@@ -247,6 +282,27 @@ def summarize(paths: list[Path], progress: bool = True, jobs: int | None = None)
     return Summary(rows, cpu_rows, notes)
 
 
+def _instances(paths: list[Path], durations: dict[Key, Any], notes: list[str]
+               ) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """skew.py's instances by (group name, collective, size), where several ranks' traces hold
+    NCCL collectives; else none."""
+    from autoannot.traces import skew
+
+    if len(paths) < 2 or not durations:
+        if durations:
+            notes.append("one trace: times are kernel times, waiting for the other ranks "
+                         "included (give every rank's trace for transfer times)")
+        return {}
+    analysis = skew.analyze_files(paths, [])
+    found: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in analysis.rows():
+        found[(row["group"], row["collective"], row["size_bytes"])].append(row)
+    if analysis.problems:
+        notes.append(f"{len(analysis.problems)} collectives could not be lined up across "
+                     "ranks (autoannot skew lists them): their rows use kernel times")
+    return dict(found)
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -257,18 +313,24 @@ def _size(n: float) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     header = (f"{'group':22} {'collective':32} {'dtype':9} {'size':>10} {'count':>7} "
-              f"{'total us':>10} {'median us (min/med/max)':>26} {'algbw GB/s':>10} "
-              f"{'busbw GB/s':>10} {'slowest':>7}")
+              f"{'transfer us':>11} {'skew us':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} "
+              f"{'held up by':>20}")
     lines = [header]
     for r in rows:
         count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
                  else f"{r['count_min']}-{r['count_max']}")
-        medians = f"{r['median_us_min']:.1f}/{r['median_us_median']:.1f}/{r['median_us_max']:.1f}"
+        transfer = r["transfer_us_median"]
+        time = f"{transfer:.1f}" if transfer is not None else f"{r['median_us_median']:.1f}*"
+        skew = "-" if r["skew_us_median"] is None else f"{r['skew_us_median']:.1f}"
+        held = ("-" if r["held_up_by"] is None else
+                f"rank {r['held_up_by']} ({r['held_up_us'] / 1e3:.2f} ms)")
         lines.append(
             f"{r['group'][:22]:22} {r['collective'][:32]:32} {r['dtype']:9} "
-            f"{_size(r['size_bytes']):>10} {count:>7} {r['total_us_median']:10.1f} "
-            f"{medians:>26} {r['algbw_gbps']:10.2f} {r['busbw_gbps']:10.2f} "
-            f"{'rank ' + str(r['slowest_rank']):>7}")
+            f"{_size(r['size_bytes']):>10} {count:>7} {time:>11} {skew:>9} "
+            f"{r['algbw_gbps']:10.2f} {r['busbw_gbps']:10.2f} {held:>20}")
+    if any(r["transfer_us_median"] is None for r in rows):
+        lines.append("* kernel time, waiting for the other ranks included: the bandwidth is a "
+                     "lower bound")
     return "\n".join(lines)
 
 
