@@ -303,9 +303,11 @@ def on_annotation(ctx: Any) -> None:
     ledger = IDENTITY.current()
     if ledger is None:
         return  # this launch goes into no capture (eager work on another stream)
-    ledger.entries.append(
-        {"api": ctx.api, "annotation": ctx.annotation, "kernels": list(ctx.kernels)}
-    )
+    from autoannot.recorder import call_site
+
+    ledger.entries.append({"api": ctx.api, "annotation": ctx.annotation,
+                           "kernels": list(ctx.kernels),
+                           "call_site": ctx.call_site or call_site(3)})
 
 
 def _ledger_of(graph: Any) -> Ledger | None:
@@ -352,12 +354,34 @@ def _began(graph: Any) -> None:
 
 def _capture_end(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
     finally:
         try:
             _ended(graph)
         except Exception as exc:
             _said("capture_end", exc)
+    _verify(graph)
+    return result
+
+
+def _verify(graph: Any) -> None:
+    """``AUTOANNOT_VERIFY=1``: compare the graph's collectives with the other ranks' now;
+    a difference raises ``SequenceMismatch`` (on purpose: the replay would hang)."""
+    from autoannot import config
+
+    if not config.flag("AUTOANNOT_VERIFY", False):
+        return
+    from autoannot.traces import sequences
+
+    ledger = _ledger_of(graph)
+    if ledger is None or not STATE.live:
+        return
+    try:
+        sequences.verify_capture(ledger.name, ledger.entries)
+    except sequences.SequenceMismatch:
+        raise
+    except Exception as exc:  # the comparison itself failed: the capture stands
+        _said("capture_end (AUTOANNOT_VERIFY)", exc)
 
 
 def _ended(graph: Any) -> None:

@@ -251,6 +251,41 @@ def _skew(args: argparse.Namespace) -> int:
     return INCOMPLETE if analysis.problems else DONE
 
 
+def _check(args: argparse.Namespace) -> int:
+    from autoannot.traces import files, ledger, paths, sequences
+
+    inputs: list[Path] = []
+    try:
+        for argument in args.inputs:
+            path = Path(argument)
+            if path.is_dir():
+                found = sorted(p for p in path.iterdir() if p.is_file() and (
+                    p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX))
+                    or p.suffix == ".jsonl"))
+                if not found:
+                    found = paths.expand([argument], skip_outputs=True)
+                inputs += found
+            elif not path.exists():
+                return _bad_input("check", f"{argument}: no such file or folder")
+            else:
+                inputs.append(path)
+        divergences, compared, ranks = sequences.check_files(inputs)
+    except files.TraceError as exc:
+        return _bad_input("check", str(exc))
+    if args.json:
+        print(json.dumps({"ranks": ranks, "sequences_compared": compared,
+                          "divergences": [d.as_dict() for d in divergences]}, indent=1))
+    else:
+        for divergence in divergences:
+            print(f"DIVERGES: {divergence.describe()}")
+        print(f"{compared} sequences (graph or eager, per process group) compared across "
+              f"{ranks} ranks: {len(divergences)} diverge")
+    if not compared:
+        _say("check", "nothing to compare: give two ranks' ledgers, record files or traces")
+        return INCOMPLETE
+    return INCOMPLETE if divergences else DONE
+
+
 def _plot(args: argparse.Namespace) -> int:
     from autoannot.traces import files, paths
 
@@ -363,6 +398,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instances listed, by skew (default 10)")
     skew_.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
     skew_.set_defaults(func=_skew)
+    check = sub.add_parser(
+        "check", help="do the ranks launch the same collectives in the same order?",
+        description="Compare every rank's collective sequences, per captured graph and "
+        "process group (ledgers, *.autoannot) and per process group eagerly (AUTOANNOT_RECORD "
+        "files, *.jsonl; or eager traces): the first place each diverges, with each rank's "
+        "collective, sizes, dtype and call site. Exit 1 if any diverges.")
+    check.add_argument("inputs", nargs="+", metavar="LEDGER_RECORDS_OR_TRACE",
+                       help="ledgers (*.autoannot), record files (*.jsonl), traces, or folders")
+    check.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
+    check.set_defaults(func=_check)
     plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",
                           description="Draw compute and each process group's collectives, "
                           "one band per rank (needs matplotlib).")

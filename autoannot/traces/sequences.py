@@ -1,0 +1,231 @@
+"""``autoannot check``: do the ranks launch the same collectives in the same order?
+
+A graph captured with a different collective sequence on one rank (another size or dtype, or
+an extra collective behind a rank-dependent branch) deadlocks or corrupts at replay, silently;
+so does an eager run that diverges. Each rank's sequences are read from its ledgers (per
+captured graph, per process group), its record file (per process group) or its trace (eager
+NCCL kernels with collective args, per process group), and compared across the ranks that
+have each: the first place where they differ is reported per (scope, group), with each rank's
+collective, sizes, dtype and call site.
+
+The same comparison runs inside a job (``AUTOANNOT_VERIFY=1``, see ``verify_capture``): at the
+end of each capture, every rank posts its graph's sequence to the c10d store and compares it
+with the others' before the first replay can hang.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoannot import vocabulary as V
+from autoannot.traces import files
+
+#: What must agree across ranks, from an annotation.
+FIELDS = (V.COLLECTIVE_NAME, V.IN_NELEMS, V.OUT_NELEMS, V.DTYPE, V.IN_SPLIT, V.OUT_SPLIT)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One collective of a rank's sequence."""
+
+    what: tuple[Any, ...]  # FIELDS' values
+    call_site: str | None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What must agree across ranks: a send on one rank meets a recv on its peer."""
+        name = self.what[0]
+        return ("send/recv", *self.what[1:]) if name in ("send", "recv") else self.what
+
+    def describe(self) -> str:
+        if len(self.what) == 2:  # from a trace: collective, bytes
+            text = f"{self.what[0]} {self.what[1]} B"
+        else:
+            name, inn, out, dtype = self.what[:4]
+            text = f"{name} {inn}->{out} elements, {dtype}"
+        return text + (f", at {self.call_site}" if self.call_site else "")
+
+
+def step_of(annotation: dict[str, Any], call_site: str | None = None) -> Step:
+    return Step(tuple(annotation.get(k) for k in FIELDS), call_site)
+
+
+#: (scope, group) -> rank -> its steps. scope: "eager", or a captured graph's name.
+Sequences = dict[tuple[str, str], dict[int, list[Step]]]
+
+
+def from_ledger(path: Path, sequences: Sequences) -> int:
+    from autoannot.traces import ledger
+
+    document = ledger.load(path)
+    rank = document.get("rank")
+    if not isinstance(rank, int):
+        raise files.TraceError(f"{path}: the ledger names no rank")
+    for graph, entries in (document.get("graphs") or {}).items():
+        per_group: dict[str, list[Step]] = defaultdict(list)
+        for entry in entries:
+            annotation = entry.get("annotation") or {}
+            if V.COLLECTIVE_NAME in annotation:
+                per_group[str(annotation.get(V.PG_NAME, "?"))].append(
+                    step_of(annotation, entry.get("call_site")))
+        for group, steps in per_group.items():
+            sequences[(graph, group)][rank] = steps
+    return rank
+
+
+def from_records(path: Path, sequences: Sequences) -> int:
+    rank: int | None = None
+    per_group: dict[str, list[Step]] = defaultdict(list)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            annotation = entry["annotation"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise files.TraceError(f"{path}:{number}: not a line of an AUTOANNOT_RECORD file "
+                                   f"({exc})") from None
+        if entry.get("rank") is not None:
+            rank = int(entry["rank"])
+        if V.COLLECTIVE_NAME in annotation:
+            group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
+            per_group[group].append(step_of(annotation, entry.get("call_site")))
+    if rank is None:
+        raise files.TraceError(f"{path}: names no rank")
+    for group, steps in per_group.items():
+        sequences[("eager", group)][rank] = steps
+    return rank
+
+
+def from_trace(path: Path, position: int, sequences: Sequences) -> int:
+    """A trace's eager NCCL collectives, per group (compared with other traces only: a trace
+    gives sizes in bytes, not the annotation's fields)."""
+    from autoannot.traces import skew
+
+    rank, launches, _ = skew.trace_launches(path)
+    rank = position if rank is None else rank
+    per_group: dict[str, list[Step]] = defaultdict(list)
+    for launch in launches:
+        per_group[launch.group].append(Step((launch.collective, launch.size_bytes), None))
+    for group, steps in per_group.items():
+        sequences[("eager (traces)", group)][rank] = steps
+    return rank
+
+
+@dataclass
+class Divergence:
+    scope: str
+    group: str
+    position: int
+    ranks: dict[int, str]  # rank -> what it launched there ("nothing": its sequence ended)
+
+    def describe(self) -> str:
+        where = self.scope if self.scope.startswith("eager") else f"graph {self.scope}"
+        parts = "; ".join(f"rank {r}: {what}" for r, what in sorted(self.ranks.items()))
+        return f"{where}, group {self.group}, collective #{self.position}: {parts}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scope": self.scope, "group": self.group, "position": self.position,
+                "ranks": {str(r): what for r, what in sorted(self.ranks.items())}}
+
+
+def compare(sequences: Sequences) -> tuple[list[Divergence], int]:
+    """The first divergence of each (scope, group) its ranks disagree on; and how many
+    (scope, group) sequences were compared (held by 2 ranks or more)."""
+    found, compared = [], 0
+    for (scope, group), per_rank in sorted(sequences.items()):
+        if len(per_rank) < 2:
+            continue
+        compared += 1
+        length = max(len(steps) for steps in per_rank.values())
+        for position in range(length):
+            here = {rank: steps[position] if position < len(steps) else None
+                    for rank, steps in per_rank.items()}
+            if len({step.key if step else None for step in here.values()}) > 1:
+                found.append(Divergence(scope, group, position, {
+                    rank: step.describe() if step else "nothing (its sequence ended)"
+                    for rank, step in here.items()}))
+                break
+    return found, compared
+
+
+def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
+    """Read ledgers (``*.autoannot``), record files (``*.jsonl``) and traces; compare.
+    Returns the divergences, the sequences compared and the ranks read."""
+    from autoannot.traces import ledger
+
+    sequences: Sequences = defaultdict(dict)
+    ranks: set[int] = set()
+    traces = 0
+    for path in paths:
+        if path.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX)):
+            ranks.add(from_ledger(path, sequences))
+        elif path.suffix == ".jsonl":
+            ranks.add(from_records(path, sequences))
+        else:
+            ranks.add(from_trace(path, traces, sequences))
+            traces += 1
+    divergences, compared = compare(sequences)
+    return divergences, compared, len(ranks)
+
+
+# --- in the job ----------------------------------------------------------------------------------
+
+class SequenceMismatch(RuntimeError):
+    """The ranks captured different collective sequences into one graph: replaying it would
+    hang or corrupt."""
+
+
+def verify_capture(graph_name: str, entries: list[dict[str, Any]], timeout_s: float = 300.0
+                   ) -> None:
+    """Compare a just-captured graph's collectives with the other ranks' (``AUTOANNOT_VERIFY``).
+
+    Every rank posts its sequence to the default group's c10d store (no collective on any
+    stream) and waits for those of the ranks its graph's collectives involve; raises
+    ``SequenceMismatch`` naming the first divergence, on every rank that sees it."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return
+    from datetime import timedelta
+
+    me = dist.get_rank()
+    members = _members(entries, dist) | {me}
+    if len(members) < 2:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    mine = [[entry.get("annotation", {}).get(k) for k in (V.PG_NAME, *FIELDS)]
+            + [entry.get("call_site")] for entry in entries]
+    prefix = f"autoannot/verify/{graph_name}/"
+    store.set(prefix + str(me), json.dumps(mine))
+    keys = [prefix + str(rank) for rank in sorted(members)]
+    store.wait(keys, timedelta(seconds=timeout_s))
+    sequences: Sequences = defaultdict(dict)
+    for rank in sorted(members):
+        per_group: dict[str, list[Step]] = defaultdict(list)
+        for row in json.loads(store.get(prefix + str(rank))):
+            per_group[str(row[0])].append(Step(tuple(row[1:-1]), row[-1]))
+        for group, steps in per_group.items():
+            sequences[(graph_name, group)][rank] = steps
+    divergences, _ = compare(sequences)
+    if divergences:
+        raise SequenceMismatch(
+            "autoannot (AUTOANNOT_VERIFY): the ranks captured different collectives into "
+            f"this CUDA graph; replaying it would hang or corrupt. First difference: "
+            f"{divergences[0].describe()}")
+
+
+def _members(entries: list[dict[str, Any]], dist: Any) -> set[int]:
+    """The global ranks of the groups a graph's collectives run on."""
+    names = {str(e.get("annotation", {}).get(V.PG_NAME)) for e in entries}
+    ranks: set[int] = set()
+    c10d = dist.distributed_c10d
+    for group, name in c10d._world.pg_names.items():
+        if str(name) in names:
+            ranks.update(c10d.get_process_group_ranks(group))
+    return ranks
