@@ -2,7 +2,9 @@
 
 Each rank's band has a compute lane (every non-NCCL kernel) and one lane per process group
 (its NCCL kernels, labelled with the collective and its size where there is room), so where
-communication and computation overlap shows at a glance. Needs matplotlib.
+communication and computation overlap shows at a glance. Where the ranks' traces line up
+(``skew.py``), each NCCL kernel is drawn in two parts: light while its rank waits for the last
+one to arrive, solid while the transfer runs. Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -60,6 +62,26 @@ def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, s
     return rank, lanes, gloo
 
 
+def _waits(paths: list[Path], ranks: list[int]) -> dict[tuple[int, float], float]:
+    """(rank, kernel start in its trace's time) -> how long that kernel waited for the last
+    rank, for the collectives the traces line up on; empty for one trace."""
+    from autoannot.traces import skew
+
+    if len(paths) < 2:
+        return {}
+    try:
+        analysis = skew.analyze_files(paths, [])
+    except files.TraceError:
+        return {}
+    offsets = {c.rank: c.offset_us for c in analysis.clocks if c.applied}
+    waits = {}
+    for row in analysis.rows():
+        for rank, part in row["ranks"].items():
+            start = part["start_us"] + offsets.get(int(rank), 0.0)  # back in the trace's time
+            waits[(int(rank), round(start, 1))] = part["wait_us"]
+    return waits
+
+
 def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str, Any]:
     """Draw the timeline; returns what was drawn (ranks, lanes, kernels)."""
     import matplotlib
@@ -80,6 +102,7 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
         held = (f"CPU traces with {gloo} gloo collectives (gloo runs no GPU kernels): "
                 "autoannot summary lists them" if gloo else "no collectives either")
         raise NothingToDraw(f"no GPU kernel to draw in {', '.join(map(str, paths))}: {held}")
+    waits = _waits(paths, numbers)
     origin = min(starts)
     end = max(s + d for _, lanes in ranks for lane in lanes.values() for s, d, _ in lane)
     span = max(end - origin, 1e-3)
@@ -94,7 +117,12 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     for y, (rank, lane) in enumerate(reversed(rows)):
         lanes = dict(ranks)[rank]
         bars = [((s - origin) / 1e3, max(d / 1e3, span / 1e3 / 2000)) for s, d, _ in lanes[lane]]
-        ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colors[lane], edgecolor="none")
+        waiting = [min(waits.get((rank, round(s, 1)), 0.0), d) for s, d, _ in lanes[lane]]
+        moving = [(x + w / 1e3, max(width - w / 1e3, span / 1e3 / 2000))
+                  for (x, width), w in zip(bars, waiting, strict=True)]
+        ax.broken_barh([(x, w / 1e3) for (x, _), w in zip(bars, waiting, strict=True) if w],
+                       (y - 0.35, 0.7), facecolors=colors[lane], alpha=0.3, edgecolor="none")
+        ax.broken_barh(moving, (y - 0.35, 0.7), facecolors=colors[lane], edgecolor="none")
         for (_, _, text), (x, w) in zip(lanes[lane], bars, strict=True):
             if text and w > span / 1e3 * 0.04:  # label only where there is room
                 ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=7,
@@ -108,7 +136,8 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     for boundary in range(1, len(ranks)):  # a line between rank bands
         per_rank = [sum(1 for r, _ in rows if r == rank) for rank, _ in ranks]
         ax.axhline(len(rows) - sum(per_rank[:boundary]) - 0.5, color="black", lw=0.6)
-    ax.set_title(title or "communication lanes (one per process group) and compute, per rank")
+    ax.set_title(title or "communication lanes (one per process group) and compute, per rank"
+                 + ("; light: waiting for the last rank, solid: the transfer" if waits else ""))
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     import io
