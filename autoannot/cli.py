@@ -215,7 +215,7 @@ def _split_records(arguments: list[str]) -> tuple[list[str], list[Path]]:
 
 
 def _skew(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, paths, skew, summary
+    from autoannot.traces import files, paths, skew
 
     outputs = [Path(o) for o in args.output or []]
     for out in outputs:
@@ -225,27 +225,23 @@ def _skew(args: argparse.Namespace) -> int:
         named, records = _split_records(args.inputs)
         traces = paths.expand(named, skip_outputs=True) if named else []
         _check_written([*traces, *records], outputs)
-        analysis = skew.analyze_files(traces, records)
+        analysis = skew.analyze_files(traces, records, jobs=args.jobs, progress=not args.quiet)
     except FileNotFoundError as exc:
         return _bad_input("skew", f"{exc.args[0]}: no such file")
     except files.TraceError as exc:
         return _bad_input("skew", str(exc))
-    rows = analysis.rows()
     if args.json:
-        print(json.dumps({"instances": rows, "ranks": analysis.per_rank(),
+        print(json.dumps({"instances": analysis.rows(), "ranks": analysis.per_rank(),
                           "clocks": [c.__dict__ for c in analysis.clocks],
                           "problems": analysis.problems}, indent=1))
     else:
         print(skew.format_report(analysis, args.top))
     try:
         for out in outputs:
-            if out.suffix == ".csv":
-                summary.write_csv(skew.csv_rows(rows), out)
-            else:
-                files.atomic_write_text(out, json.dumps(rows, indent=1))
+            (skew.write_csv if out.suffix == ".csv" else skew.write_json)(analysis, out)
     except OSError as exc:
         return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror}")
-    if not rows:
+    if not analysis.instances:
         _say("skew", "no collective instance across ranks in these inputs")
         return INCOMPLETE
     return INCOMPLETE if analysis.problems else DONE
@@ -397,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     skew_.add_argument("--top", type=int, default=10, metavar="N",
                        help="instances listed, by skew (default 10)")
     skew_.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
+    skew_.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    skew_.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+                       help="traces read at once (default: the cores)")
     skew_.set_defaults(func=_skew)
     check = sub.add_parser(
         "check", help="do the ranks launch the same collectives in the same order?",

@@ -41,7 +41,7 @@ from autoannot.traces import files
 IN_STEP_US = 2.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Launch:
     """One rank's part in one collective."""
 
@@ -59,40 +59,14 @@ class Launch:
 
 @dataclass
 class Instance:
+    """One collective on all its ranks; its times are in ``Analysis``'s matrices."""
+
     group: str
     seq: int
     collective: str
     size_bytes: int
-    launches: dict[int, Launch]  # rank -> its launch (clock-corrected)
-
-    def starts(self) -> dict[int, float]:
-        return {r: launch.start_us for r, launch in self.launches.items()}
-
-    def row(self) -> dict[str, Any]:
-        starts = self.starts()
-        first, last = min(starts.values()), max(starts.values())
-        skew = last - first
-        straggler = max(starts, key=lambda r: (starts[r], r))
-        late = self.launches[straggler]
-        transfer = late.end_us - late.start_us if late.end_us is not None else None
-        from autoannot.traces.summary import bus_factor
-
-        busbw = None
-        if transfer and transfer > 0 and self.size_bytes:
-            busbw = self.size_bytes / (transfer * 1e-6) / 1e9 * bus_factor(
-                self.collective, len(self.launches))
-        return {
-            "group": self.group, "group_desc": next(iter(self.launches.values())).group_desc,
-            "seq": self.seq, "collective": self.collective, "size_bytes": self.size_bytes,
-            "straggler": straggler if skew >= IN_STEP_US else None,
-            "skew_us": round(skew, 3),
-            "transfer_us": None if transfer is None else round(transfer, 3),
-            "busbw_gbps": None if busbw is None else round(busbw, 3),
-            "ranks": {str(r): {"start_us": round(launch.start_us, 3),
-                               "wait_us": round(last - launch.start_us, 3),
-                               "call_site": launch.call_site}
-                      for r, launch in sorted(self.launches.items())},
-        }
+    group_desc: str
+    index: int  # its row in the matrices
 
 
 @dataclass
@@ -104,27 +78,78 @@ class ClockFit:
     applied: bool
 
 
+_NAN = float("nan")
+
+
 @dataclass
 class Analysis:
+    """The instances, with every rank's start and end in two instance x rank matrices (row-major
+    ``array('d')``, NaN where a rank took no part): 2M launches take 32 MB, not 2M objects."""
+
     instances: list[Instance]
     clocks: list[ClockFit]
     problems: list[str] = field(default_factory=list)  # what could not be matched, and why
     ranks: list[int] = field(default_factory=list)
+    starts: Any = None  # array('d'), len(instances) x len(ranks)
+    ends: Any = None
+    sites: dict[tuple[int, int], str] = field(default_factory=dict)  # (instance, column) -> site
+
+    def _times(self, instance: Instance) -> list[tuple[int, float, float]]:
+        """(rank, start, end) of the ranks that took part."""
+        width = len(self.ranks)
+        base = instance.index * width
+        starts, ends = self.starts, self.ends
+        return [(rank, starts[base + c], ends[base + c]) for c, rank in enumerate(self.ranks)
+                if starts[base + c] == starts[base + c]]  # not NaN
+
+    def summary_of(self, instance: Instance) -> tuple[int | None, float, float | None, float]:
+        """(straggler or None when in step, skew, transfer or None, last arrival)."""
+        times = self._times(instance)
+        first = min(t[1] for t in times)
+        straggler, last, end = max(times, key=lambda t: (t[1], t[0]))
+        transfer = None if end != end else end - last
+        skew = last - first
+        return (straggler if skew >= IN_STEP_US else None), skew, transfer, last
+
+    def row(self, instance: Instance) -> dict[str, Any]:
+        from autoannot.traces.summary import bus_factor
+
+        straggler, skew, transfer, last = self.summary_of(instance)
+        times = self._times(instance)
+        busbw = None
+        if transfer and transfer > 0 and instance.size_bytes:
+            busbw = instance.size_bytes / (transfer * 1e-6) / 1e9 * bus_factor(
+                instance.collective, len(times))
+        column = {rank: c for c, rank in enumerate(self.ranks)}
+        return {
+            "group": instance.group, "group_desc": instance.group_desc, "seq": instance.seq,
+            "collective": instance.collective, "size_bytes": instance.size_bytes,
+            "straggler": straggler, "skew_us": round(skew, 3),
+            "transfer_us": None if transfer is None else round(transfer, 3),
+            "busbw_gbps": None if busbw is None else round(busbw, 3),
+            "ranks": {str(rank): {"start_us": round(start, 3),
+                                  "wait_us": round(last - start, 3),
+                                  "call_site": self.sites.get((instance.index, column[rank]))}
+                      for rank, start, _ in times},
+        }
 
     def rows(self) -> list[dict[str, Any]]:
-        return [instance.row() for instance in self.instances]
+        return [self.row(instance) for instance in self.instances]
 
     def per_rank(self) -> list[dict[str, Any]]:
         """Per rank: time waiting in collectives, and time the others waited for it."""
         waited: dict[int, float] = defaultdict(float)
         caused: dict[int, float] = defaultdict(float)
         late: dict[int, int] = defaultdict(int)
-        for row in self.rows():
-            for rank, part in row["ranks"].items():
-                waited[int(rank)] += part["wait_us"]
-            if row["straggler"] is not None:
-                caused[row["straggler"]] += sum(p["wait_us"] for p in row["ranks"].values())
-                late[row["straggler"]] += 1
+        for instance in self.instances:
+            straggler, _, _, last = self.summary_of(instance)
+            total = 0.0
+            for rank, start, _ in self._times(instance):
+                waited[rank] += last - start
+                total += last - start
+            if straggler is not None:
+                caused[straggler] += total
+                late[straggler] += 1
         return [{"rank": r, "waited_us": round(waited[r], 3),
                  "others_waited_for_it_us": round(caused[r], 3), "last_to_arrive": late[r]}
                 for r in self.ranks]
@@ -304,73 +329,112 @@ def _alignment(kernels: list[Launch], records: list[Launch]) -> int | None:
 
 def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
     """Instances across ranks, clocks fitted, from each rank's launches."""
+    from array import array
+
     problems: list[str] = []
-    table: dict[tuple[str, int], dict[int, Launch]] = defaultdict(dict)
-    for rank, launches in per_rank.items():
-        for launch in launches:
-            launch.rank = rank
-            table[(launch.group, launch.seq)][rank] = launch
+    ranks = sorted(per_rank)
+    column = {rank: c for c, rank in enumerate(ranks)}
+    keys: dict[tuple[str, int], int] = {}
+    first: list[Launch] = []  # each key's first launch: what the others must agree with
+    members: list[int] = []
+    conflict: dict[int, str] = {}
+    for rank in ranks:
+        for launch in per_rank[rank]:
+            key = (launch.group, launch.seq)
+            index = keys.get(key)
+            if index is None:
+                index = keys[key] = len(first)
+                first.append(launch)
+                members.append(0)
+            members[index] += 1
+            seen = first[index]
+            if (seen.collective, seen.size_bytes) != (launch.collective, launch.size_bytes) \
+                    and {seen.collective, launch.collective} != {"send", "recv"}:
+                conflict.setdefault(index, f"rank {seen.rank}: {seen.collective} "
+                                    f"{seen.size_bytes} B; rank {rank}: {launch.collective} "
+                                    f"{launch.size_bytes} B")
+    order = sorted(keys, key=lambda k: (k[0], k[1]))
     instances: list[Instance] = []
-    for (group, seq), launches in sorted(table.items(), key=lambda item: (item[0][0],
-                                                                             item[0][1])):
-        kinds = {(launch.collective, launch.size_bytes) for launch in launches.values()}
-        if {kind[0] for kind in kinds} == {"send", "recv"} and len({k[1] for k in kinds}) == 1:
-            kinds = {("send/recv", next(iter(kinds))[1])}  # a point-to-point pair
-        size = max(launch.group_size for launch in launches.values())
-        if len(kinds) > 1:
-            what = "; ".join(f"rank {r}: {launch.collective} {launch.size_bytes} B"
-                             for r, launch in sorted(launches.items()))
-            problems.append(f"group {group}, collective #{seq}: the ranks disagree ({what}): "
-                            "not matched")
+    row_of: dict[int, int] = {}
+    for key in order:
+        index = keys[key]
+        launch = first[index]
+        size = launch.group_size
+        if index in conflict:
+            problems.append(f"group {key[0]}, collective #{key[1]}: the ranks disagree "
+                            f"({conflict[index]}): not matched")
             continue
-        if len(launches) < size:
-            missing = size - len(launches)
-            if len(launches) > 1 or size > 1:
-                problems.append(f"group {group}, collective #{seq}: {missing} of its {size} "
-                                "ranks have no trace or record of it: left out")
+        if members[index] < size:
+            problems.append(f"group {key[0]}, collective #{key[1]}: {size - members[index]} of "
+                            f"its {size} ranks have no trace or record of it: left out")
             continue
-        collective, size_bytes = kinds.pop()
-        instances.append(Instance(group, seq, collective, size_bytes, dict(launches)))
-    clocks = _fit_clocks(instances, sorted(per_rank))
-    for fit in clocks:
+        collective = "send/recv" if launch.collective in ("send", "recv") else launch.collective
+        row_of[index] = len(instances)
+        instances.append(Instance(key[0], key[1], collective, launch.size_bytes,
+                                  launch.group_desc, len(instances)))
+    width = len(ranks)
+    starts = array("d", [_NAN]) * (len(instances) * width)
+    ends = array("d", [_NAN]) * (len(instances) * width)
+    sites: dict[tuple[int, int], str] = {}
+    for rank in ranks:
+        c = column[rank]
+        for launch in per_rank[rank]:
+            row = row_of.get(keys[(launch.group, launch.seq)])
+            if row is None:
+                continue
+            starts[row * width + c] = launch.start_us
+            ends[row * width + c] = _NAN if launch.end_us is None else launch.end_us
+            if launch.call_site is not None:
+                sites[(row, c)] = launch.call_site
+    analysis = Analysis(instances, [], problems, ranks, starts, ends, sites)
+    analysis.clocks = _fit_clocks(analysis)
+    for fit in analysis.clocks:
         if fit.applied:
-            for instance in instances:
-                launch = instance.launches.get(fit.rank)
-                if launch is not None:
-                    launch.start_us -= fit.offset_us
-                    if launch.end_us is not None:
-                        launch.end_us -= fit.offset_us
-    return Analysis(instances, clocks, problems, sorted(per_rank))
+            c = column[fit.rank]
+            for row in range(len(instances)):
+                starts[row * width + c] -= fit.offset_us
+                ends[row * width + c] -= fit.offset_us
+    return analysis
 
 
-def _fit_clocks(instances: list[Instance], ranks: list[int]) -> list[ClockFit]:
+def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
     """Each rank's clock offset from the first rank's, from the instances' end times."""
+    ranks = analysis.ranks
     if not ranks:
         return []
-    reference = ranks[0]
-    fits = [ClockFit(reference, 0.0, 0.0, 0, False)]
-    for rank in ranks[1:]:
-        estimates = [i.launches[rank].end_us - i.launches[reference].end_us
-                     for i in instances
-                     if rank in i.launches and reference in i.launches
-                     and i.launches[rank].end_us is not None
-                     and i.launches[reference].end_us is not None]
+    width, ends = len(ranks), analysis.ends
+    fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
+    for c in range(1, width):
+        estimates = []
+        for row in range(len(analysis.instances)):
+            mine, theirs = ends[row * width + c], ends[row * width]
+            if mine == mine and theirs == theirs:  # neither NaN
+                estimates.append(mine - theirs)
         if not estimates:
-            fits.append(ClockFit(rank, 0.0, 0.0, 0, False))
+            fits.append(ClockFit(ranks[c], 0.0, 0.0, 0, False))
             continue
         offset = statistics.median(estimates)
         spread = statistics.median(abs(e - offset) for e in estimates)
-        applied = abs(offset) > max(5.0, 3 * spread)
-        fits.append(ClockFit(rank, offset, spread, len(estimates), applied))
+        applied = abs(offset) > max(1.0, 3 * spread)
+        fits.append(ClockFit(ranks[c], offset, spread, len(estimates), applied))
     return fits
 
 
-def analyze_files(traces: Iterable[Path], records: Iterable[Path]) -> Analysis:
-    """Read every trace and record file, join them per rank, and match instances."""
+def _read_trace(path: Path) -> tuple[int | None, list[Launch], list[tuple[str, float, float]]]:
+    return trace_launches(path)
+
+
+def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
+                  progress: bool = False) -> Analysis:
+    """Read every trace (on ``jobs`` processes) and record file, join them per rank, and match
+    instances."""
+    from autoannot.traces import parallel
+
     problems: list[str] = []
     traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
-    for position, path in enumerate(traces):
-        rank, launches, gloo = trace_launches(path)
+    traces = list(traces)
+    read = parallel.map_files(_read_trace, traces, jobs, "read", show=progress)
+    for position, (path, (rank, launches, gloo)) in enumerate(zip(traces, read, strict=True)):
         rank = position if rank is None else rank
         if rank in traced:
             raise files.TraceError(f"{traced[rank][2]} and {path} are both rank {rank}'s "
@@ -409,8 +473,10 @@ def _us(value: float | None) -> str:
 
 
 def format_report(analysis: Analysis, top: int = 10) -> str:
-    rows = analysis.rows()
-    lines = [f"{len(rows)} collective instances on {len(analysis.ranks)} ranks", "",
+    by_skew = sorted(analysis.instances, key=lambda i: -analysis.summary_of(i)[1])
+    rows = [analysis.row(instance) for instance in by_skew[:top]]
+    lines = [f"{len(analysis.instances)} collective instances on {len(analysis.ranks)} ranks",
+             "",
              f"{'rank':>4} {'waited in collectives':>22} {'others waited for it':>21} "
              f"{'last to arrive':>15}"]
     for r in analysis.per_rank():
@@ -421,7 +487,7 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
               f"{'transfer':>10}  call site (the last rank's)"]
     from autoannot.traces.summary import _size
 
-    for row in sorted(rows, key=lambda r: -r["skew_us"])[:top]:
+    for row in rows:
         straggler = row["straggler"]
         site = row["ranks"][str(straggler)]["call_site"] if straggler is not None else None
         group = f"{row['group_desc'] or '?'} ({row['group']})"
@@ -446,10 +512,23 @@ CSV_FIELDS = ("group", "group_desc", "seq", "collective", "size_bytes", "straggl
               "transfer_us", "busbw_gbps", "rank", "start_us", "wait_us", "call_site")
 
 
-def csv_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def write_json(analysis: Analysis, path: Path) -> None:
+    """One row per instance (built one at a time: a million-row job fits in memory)."""
+    parts = (json.dumps(analysis.row(instance)) for instance in analysis.instances)
+    files.atomic_write_text(str(path), "[\n" + ",\n".join(parts) + "\n]\n")
+
+
+def write_csv(analysis: Analysis, path: Path) -> None:
     """One CSV row per instance and rank."""
-    flat = []
-    for row in rows:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_FIELDS)
+    for instance in analysis.instances:
+        row = analysis.row(instance)
+        head = [row[k] for k in CSV_FIELDS[:9]]
         for rank, part in row["ranks"].items():
-            flat.append({**{k: row[k] for k in CSV_FIELDS[:9]}, "rank": int(rank), **part})
-    return flat
+            writer.writerow([*head, rank, part["start_us"], part["wait_us"], part["call_site"]])
+    files.atomic_write_text(str(path), buffer.getvalue())
