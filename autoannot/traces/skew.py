@@ -21,7 +21,12 @@ the skew (last arrival - first), each rank's wait (last arrival - its own) and t
 collective after a barrier). Ranks on different hosts have different clocks: a collective ends
 within microseconds on all its ranks, so each rank's offset is estimated as the median of its
 end times minus the first rank's, over the instances; the spread says how well that fits. The
-offset is taken out only where it stands out of its own spread (and reported either way).
+offset is taken out only where it stands out of its own spread (more than 3 spreads and 1 us),
+and reported either way.
+
+Scale: each rank's trace is read on its own process (``-j``); the instances' times live in two
+instance x rank matrices of doubles, so a 1,024-rank job of 2,000 collectives a rank is 32 MB
+of times, and rows are built one at a time where they are written.
 """
 
 from __future__ import annotations
