@@ -393,6 +393,13 @@ def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
                 sites[(row, c)] = launch.call_site
     analysis = Analysis(instances, [], problems, ranks, starts, ends, sites)
     analysis.clocks = _fit_clocks(analysis)
+    far = [fit for fit in analysis.clocks if fit.applied and abs(fit.offset_us) > 50.0]
+    if far:
+        problems.append(
+            f"{len(far)} ranks' clocks are more than 50 us off rank {ranks[0]}'s (rank "
+            f"{far[0].rank}: {far[0].offset_us:+.0f} us), taken out as clock offsets: right "
+            "for ranks on other hosts; ranks of one host share a clock, so there the traces "
+            "may cover different stretches of the run (profile the same steps on every rank)")
     for fit in analysis.clocks:
         if fit.applied:
             c = column[fit.rank]
