@@ -157,6 +157,7 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
     kernels = tuple(sorted(row.kernels))
     empty = V.EMPTY_LIST
     fmt = V.format_list
+    new_launch = tuple.__new__
 
     def derive(args: tuple, kwargs: dict) -> Launch:
         inputs = _as_list(get_inputs(args, kwargs))
@@ -204,8 +205,9 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
             if peer_rank and facts.ranks is not None and rank is not None and (
                     0 <= rank < len(facts.ranks)):
                 peer = facts.ranks[rank]
-        return Launch(eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits, out_splits, rank,
-                      peer, coalesced_name, kernels)
+        # tuple.__new__: NamedTuple's own constructor parses its arguments (~0.3 us more)
+        return new_launch(Launch, (eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits,
+                                   out_splits, rank, peer, coalesced_name, kernels))
 
     return derive
 

@@ -94,10 +94,6 @@ class Instrumentation:
         self.proxies = ProxyCache()
         self.dispatcher: Any = None  # dispatch.DispatcherLayer, once torch is loaded
 
-    def exclusion(self) -> Any:
-        layer = self.dispatcher
-        return layer.exclusion if layer is not None else None
-
 
 INSTRUMENTATION = Instrumentation()
 _patches = INSTRUMENTATION.patches

@@ -33,7 +33,8 @@ def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -
     key is excluded around it: the launch does not also pass through a Python kernel below,
     the same launch, ~20 us for nothing)."""
     __tracebackhide__ = True
-    exclusion = INSTRUMENTATION.exclusion()
+    layer = INSTRUMENTATION.dispatcher
+    exclusion = layer.exclusion if layer is not None else None
     CALLS.depth += 1
     if exclusion is None:
         try:
