@@ -182,6 +182,10 @@ def _worker(rank: int, world: int, port: int, workload: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    import autoannot
+
+    if autoannot.is_enabled() != (os.environ.get("AUTOANNOT") == "1"):
+        raise RuntimeError("the agent is not in the state this process was started for")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
@@ -199,8 +203,7 @@ def run_one(workload: str, agent: bool) -> dict[str, Any]:
 
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         code = ("import sys; sys.argv = ['x']; "
-                + ("import autoannot; autoannot.enable(); " if agent else "")
-                + "import socket, torch.multiprocessing as mp; "
+                "import socket, torch.multiprocessing as mp; "
                 "from benchmarks.gpu_capture import _worker; "
                 "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; "
                 f"s.close(); mp.spawn(_worker, args=(2, port, {workload!r}, {out.name!r}), "
@@ -208,6 +211,10 @@ def run_one(workload: str, agent: bool) -> dict[str, Any]:
         env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
         env.pop("AUTOANNOT", None)
+        if agent:  # every process, the spawned ranks too: the start-up hook, as AUTOANNOT=1 does
+            hook = Path(__file__).resolve().parents[1] / "autoannot" / "_hook"
+            env["AUTOANNOT"] = "1"
+            env["PYTHONPATH"] = os.pathsep.join([str(hook), env.get("PYTHONPATH", "")])
         subprocess.run([sys.executable, "-c", code], check=True, env=env)
         return json.loads(Path(out.name).read_text())
 
