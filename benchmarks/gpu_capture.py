@@ -114,6 +114,16 @@ def inference(rank: int) -> dict[str, Any]:
                     forward(inputs[b])
 
         dist.barrier()
+        if os.environ.get("PROFILE_CAPTURE") and captures and rank == 0:  # where it goes
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+            captures.append(_timed(capture_all))
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            continue
         captures.append(_timed(capture_all))
     replay = statistics.median(_replay_us(graphs[b].replay) for b in (1, 8, 128))
     return {"capture_ms": captures, "replay_us": replay, "eager_step_ms": eager,
