@@ -159,13 +159,21 @@ def _check_written(inputs: list[Path], outputs: list[Path]) -> None:
         paths.make_parent(out)
 
 
+def _not_json_or_csv(outputs: list[Path]) -> str:
+    """What is wrong with ``-o`` files of rows (``.json`` or ``.csv``); '' if nothing."""
+    for out in outputs:
+        if out.suffix not in (".json", ".csv"):
+            return f"-o {out}: name it .json or .csv"
+    return ""
+
+
 def _summary(args: argparse.Namespace) -> int:
     from autoannot.traces import files, paths, summary
 
     outputs = [Path(o) for o in args.output or []]
-    for out in outputs:
-        if out.suffix not in (".json", ".csv"):
-            return _bad_input("summary", f"-o {out}: name it .json or .csv")
+    wrong = _not_json_or_csv(outputs)
+    if wrong:
+        return _bad_input("summary", wrong)
     try:
         traces = paths.expand(args.traces, skip_outputs=False)
         _check_written(traces, outputs)
@@ -218,9 +226,9 @@ def _skew(args: argparse.Namespace) -> int:
     from autoannot.traces import files, paths, skew
 
     outputs = [Path(o) for o in args.output or []]
-    for out in outputs:
-        if out.suffix not in (".json", ".csv"):
-            return _bad_input("skew", f"-o {out}: name it .json or .csv")
+    wrong = _not_json_or_csv(outputs)
+    if wrong:
+        return _bad_input("skew", wrong)
     try:
         named, records = _split_records(args.inputs)
         traces = paths.expand(named, skip_outputs=True) if named else []
