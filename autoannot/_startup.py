@@ -9,6 +9,7 @@ if config.agent_requested():
     from autoannot.patching import enable
 
     enable()
-    from autoannot import journal
+    if config.record_template() is not None:
+        from autoannot import journal
 
-    journal.open_from_environment()
+        journal.open_from_environment()

@@ -26,11 +26,9 @@ written. A missing folder is created, and that is said on stderr (a typo shows a
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-import weakref
 
 from autoannot import locks
 
@@ -80,10 +78,9 @@ class Journal:
         #: (id(annotation), id(cpu_only)) -> (annotation, cpu_only, their JSON): the records
         #: of one distinct launch share those dicts (never mutated).
         self._texts: dict[tuple[int, int], tuple[Any, Any, str]] = {}
-        self._lock = locks.renewed(self, "_lock")
+        self._lock = locks.renewed(self, "_lock")  # (a journal lives as long as the process)
         if hasattr(os, "register_at_fork"):
-            me = weakref.ref(self)
-            os.register_at_fork(after_in_child=lambda: (me() or _Nothing).after_fork_in_child())
+            os.register_at_fork(after_in_child=self.after_fork_in_child)
 
     def __repr__(self) -> str:
         return f"Journal({self.path or self.template!r})"
@@ -152,14 +149,10 @@ class Journal:
         fd, self._fd = self._fd, None
         self._seq = {}
         if fd is not None:
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 (contextlib costs start-up time)
                 os.close(fd)
-
-
-class _Nothing:
-    @staticmethod
-    def after_fork_in_child() -> None:
-        pass
+            except OSError:
+                pass
 
 
 def _quote(text: str) -> str:

@@ -10,37 +10,28 @@ from __future__ import annotations
 
 import _thread
 import os
-import weakref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-_owners: list[tuple[object, str, bool]] = []  # (owner or weakref to it, name, reentrant)
+#: (owner, name, reentrant). The owners are the agent's modules and its long-lived objects
+#: (the state, the dispatcher layer, the record file): held for the life of the process.
+_owners: list[tuple[object, str, bool]] = []
 
 
 def renewed(owner: object, name: str, reentrant: bool = False) -> Any:
     """Give ``owner`` a lock named ``name``, renewed after each fork; returns it (assign it to
     the same name)."""
-    try:
-        ref: object = weakref.ref(owner)
-    except TypeError:  # a module: lives as long as the process
-        ref = owner
-    _owners.append((ref, name, reentrant))
+    _owners.append((owner, name, reentrant))
     lock = _thread.RLock() if reentrant else _thread.allocate_lock()
     setattr(owner, name, lock)
     return lock
 
 
 def _renew_all() -> None:
-    live = []
-    for ref, name, reentrant in _owners:
-        owner = ref() if isinstance(ref, weakref.ref) else ref
-        if owner is None:
-            continue
+    for owner, name, reentrant in _owners:
         setattr(owner, name, _thread.RLock() if reentrant else _thread.allocate_lock())
-        live.append((ref, name, reentrant))
-    _owners[:] = live
 
 
 def count() -> int:
