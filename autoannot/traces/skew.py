@@ -22,7 +22,8 @@ collective after a barrier). Ranks on different hosts have different clocks: a c
 within microseconds on all its ranks, so each rank's offset is estimated as the median of its
 end times minus the first rank's, over the instances; the spread says how well that fits. The
 offset is taken out only where it stands out of its own spread (more than 3 spreads and 1 us),
-and reported either way.
+and reported either way. Only GPU kernels fit clocks: gloo's CPU ranges end apart, and record
+files read each process's monotonic clock; those are taken as one host's clock.
 
 Scale: each rank's trace is read on its own process (``-j``); the instances' times live in two
 instance x rank matrices of doubles, so a 1,024-rank job of 2,000 collectives a rank is 32 MB
@@ -60,6 +61,9 @@ class Launch:
     end_us: float | None  # None where only the entry is known (a record file alone)
     call_site: str | None = None
     group_desc: str = ""
+    #: Timed by a GPU kernel: it ends within microseconds on every rank (what fits clocks).
+    #: gloo's CPU ranges end apart (its algorithm runs on each rank's CPU): not used to fit.
+    kernel: bool = False
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Instance:
     size_bytes: int
     group_desc: str
     index: int  # its row in the matrices
+    kernel: bool = False  # every rank's part timed by a GPU kernel (see Launch.kernel)
 
 
 @dataclass
@@ -202,7 +207,7 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[tuple[str
         launches.append(Launch(
             rank if rank is not None else -1, group, seq, str(args[V.COLLECTIVE_NAME]),
             nelems * DTYPE_BYTES.get(dtype, 0), int(args.get(V.GROUP_SIZE, 1)), start, end,
-            group_desc=str(args.get(V.PG_DESC, ""))))
+            group_desc=str(args.get(V.PG_DESC, "")), kernel=True))
     return rank, launches, gloo
 
 
@@ -381,12 +386,16 @@ def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
     starts = array("d", [_NAN]) * (len(instances) * width)
     ends = array("d", [_NAN]) * (len(instances) * width)
     sites: dict[tuple[int, int], str] = {}
+    for instance in instances:
+        instance.kernel = True
     for rank in ranks:
         c = column[rank]
         for launch in per_rank[rank]:
             row = row_of.get(keys[(launch.group, launch.seq)])
             if row is None:
                 continue
+            if not launch.kernel:
+                instances[row].kernel = False
             starts[row * width + c] = launch.start_us
             ends[row * width + c] = _NAN if launch.end_us is None else launch.end_us
             if launch.call_site is not None:
@@ -416,9 +425,10 @@ def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
         return []
     width, ends = len(ranks), analysis.ends
     fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
+    kernel_rows = [i.index for i in analysis.instances if i.kernel]
     for c in range(1, width):
         estimates = []
-        for row in range(len(analysis.instances)):
+        for row in kernel_rows:
             mine, theirs = ends[row * width + c], ends[row * width]
             if mine == mine and theirs == theirs:  # neither NaN
                 estimates.append(mine - theirs)
