@@ -241,7 +241,7 @@ def _skew(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"instances": analysis.rows(), "ranks": analysis.per_rank(),
                           "clocks": [c.__dict__ for c in analysis.clocks],
-                          "problems": analysis.problems}, indent=1))
+                          "problems": analysis.problems, "notes": analysis.notes}, indent=1))
     else:
         print(skew.format_report(analysis, args.top))
     try:

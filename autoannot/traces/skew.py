@@ -103,6 +103,7 @@ class Analysis:
     starts: Any = None  # array('d'), len(instances) x len(ranks)
     ends: Any = None
     sites: dict[tuple[int, int], str] = field(default_factory=dict)  # (instance, column) -> site
+    notes: list[str] = field(default_factory=list)  # what to keep in mind (not a failure)
 
     def _times(self, instance: Instance) -> list[tuple[int, float, float]]:
         """(rank, start, end) of the ranks that took part."""
@@ -404,7 +405,7 @@ def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
     analysis.clocks = _fit_clocks(analysis)
     far = [fit for fit in analysis.clocks if fit.applied and abs(fit.offset_us) > 50.0]
     if far:
-        problems.append(
+        analysis.notes.append(
             f"{len(far)} ranks' clocks are more than 50 us off rank {ranks[0]}'s (rank "
             f"{far[0].rank}: {far[0].offset_us:+.0f} us), taken out as clock offsets: right "
             "for ranks on other hosts; ranks of one host share a clock, so there the traces "
@@ -526,7 +527,9 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
                          f"over {c.instances} instances: "
                          + ("taken out" if c.applied else "within its spread: left as is"))
     for problem in analysis.problems:
-        lines.append(f"note: {problem}")
+        lines.append(f"not matched: {problem}")
+    for note in analysis.notes:
+        lines.append(f"note: {note}")
     return "\n".join(lines)
 
 
