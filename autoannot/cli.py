@@ -238,6 +238,10 @@ def _skew(args: argparse.Namespace) -> int:
         return _bad_input("skew", f"{exc.args[0]}: no such file")
     except files.TraceError as exc:
         return _bad_input("skew", str(exc))
+    if len(analysis.ranks) < 2:
+        _say("skew", f"one rank's inputs ({', '.join(map(str, [*traces, *records]))}): give "
+             "every rank's trace or record file to line its collectives up")
+        return INCOMPLETE
     if args.json:
         print(json.dumps({"instances": analysis.rows(), "ranks": analysis.per_rank(),
                           "clocks": [c.__dict__ for c in analysis.clocks],
@@ -267,7 +271,11 @@ def _check(args: argparse.Namespace) -> int:
                     p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX))
                     or p.suffix == ".jsonl"))
                 if not found:
-                    found = paths.expand([argument], skip_outputs=True)
+                    try:
+                        found = paths.expand([argument], skip_outputs=True)
+                    except files.TraceError:
+                        return _bad_input("check", f"{argument}: a folder with no ledger "
+                                          "(*.autoannot), record file (*.jsonl) or trace")
                 inputs += found
             elif not path.exists():
                 return _bad_input("check", f"{argument}: no such file or folder")

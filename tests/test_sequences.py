@@ -124,3 +124,8 @@ def test_verify_stops_a_diverging_capture_before_its_replay(diverge: bool) -> No
         assert result["outcome"].startswith("autoannot (AUTOANNOT_VERIFY): the ranks captured")
         assert "collective #2: rank 0: nothing (its sequence ended); rank 1: allreduce 99->99" \
             in result["outcome"]
+
+
+def test_check_says_what_a_folder_lacks(tmp_path: Path, capsys) -> None:
+    assert cli.main(["check", str(tmp_path)]) == 2
+    assert "no ledger (*.autoannot), record file (*.jsonl) or trace" in capsys.readouterr().err

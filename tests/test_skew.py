@@ -169,3 +169,14 @@ def test_the_timeline_draws_waiting_apart_from_moving(tmp_path: Path) -> None:
     assert sum(w == 0 for w in rank1) == 4
     drawn = plot.plot(traces, tmp_path / "t.png")
     assert drawn["ranks"] == 2 and (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_one_ranks_inputs_are_said_to_be_not_enough(capsys) -> None:
+    from autoannot import cli
+
+    trace = Path(__file__).parent / "data" / "gpu" / "skew" / "eager_rank0.json"
+    assert cli.main(["skew", str(trace)]) == 1
+    err = capsys.readouterr().err
+    assert "one rank's inputs" in err and "give every rank's trace" in err
+    assert cli.main(["skew", "missing.jsonl"]) == 2
+    assert cli.main(["skew", str(trace), "-o", "rows.txt"]) == 2
