@@ -72,12 +72,13 @@ def test_the_late_rank_is_named_at_its_call_site_with_its_delay(late_rank_run) -
     others = [r for i, r in enumerate(rows) if i != LATE_STEP]
     assert all(r["skew_us"] < 0.1 * SLEEP_S * 1e6 for r in others)
     assert late["transfer_us"] < 0.1 * SLEEP_S * 1e6
-    # Bandwidths come from transfers: the late collective's is one like the others', not the
-    # waiting's (sizes from the record files: gloo's ranges carry none).
+    # Bandwidths come from transfers: the late collective's is of the others' order (on a busy
+    # 2-core machine gloo's times vary a few times over), not the waiting's (0.3 s: ~100x off).
+    # Sizes come from the record files: gloo's ranges carry none.
     import statistics
 
     typical = statistics.median(r["busbw_gbps"] for r in others)
-    assert late["busbw_gbps"] > 0.3 * typical
+    assert late["busbw_gbps"] > typical / 20
     per_rank = {r["rank"]: r for r in analysis.per_rank()}
     assert per_rank[LATE_RANK]["others_waited_for_it_us"] >= 3 * 0.9 * SLEEP_S * 1e6
     # gloo's ranges end apart on one host's clock: no clock is fitted on them.
