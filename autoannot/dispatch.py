@@ -130,9 +130,6 @@ class DispatcherLayer:
             if self.retired and not self.holders:
                 self._remove()
 
-    def held_here(self) -> bool:
-        return self._holds.count > 0
-
     def retire(self) -> None:
         """(``disable()``) Take the kernels off now if no thread holds the layer, else when
         the last one releases it. The key's fall-through stays (see ``_key``)."""

@@ -443,10 +443,6 @@ def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
     return fits
 
 
-def _read_trace(path: Path) -> tuple[int | None, list[Launch], list[tuple[str, float, float]]]:
-    return trace_launches(path)
-
-
 def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
                   progress: bool = False) -> Analysis:
     """Read every trace (on ``jobs`` processes) and record file, join them per rank, and match
@@ -456,7 +452,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     problems: list[str] = []
     traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
     traces = list(traces)
-    read = parallel.map_files(_read_trace, traces, jobs, "read", show=progress)
+    read = parallel.map_files(trace_launches, traces, jobs, "read", show=progress)
     for position, (path, (rank, launches, gloo)) in enumerate(zip(traces, read, strict=True)):
         rank = position if rank is None else rank
         if rank in traced:
