@@ -14,8 +14,9 @@ from autoannot import features
 from autoannot.recorder import call_site, enter, new_record, publish
 from autoannot.state import STATE
 
-#: Called with the annotation context on entry while a capture is in progress.
-capture_listeners: list[Callable[[AnnotationContext], None]] = []
+#: Called on each launch while a capture is in progress, with its api, annotation, kernel
+#: families and call site (None: the listener finds it).
+capture_listeners: list[Callable[[str, dict[str, Any], tuple[str, ...], str | None], None]] = []
 
 
 class AnnotationContext:
@@ -44,7 +45,7 @@ class AnnotationContext:
             enter(new_record(self.api, self.annotation, site, self.cpu_only))
         if STATE.captures:
             for listener in capture_listeners:
-                listener(self)
+                listener(self.api, self.annotation, self.kernels, self.call_site)
             mark_kernels = features.mark_kernels()
             if mark_kernels is not None:
                 self._inner = mark_kernels(self.annotation)

@@ -298,16 +298,18 @@ def _cuda_capture_id() -> int | None:
 IDENTITY = CaptureIdentity()
 
 
-def on_annotation(ctx: Any) -> None:
+def on_annotation(api: str, annotation: dict[str, Any], kernels: tuple[str, ...],
+                  site: str | None) -> None:
     """A collective launched while a capture is in progress: add it to its graph's ledger."""
     ledger = IDENTITY.current()
     if ledger is None:
         return  # this launch goes into no capture (eager work on another stream)
-    from autoannot.recorder import call_site
+    if site is None:
+        from autoannot.recorder import call_site
 
-    ledger.entries.append({"api": ctx.api, "annotation": ctx.annotation,
-                           "kernels": list(ctx.kernels),
-                           "call_site": ctx.call_site or call_site(3)})
+        site = call_site(3)
+    ledger.entries.append({"api": api, "annotation": annotation, "kernels": list(kernels),
+                           "call_site": site})
 
 
 def _ledger_of(graph: Any) -> Ledger | None:

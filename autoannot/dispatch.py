@@ -84,8 +84,8 @@ class DispatcherLayer:
         self.holders = 0  # threads holding the layer now
         self.retired = False  # disable(): take the kernels off once no thread holds them
         self._holds = _Holds()
-        #: ``(set_excluded, key)`` once kernels are registered: the proxies exclude the key
-        #: around the call they annotate.
+        #: ``(set_excluded, key)`` once kernels are registered; ``STATE.exclusion`` while some
+        #: thread holds the layer.
         self.exclusion: tuple[Callable[[Any, bool], None], Any] | None = None
 
     def __repr__(self) -> str:
@@ -110,6 +110,7 @@ class DispatcherLayer:
                 holds.before = torch._C._dispatch_tls_is_dispatch_key_included(key)
                 self.holders += 1
                 self.retired = False
+                STATE.exclusion = self.exclusion
             holds.count += 1
         torch._C._dispatch_tls_set_dispatch_key_included(_key(), True)
 
@@ -123,6 +124,8 @@ class DispatcherLayer:
             if holds.count:
                 return
             self.holders -= 1
+            if not self.holders:
+                STATE.exclusion = None
             if not holds.before:
                 import torch
 
@@ -158,7 +161,7 @@ class DispatcherLayer:
             self.exclusion = (torch._C._dispatch_tls_set_dispatch_key_excluded, _key())
 
     def _remove(self) -> None:
-        self.exclusion = None
+        self.exclusion = STATE.exclusion = None
         libraries, self.libraries, self.ops = self.libraries, [], []
         for library in reversed(libraries):
             try:

@@ -127,10 +127,31 @@ def facts_of(pg: Any) -> GroupFacts:
         with _lock:
             if _facts.get(key, (None,))[0] is ref:
                 del _facts[key]
+        for cache in list(_id_keyed):
+            cache.clear()
 
     with _lock:
         _facts[key] = (weakref.ref(pg, forget), facts)
     return facts
+
+
+class IdKeyedCache(dict):
+    """A dict whose keys name groups by ``id()`` (launch keys): emptied when any group whose
+    facts were taken is gone, before its id can be reused."""
+
+    __slots__ = ("__weakref__",)
+    __hash__ = object.__hash__  # one cache is one cache, whatever it holds (a WeakSet member)
+    __eq__ = object.__eq__  # type: ignore[assignment]
+
+
+_id_keyed: weakref.WeakSet[IdKeyedCache] = weakref.WeakSet()
+
+
+def id_keyed() -> IdKeyedCache:
+    """A new cache keyed by group ids (see ``IdKeyedCache``)."""
+    cache = IdKeyedCache()
+    _id_keyed.add(cache)
+    return cache
 
 
 def _registered_ranks(c10d: Any, pg: Any) -> tuple[int, ...] | None:

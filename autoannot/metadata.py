@@ -124,13 +124,91 @@ _RESOLVERS: dict[GroupArg, Callable[[Any], Any]] = {
 
 
 class Plan:
-    """A row compiled against the signature of the function it wraps."""
+    """A row compiled against the signature of the function it wraps: ``derive`` (a call's
+    Launch) and ``key_of`` (the call's facts that decide its Launch, as a hashable key, or
+    None where they are not few and plain enough to key on)."""
 
-    __slots__ = ("derive", "row")
+    __slots__ = ("_positions", "derive", "key_of", "row")
 
     def __init__(self, row: Collective, function: Callable[..., Any] | None) -> None:
         self.row = row
-        self.derive: Callable[[tuple, dict], Launch] = _compile(row, _positions(function))
+        self._positions = _positions(function)
+        self.derive: Callable[[tuple, dict], Launch] = _compile(row, self._positions)
+        #: Generated at the first call (a plan is made while torch is still importing).
+        self.key_of: Callable[[tuple, dict], tuple | None] = self._first_key_of
+
+    def _first_key_of(self, args: tuple, kwargs: dict) -> tuple | None:
+        self.key_of = _compile_key(self.row, self._positions)
+        return self.key_of(args, kwargs)
+
+
+def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable:
+    """One function generated for the row: the call's launch key, read straight from its
+    arguments — the group's ``id`` (resolved: ``None`` is the default group), each tensor's
+    dtype and element count, the roots and split sizes where the row reads them. None (the
+    call is derived in full) for anything else: lists of several tensors, tensors of other
+    types or on the meta device, roots that are not ints, split sizes given.
+
+    Every fact ``derive`` reads is in the key, so launches with one key have one Launch;
+    ``groups.id_keyed`` caches forget their keys when a group they may name is gone."""
+    import torch
+
+    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_Parameter": torch.nn.Parameter,
+                                 "_LISTS": (list, tuple),
+                                 "_resolve": _RESOLVERS[row.group_arg], "_id": id, "_int": int}
+    lines = ["def key_of(args, kwargs):", "    n = len(args)"]
+
+    def read(local: str, name: str | None) -> None:
+        if name is None:
+            lines.append(f"    {local} = None")
+        elif name not in positions:
+            lines.append(f"    {local} = kwargs.get({name!r})")
+        else:
+            position, default = positions[name]
+            namespace[f"_D_{local}"] = default
+            lines.append(f"    {local} = kwargs[{name!r}] if {name!r} in kwargs else "
+                         f"args[{position}] if n > {position} else _D_{local}")
+
+    def tensor(local: str, name: str) -> None:
+        read(local, name)
+        lines.append(f"    kind = type({local})")
+        lines.append("    if kind is not _Tensor:")
+        lines.append(f"        if kind in _LISTS and len({local}) == 1:")
+        lines.append(f"            {local} = {local}[0]")
+        lines.append(f"            kind = type({local})")
+        lines.append("        if kind is not _Tensor and kind is not _Parameter:")
+        lines.append("            return None")
+        lines.append(f"    if {local}.is_meta:")
+        lines.append("        return None")
+
+    if row.splits in (Splits.NUMELS, Splits.EQUAL_IF_NONE):
+        return lambda args, kwargs: None
+    read("group", row.group_param)
+    if row.group_arg is GroupArg.C10D:
+        lines.append("    if group is None:")
+        lines.append("        group = _resolve(None)")
+    else:
+        lines.append("    group = _resolve(group)")
+    parts = ["_id(group)"]
+    if row.inputs is not None:
+        tensor("t_in", row.inputs)
+        parts += ["t_in.dtype", "t_in.numel()"]
+    if row.outputs is not None:
+        tensor("t_out", row.outputs)
+        parts += ["t_out.dtype", "t_out.numel()"]
+    for i, name in enumerate(row.root_params):
+        read(f"root{i}", name)
+        lines.append(f"    if root{i} is not None and type(root{i}) is not _int:")
+        lines.append("        return None")
+        parts.append(f"root{i}")
+    if row.splits is Splits.GIVEN:
+        for i, name in enumerate(row.split_params):
+            read(f"split{i}", name)
+            lines.append(f"    if split{i} is not None:")
+            lines.append("        return None")
+    lines.append(f"    return ({', '.join(parts)},)")
+    exec(compile("\n".join(lines), f"<autoannot key of {row.label}>", "exec"), namespace)
+    return namespace["key_of"]
 
 
 def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable:

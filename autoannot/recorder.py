@@ -159,9 +159,9 @@ NO_PYTHON_CALLER = "<C++: no Python caller>"
 TORCH_CALLER = "<no user frame>"
 
 
-#: code object -> its file name when that is the user's (see ``_Places``), else None: a launch
-#: site is looked up once per function, not per call.
-_USER_FILES: dict[Any, str | None] = {}
+#: code object -> None when it is not the user's (see ``_Places``: look further up), else its
+#: call sites, ``{f_lasti: "file.py:line"}``: a launch site is looked up once per call site.
+SITES: dict[Any, dict[int, str] | None] = {}
 
 
 def call_site(depth: int = 2) -> str:
@@ -172,23 +172,24 @@ def call_site(depth: int = 2) -> str:
     while frame is not None:
         code = frame.f_code
         try:
-            filename = _USER_FILES[code]
+            sites = SITES[code]
         except KeyError:
-            filename = _classify(code)
-        if filename is not None:
-            return f"{filename}:{frame.f_lineno}"
+            sites = _classify(code)
+        if sites is not None:
+            site = sites.get(frame.f_lasti)
+            if site is None:
+                site = sites[frame.f_lasti] = f"{code.co_filename}:{frame.f_lineno}"
+            return site
         outside_autoannot = outside_autoannot or not code.co_filename.startswith(_OWN_PREFIX)
         frame = frame.f_back
     return TORCH_CALLER if outside_autoannot else NO_PYTHON_CALLER
 
 
-def _classify(code: Any) -> str | None:
+def _classify(code: Any) -> dict[int, str] | None:
     if not _PLACES:
         _PLACES.append(_Places())
-    filename = code.co_filename
-    user = None if _PLACES[0].is_library(filename) else filename
-    if len(_USER_FILES) >= 65536:  # code objects of generated functions: bounded
-        _USER_FILES.clear()
-    _USER_FILES[code] = user
-    return user
-
+    sites = None if _PLACES[0].is_library(code.co_filename) else {}
+    if len(SITES) >= 65536:  # code objects of generated functions: bounded
+        SITES.clear()
+    SITES[code] = sites
+    return sites

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 class _State:
-    __slots__ = ("__weakref__", "_lock", "captures", "demand", "journals", "live", "recorders")
+    __slots__ = ("__weakref__", "_lock", "blocks", "captures", "demand", "exclusion", "journals",
+                 "live", "recorders")
 
     def __init__(self) -> None:
         self._lock = locks.renewed(self, "_lock")
@@ -28,6 +29,11 @@ class _State:
         self.captures = 0  # CUDA-graph captures in progress, in this process
         self.live = False  # the agent is enabled: proxies annotate
         self.demand = False  # live, and a recorder or journal is open or a capture in progress
+        self.blocks = 0  # _coalescing_manager blocks open, on any thread
+        #: ``(set_excluded, key)`` while some thread holds the dispatcher layer (its kernels
+        #: registered): the wrappers exclude the key around the call they annotate. None while
+        #: no thread holds it: then no thread includes the key, and nothing is toggled.
+        self.exclusion: tuple[Any, Any] | None = None
 
     def _refresh(self) -> None:
         """Recompute demand (under the lock)."""
@@ -58,6 +64,10 @@ class _State:
         with self._lock:
             self.journals = tuple(j for j in self.journals if j is not journal)
             self._refresh()
+
+    def block_opened(self, opened: bool) -> None:
+        with self._lock:
+            self.blocks = max(0, self.blocks + (1 if opened else -1))
 
     def capture_started(self) -> None:
         with self._lock:

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from autoannot import metadata, patching
+from autoannot import features, groups, metadata, patching, recorder
 from autoannot import vocabulary as V
-from autoannot.annotation import AnnotationContext
+from autoannot.annotation import AnnotationContext, capture_listeners
 from autoannot.collectives import C10D, Collective, Role
 from autoannot.diagnostics import warn_once
-from autoannot.patching import INSTRUMENTATION
-from autoannot.recorder import call_site, enter, new_record, publish
+from autoannot.recorder import Record, call_site, enter, new_record
 from autoannot.state import CALLS, STATE
 
+_getframe = sys._getframe
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 # The frames of this module are marked ``__tracebackhide__`` (pytest, IPython and others leave
@@ -29,25 +29,24 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run a call whose launch is annotated here: wrapped calls inside it (``CALLS.depth``)
-    and the dispatcher kernels below it take it for the same launch (the dispatcher layer's
-    key is excluded around it: the launch does not also pass through a Python kernel below,
-    the same launch, ~20 us for nothing)."""
+    and the dispatcher kernels below it take it for the same launch. While some thread holds
+    the dispatcher layer, its key is excluded around the call (``STATE.exclusion``): the
+    launch does not also pass through a Python kernel below (~7 us of boxing for nothing)."""
     __tracebackhide__ = True
-    layer = INSTRUMENTATION.dispatcher
-    exclusion = layer.exclusion if layer is not None else None
-    CALLS.depth += 1
-    if exclusion is None:
+    calls = CALLS
+    depth = calls.depth
+    calls.depth = depth + 1
+    exclusion = STATE.exclusion
+    try:
+        if exclusion is None:
+            return wrapped(*args, **kwargs)
+        exclusion[0](exclusion[1], True)
         try:
             return wrapped(*args, **kwargs)
         finally:
-            CALLS.depth -= 1
-    set_excluded, key = exclusion
-    set_excluded(key, True)
-    try:
-        return wrapped(*args, **kwargs)
+            exclusion[0](exclusion[1], False)
     finally:
-        set_excluded(key, False)
-        CALLS.depth -= 1
+        calls.depth = depth
 
 
 def _run_annotated(
@@ -88,66 +87,114 @@ def _run_unannotated(
     return result
 
 
-#: Annotations kept per wrapped function for launches seen before (same group, sizes, dtype):
-#: training repeats the same few launches, each step.
+#: Launches kept per wrapped function (training repeats the same few launches, each step).
 CACHE_SIZE = 4096
 
 
+class Known(NamedTuple):
+    """What the agent attaches to one kind of launch, built once and shared by every launch
+    of that kind (read-only: never mutate its dicts)."""
+
+    annotation: dict[str, Any]
+    cpu_only: dict[str, Any]  # the CPU op's own keys ("Rank", ...)
+    kernels: tuple[str, ...]
+    launch: metadata.Launch
+
+
 def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
-    """The wrapper of a function that launches one collective."""
+    """The wrapper of a function that launches one collective.
+
+    A launch seen before is found by its key (``Plan.key_of``: the group's id, tensor dtypes
+    and sizes, read straight from the arguments); a new one is derived in full, once."""
     label = row.label
     derive = plan.derive
-    seen: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
+    by_key = groups.id_keyed()  # launch key -> Known
+    by_facts: dict[tuple, Known] = {}  # launches without a key: by their derived facts
+    new_tuple = tuple.__new__  # NamedTuple's own constructor parses its arguments
+    call_sites = recorder.SITES
 
-    def annotate(launch: metadata.Launch) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The annotation and CPU-only keys of a launch: built once per distinct launch, then
-        shared by the records of the same launch (read-only: never mutate a record's dicts)."""
-        key = launch[1:9]  # group facts (by identity), sizes, dtype, splits, ranks
-        found = seen.get(key)
-        if found is None:
-            if len(seen) >= CACHE_SIZE:
-                seen.clear()
-            found = seen[key] = (metadata.annotation_of(label, launch),
-                                 metadata.cpu_only_args(launch))
-        return found
+    def learn(args: tuple, kwargs: dict, key: tuple | None) -> Known:
+        """Derive a launch not seen before (raises what deriving raises)."""
+        launch = derive(args, kwargs)
+        facts = launch[1:9]  # group facts (by identity), sizes, dtype, splits, ranks
+        known = by_facts.get(facts)
+        if known is None:
+            if len(by_facts) >= CACHE_SIZE:
+                by_facts.clear()
+            known = by_facts[facts] = new_tuple(Known, (
+                metadata.annotation_of(label, launch), metadata.cpu_only_args(launch),
+                launch.kernels, launch))
+        if key is not None:
+            if len(by_key) >= CACHE_SIZE:
+                by_key.clear()
+            by_key[key] = known
+        return known
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
         state = STATE
-        if not state.demand:
+        if not state.demand:  # nothing to annotate
             return wrapped(*args, **kwargs)
         calls = CALLS
-        if calls.depth:  # launched from inside another wrapped call
+        if calls.depth:  # inside a wrapped call: its launch
             return wrapped(*args, **kwargs)
         why: Exception | None = None
         try:
-            launch = derive(args, kwargs)
+            key = plan.key_of(args, kwargs)
+            known = by_key.get(key) if key is not None else None
+            if known is None:
+                known = learn(args, kwargs, key)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
-            launch = None
+            known = None
         except Exception as exc:
-            launch, why = None, exc
+            known, why = None, exc
         # The call runs outside the except blocks: its own exception carries none of ours.
-        if launch is None:
+        if known is None:
             if why is None:
                 return call_as_one_launch(wrapped, args, kwargs)
             return _run_unannotated(label, why, wrapped, args, kwargs)
-        if calls.blocks:  # inside a _coalescing_manager block: the block is the launch
-            calls.blocks[-1].launches.append(launch)
+        if state.blocks and calls.blocks:  # in a _coalescing_manager block: it is the launch
+            calls.blocks[-1].launches.append(known.launch)
             return call_as_one_launch(wrapped, args, kwargs)
-        annotation, cpu_only = annotate(launch)
-        if state.captures:  # a capture needs the context (mark_kernels, the graph's ledger)
-            ctx = AnnotationContext(label, annotation, cpu_only, launch.kernels)
-            return _run_annotated(label, ctx, wrapped, args, kwargs)
+        if state.captures:  # the capture's ledger, or torch's mark_kernels around the call
+            mark_kernels = features.mark_kernels()
+            if mark_kernels is not None:
+                ctx = AnnotationContext(label, known.annotation, known.cpu_only, known.kernels)
+                return _run_annotated(label, ctx, wrapped, args, kwargs)
+            try:  # (the listener finds the call site, where the launch goes into a graph)
+                for listener in capture_listeners:
+                    listener(label, known.annotation, known.kernels, None)
+            except Exception as exc:
+                warn_once(label, "noting the launch in its graph's ledger", exc)
         site = None
         if state.journals:  # written before the call: a collective that hangs is in the file
             site = call_site(2)  # from our caller
-            enter(new_record(label, annotation, site, cpu_only))
-        result = call_as_one_launch(wrapped, args, kwargs)  # recorders: run, then publish
-        if state.recorders:
-            try:
-                publish(new_record(label, annotation, site or call_site(2), cpu_only))
-            except Exception as exc:
-                warn_once(label, "recording", exc)
+            enter(new_record(label, known.annotation, site, known.cpu_only))
+        # call_as_one_launch, inlined (see there): this is the path that annotates
+        calls.depth = 1
+        exclusion = state.exclusion
+        try:
+            if exclusion is None:
+                result = wrapped(*args, **kwargs)
+            else:
+                exclusion[0](exclusion[1], True)
+                try:
+                    result = wrapped(*args, **kwargs)
+                finally:
+                    exclusion[0](exclusion[1], False)
+        finally:
+            calls.depth = 0
+        recorders = state.recorders
+        if recorders:  # after the call: a launch that raised is not recorded
+            if site is None:  # our caller's line, where it is the user's (mostly), else found
+                frame = _getframe(1)
+                sites = call_sites.get(frame.f_code)
+                site = sites.get(frame.f_lasti) if sites else None
+                if site is None:
+                    site = call_site(2)
+            entry = new_tuple(Record, (label, known[0], site, known[1]))
+            for recording in recorders:
+                recording.append(entry)
         return result
 
     return wrapper
@@ -164,11 +211,13 @@ class CoalescingBlock:
     def __enter__(self) -> Any:
         value = self._manager.__enter__()
         CALLS.blocks.append(self)
+        STATE.block_opened(True)
         return value
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
         __tracebackhide__ = True
         CALLS.blocks.remove(self)
+        STATE.block_opened(False)
         if exc_type is not None or not self.launches:
             return self._manager.__exit__(exc_type, exc, tb)
         try:
