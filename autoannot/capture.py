@@ -43,10 +43,11 @@ _lock = locks.renewed(sys.modules[__name__], "_lock")
 class Ledger:
     """What one captured graph launches, in capture order."""
 
-    __slots__ = ("__weakref__", "capture_id", "entries", "holder", "name")
+    __slots__ = ("__weakref__", "capture_id", "capturing", "entries", "holder", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.capturing = True  # until its capture ends
         self.entries: list[dict[str, Any]] = []
         self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
         self.holder: Any = None  # (thread, dispatcher layer) holding the layer for it
@@ -133,7 +134,40 @@ class _Capturing(_thread._local):
 _capturing = _Capturing()
 
 
-class ByCapturingGraph:
+class _ByStream:
+    """A CUDA way to ask: the answer is kept per stream while its capture is in progress (a
+    stream takes part in one capture at a time, until that capture ends), so a launch pays
+    for reading the current stream, not for asking CUDA again."""
+
+    def __init__(self, stream: Callable[[], Any] | None = None) -> None:
+        self.stream = stream or _current_raw_stream()  # () -> the current stream's handle
+        self._streams: dict[Any, Ledger] = {}
+
+    def began(self, ledger: Ledger) -> None:
+        pass
+
+    def ended(self, ledger: Ledger) -> None:
+        with _lock:
+            ledger.capturing = False
+            for stream in [s for s, kept in self._streams.items() if kept is ledger]:
+                del self._streams[stream]
+
+    def current(self) -> Ledger | None:
+        stream = self.stream()
+        ledger = self._streams.get(stream)
+        if ledger is None:
+            ledger = self.ask(stream)
+            if ledger is not None and stream is not None:
+                with _lock:
+                    if ledger.capturing:  # not ended meanwhile (see ended())
+                        self._streams[stream] = ledger
+        return ledger
+
+    def ask(self, stream: Any) -> Ledger | None:
+        raise NotImplementedError
+
+
+class ByCapturingGraph(_ByStream):
     """torch's ``CUDAGraph.get_currently_capturing_graph()``: it asks CUDA for the current
     stream's capture id and returns the graph being captured under it."""
 
@@ -146,13 +180,7 @@ class ByCapturingGraph:
         graph_class = getattr(torch._C, "_CUDAGraph", None)
         return callable(getattr(graph_class, "get_currently_capturing_graph", None))
 
-    def began(self, ledger: Ledger) -> None:
-        pass
-
-    def ended(self, ledger: Ledger) -> None:
-        pass
-
-    def current(self) -> Ledger | None:
+    def ask(self, stream: Any) -> Ledger | None:
         import torch
 
         try:
@@ -162,16 +190,25 @@ class ByCapturingGraph:
         return _ledger_of(graph)
 
 
-class ByCaptureId:
+class ByCaptureId(_ByStream):
     """The CUDA driver's ``cuStreamGetCaptureInfo`` for the current stream: each capture's id
     is noted when it begins, on the capturing stream. (The driver, not a runtime: a second
     CUDA runtime, such as cuda.bindings', keeps its own current device and can make another
-    device's context current on the thread — measured: an empty graph on rank 1.)"""
+    device's context current on the thread — measured: an empty graph on rank 1.)
+
+    ``capture_id``/``stream``: () -> the current stream's capture id (None: not capturing) and
+    handle, for a CUDA simulated in tests."""
 
     how = "cuStreamGetCaptureInfo (CUDA capture id, from the driver)"
 
-    def __init__(self, capture_id: Any = None) -> None:
-        self.capture_id = capture_id or _cuda_capture_id  # () -> id, or None: not capturing
+    def __init__(self, capture_id: Callable[[], Any] | None = None,
+                 stream: Callable[[], Any] | None = None) -> None:
+        if capture_id is None:
+            super().__init__(stream)
+            self._capture_id_of: Callable[[Any], Any] = _cuda_capture_id
+        else:
+            super().__init__(stream or (lambda: None))
+            self._capture_id_of = lambda stream: capture_id()
         self._ledgers: dict[Any, Ledger] = {}
 
     @staticmethod
@@ -184,19 +221,20 @@ class ByCaptureId:
             return False
 
     def began(self, ledger: Ledger) -> None:
-        capture_id = self.capture_id()
+        capture_id = self._capture_id_of(self.stream())
         if capture_id is not None:
             with _lock:
                 self._ledgers[capture_id] = ledger
             ledger.capture_id = capture_id
 
     def ended(self, ledger: Ledger) -> None:
+        super().ended(ledger)
         with _lock:
             if self._ledgers.get(ledger.capture_id) is ledger:
                 del self._ledgers[ledger.capture_id]
 
-    def current(self) -> Ledger | None:
-        capture_id = self.capture_id()
+    def ask(self, stream: Any) -> Ledger | None:
+        capture_id = self._capture_id_of(stream)
         return None if capture_id is None else self._ledgers.get(capture_id)
 
 
@@ -248,7 +286,8 @@ class CaptureIdentity:
 
     def current(self) -> Ledger | None:
         """The ledger of the capture the current stream takes part in; None if none."""
-        return self._way().current()
+        way = self.way
+        return (way if way is not None else self._way()).current()
 
 
 _CAPTURE_STATUS_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
@@ -284,12 +323,11 @@ def _current_raw_stream() -> Callable[[], int]:
     return lambda: torch.cuda.current_stream().cuda_stream
 
 
-def _cuda_capture_id() -> int | None:
-    """The id of the capture the current stream takes part in, or None."""
+def _cuda_capture_id(stream: int) -> int | None:
+    """The id of the capture ``stream`` takes part in, or None."""
     import ctypes
 
     status, capture_id = ctypes.c_int(), ctypes.c_uint64()
-    stream = _current_raw_stream()()
     if _driver_capture_info()(stream, ctypes.byref(status), ctypes.byref(capture_id)) != 0:
         return None
     return capture_id.value if status.value == _CAPTURE_STATUS_ACTIVE else None
@@ -305,11 +343,20 @@ def on_annotation(api: str, annotation: dict[str, Any], kernels: tuple[str, ...]
     if ledger is None:
         return  # this launch goes into no capture (eager work on another stream)
     if site is None:
-        from autoannot.recorder import call_site
-
-        site = call_site(3)
+        site = _caller_site()
     ledger.entries.append({"api": api, "annotation": annotation, "kernels": list(kernels),
                            "call_site": site})
+
+
+def _caller_site() -> str:
+    """The call site of the launch on_annotation was told of (its caller's caller, mostly the
+    user's line: found in the call-site cache without a walk)."""
+    from autoannot import recorder
+
+    frame = sys._getframe(3)
+    sites = recorder.SITES.get(frame.f_code)
+    site = sites.get(frame.f_lasti) if sites else None
+    return site if site is not None else recorder.call_site(4)
 
 
 def _ledger_of(graph: Any) -> Ledger | None:
@@ -395,6 +442,7 @@ def _ended(graph: Any) -> None:
         ledger = stack.pop()
     try:
         if ledger is not None:
+            ledger.capturing = False
             IDENTITY.ended(ledger)
             holder, ledger.holder = ledger.holder, None
             if holder is not None and holder[0] == _thread.get_ident():

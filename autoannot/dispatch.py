@@ -224,12 +224,12 @@ def _key() -> Any:
     return key
 
 
-def _real_tensor_check() -> Callable[[tuple], bool]:
+def _real_tensor_check() -> Callable[[tuple, dict], bool]:
     import torch
 
     plain = (torch.Tensor, torch.nn.Parameter)
 
-    def is_real(args: tuple) -> bool:
+    def is_real(args: tuple, kwargs: dict) -> bool:
         """The first tensor of the call (the first argument holding one, looked into lists
         of lists: a gather's output list is empty off the root) holds data: not fake,
         functional or meta."""
@@ -245,13 +245,14 @@ def _real_tensor_check() -> Callable[[tuple], bool]:
 
 
 def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any) -> Callable[..., Any]:
-    redispatch = op.redispatch
-    is_real = _real_tensor_check()
+    handle = getattr(op, "_handle", None)  # OpOverload.redispatch is a Python hop to this
+    redispatch = getattr(handle, "redispatch_boxed", None) or op.redispatch
+    partial = functools.partial
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # see wrappers.py
-        if STATE.demand and not CALLS.depth and is_real(args):
-            return wrapper(functools.partial(redispatch, keyset & below), None, args, kwargs)
+        if STATE.demand and not CALLS.depth:
+            return wrapper(partial(redispatch, keyset & below), None, args, kwargs)
         return redispatch(keyset & below, *args, **kwargs)
 
     kernel.__name__ = f"autoannot_{op.__name__.replace('.', '_')}"
@@ -273,7 +274,7 @@ def _kernels(family: OpFamily) -> tuple[tuple[str, str, Callable[..., Any]], ...
             op = getattr(ops, row.api).default
         except AttributeError:  # not in this torch
             continue
-        wrapper = wrappers.launch_wrapper(row, metadata.Plan(row, op))
+        wrapper = wrappers.launch_wrapper(row, metadata.Plan(row, op), _real_tensor_check())
         kernels.append((row.api, op.name(), _kernel(op, wrapper, below)))
     return tuple(kernels)
 

@@ -116,11 +116,7 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-@functools.cache
-def _mark_kernels_allowed() -> bool:
-    from autoannot import config
-
-    return config.from_environment().mark_kernels
+_MARK_KERNELS_API: list[GraphAnnotations | None] = []  # [torch's API, where allowed], once known
 
 
 def mark_kernels():  # type: ignore[no-untyped-def]
@@ -128,9 +124,12 @@ def mark_kernels():  # type: ignore[no-untyped-def]
     something: torch has it, its annotations are on for this capture, the driver answers
     ``cudaGraphNodeGetToolsId``, and ``AUTOANNOT_MARK_KERNELS`` is not 0. Else None (entering
     a no-op generator context costs microseconds per collective)."""
-    if not _mark_kernels_allowed():
-        return None
-    api = graph_annotations()
+    if not _MARK_KERNELS_API:
+        from autoannot import config
+
+        _MARK_KERNELS_API.append(graph_annotations() if config.from_environment().mark_kernels
+                                 else None)
+    api = _MARK_KERNELS_API[0]
     if api is None or not api.enabled() or api.tools_id_unavailable() is not False:
         return None
     return api.mark_kernels

@@ -101,20 +101,28 @@ class Known(NamedTuple):
     launch: metadata.Launch
 
 
-def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
+def launch_wrapper(row: Collective, plan: metadata.Plan,
+                   holds_data: Callable[[tuple, dict], bool] | None = None) -> Wrapper:
     """The wrapper of a function that launches one collective.
 
     A launch seen before is found by its key (``Plan.key_of``: the group's id, tensor dtypes
-    and sizes, read straight from the arguments); a new one is derived in full, once."""
+    and sizes, read straight from the arguments); a new one is derived in full, once.
+
+    ``holds_data``: this wraps a dispatcher kernel's redispatch, which goes below the agent's
+    key (nothing to exclude), and a launch not found by its key is annotated only if
+    ``holds_data(args, kwargs)`` says its tensors hold data (the kernels' own test)."""
     label = row.label
     derive = plan.derive
     by_key = groups.id_keyed()  # launch key -> Known
     by_facts: dict[tuple, Known] = {}  # launches without a key: by their derived facts
     new_tuple = tuple.__new__  # NamedTuple's own constructor parses its arguments
     call_sites = recorder.SITES
+    redispatch = holds_data is not None  # a kernel's redispatch: the key is not below it
 
     def learn(args: tuple, kwargs: dict, key: tuple | None) -> Known:
         """Derive a launch not seen before (raises what deriving raises)."""
+        if holds_data is not None and not holds_data(args, kwargs):
+            raise metadata.NotALaunch
         launch = derive(args, kwargs)
         facts = launch[1:9]  # group facts (by identity), sizes, dtype, splits, ranks
         known = by_facts.get(facts)
@@ -172,7 +180,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
             enter(new_record(label, known.annotation, site, known.cpu_only))
         # call_as_one_launch, inlined (see there): this is the path that annotates
         calls.depth = 1
-        exclusion = state.exclusion
+        exclusion = None if redispatch else state.exclusion
         try:
             if exclusion is None:
                 result = wrapped(*args, **kwargs)

@@ -10,11 +10,18 @@
     buckets), PyTorch's recipe (DDP built in a side-stream context, 11 eager warm-up steps),
     captured ROUNDS times.
 
-Each (workload, agent off/on) runs in its own processes (the agent on for the whole process,
-as under AUTOANNOT=1), alternating off/on PROCESS_ROUNDS times. Per process: the first capture
-(it pays for what is done once: the agent registers its dispatcher kernels there) and the
-median of the later ones; replay time (CUDA events); an eager step with the agent idle. Prints
-one JSON line of medians over the processes and writes it to OUT.json. A benchmark, not a test.
+First captures: each (workload, agent off/on) runs in its own processes (the agent on for the
+whole process, as under AUTOANNOT=1), alternating off/on PROCESS_ROUNDS times; each reports its
+first capture (it pays for what is done once: the agent registers its dispatcher kernels
+there).
+
+Later captures, replays and eager steps are compared inside the agent-on processes, the agent
+turned off and on (``disable()``/``enable()``) in alternating rounds: processes differ by more
+than the agent costs (GPU clocks, allocator state: later captures of one workload ranged
+36-57 ms across agent-off processes). Each round, per mode: one capture to warm up (with the
+agent just turned on, it registers the dispatcher kernels again), then MEASURED captures; the
+replay of the last graph (CUDA events); eager steps. Prints one JSON line of medians and
+writes it, with every sample, to OUT.json. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROUNDS, PROCESS_ROUNDS, REPLAYS, EAGER_STEPS = 3, 3, 20, 20
+ROUNDS, MEASURED, PROCESS_ROUNDS, REPLAYS, EAGER_STEPS = 5, 3, 2, 20, 3
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 HIDDEN, LAYERS = 2048, 32
 
@@ -57,25 +64,63 @@ def _replay_us(replay: Any) -> float:
     return begin.elapsed_time(end) * 1e3 / REPLAYS
 
 
-def _eager_idle(step: Any) -> tuple[float, float | None]:
-    """An eager step's time (ms, median); where the agent is on, also agent-off/agent-on
-    alternated in this process (10 rounds of 3 steps): the ratio, free of the differences
-    between processes (GPU clocks) that dominate a comparison across them."""
+class Workload:
+    """What one workload gives the driver: ``capture()`` makes its graphs anew (returns a
+    replay function), ``eager_step()`` runs one step without graphs."""
+
+    capture: Any
+    eager_step: Any
+    extra: dict[str, Any]
+
+
+def _round(workload: Workload, on: bool) -> dict[str, Any]:
+    """One round in one mode: a warm-up capture, MEASURED timed ones, replays of the last
+    graph, eager steps."""
     import autoannot
 
+    (autoannot.enable if on else autoannot.disable)()
+    if autoannot.is_enabled() != on:
+        raise RuntimeError("the agent did not turn " + ("on" if on else "off"))
+    replay = workload.capture()  # warm-up: with the agent just on, registers its kernels
+    captures, made = [], []
+    for _ in range(MEASURED):
+        captures.append(_timed(lambda: made.append(workload.capture())))
+        replay = made.pop()
+    return {"capture_ms": captures, "replay_us": _replay_us(replay),
+            "eager_step_ms": [_timed(workload.eager_step) for _ in range(EAGER_STEPS)]}
+
+
+def _measure(rank: int, workload: Workload) -> dict[str, Any]:
+    """The first capture; where the agent is on, alternating off/on rounds after it."""
+    import torch.distributed as dist
+
+    import autoannot
+
+    dist.barrier()
+    first = _timed(workload.capture)
+    result: dict[str, Any] = {"first_capture_ms": first, **workload.extra}
     if not autoannot.is_enabled():
-        return statistics.median(_timed(step) for _ in range(EAGER_STEPS)), None
-    samples: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(10):
-        for on in (False, True):
-            (autoannot.enable if on else autoannot.disable)()
-            samples[on] += [_timed(step) for _ in range(3)]
+        return result
+    if os.environ.get("PROFILE_CAPTURE") and rank == 0:  # where a later capture's time goes
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        workload.capture()
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for _ in range(ROUNDS):
+        for mode in ("off", "on"):
+            dist.barrier()
+            rounds[mode].append(_round(workload, mode == "on"))
     autoannot.enable()
-    on, off = statistics.median(samples[True]), statistics.median(samples[False])
-    return on, on / off
+    result["rounds"] = rounds
+    return result
 
 
-def inference(rank: int) -> dict[str, Any]:
+def inference(rank: int) -> Workload:
     import torch
     import torch.distributed as dist
 
@@ -101,36 +146,29 @@ def inference(rank: int) -> dict[str, Any]:
         for b in BATCH_SIZES:
             forward(inputs[b])
     torch.cuda.current_stream().wait_stream(side)
-    eager, eager_ratio = _eager_idle(lambda: forward(inputs[8]))
-    captures, graphs = [], {}
-    for _ in range(ROUNDS):
+
+    def capture() -> Any:
+        """Every batch size's graph, largest first, in one new pool."""
         pool = torch.cuda.graph_pool_handle()
         graphs = {}
+        for b in reversed(BATCH_SIZES):
+            graphs[b] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[b], pool=pool):
+                forward(inputs[b])
 
-        def capture_all(pool: Any = pool, graphs: dict = graphs) -> None:
-            for b in reversed(BATCH_SIZES):  # largest first
-                graphs[b] = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graphs[b], pool=pool):
-                    forward(inputs[b])
+        def replay() -> None:
+            for b in (1, 8, 128):
+                graphs[b].replay()
 
-        dist.barrier()
-        if os.environ.get("PROFILE_CAPTURE") and captures and rank == 0:  # where it goes
-            import cProfile
-            import pstats
+        return replay
 
-            profiler = cProfile.Profile()
-            profiler.enable()
-            captures.append(_timed(capture_all))
-            profiler.disable()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
-            continue
-        captures.append(_timed(capture_all))
-    replay = statistics.median(_replay_us(graphs[b].replay) for b in (1, 8, 128))
-    return {"capture_ms": captures, "replay_us": replay, "eager_step_ms": eager,
-            "eager_idle_in_process": eager_ratio, "collectives_per_graph": 2 * LAYERS}
+    workload = Workload()
+    workload.capture, workload.eager_step = capture, lambda: forward(inputs[8])
+    workload.extra = {"collectives_per_graph": 2 * LAYERS, "graphs": len(BATCH_SIZES)}
+    return workload
 
 
-def ddp_step(rank: int) -> dict[str, Any]:
+def ddp_step(rank: int) -> Workload:
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
@@ -155,34 +193,34 @@ def ddp_step(rank: int) -> dict[str, Any]:
         for _ in range(11):
             optimizer.zero_grad(set_to_none=True)
             step()
+    torch.cuda.current_stream().wait_stream(side)
 
-        def fresh_step() -> None:
+    def eager_step() -> None:
+        with torch.cuda.stream(side):
             optimizer.zero_grad(set_to_none=True)
             step()
+        torch.cuda.current_stream().wait_stream(side)
 
-        eager, eager_ratio = _eager_idle(fresh_step)
-    torch.cuda.current_stream().wait_stream(side)
-    captures, graph = [], None
-    for _ in range(ROUNDS):
+    def capture() -> Any:
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            step()
+        return graph.replay
 
-        def capture(graph: Any = graph) -> None:
-            with torch.cuda.graph(graph):
-                step()
-
-        captures.append(_timed(capture))
-    replay = _replay_us(graph.replay)
     buckets = None
     import autoannot
 
     if autoannot.is_enabled():  # the gradient all-reduces of one eager step: DDP's buckets
         with torch.cuda.stream(side), autoannot.record(dispatcher=True) as records:
-            fresh_step()
+            optimizer.zero_grad(set_to_none=True)
+            step()
         torch.cuda.synchronize()
         buckets = sum(r.api == "c10d.allreduce_" for r in records)
-    return {"capture_ms": captures, "replay_us": replay, "eager_step_ms": eager,
-            "eager_idle_in_process": eager_ratio, "buckets": buckets}
+    workload = Workload()
+    workload.capture, workload.eager_step = capture, eager_step
+    workload.extra = {"buckets": buckets}
+    return workload
 
 
 WORKLOADS = {"inference": inference, "ddp": ddp_step}
@@ -200,7 +238,7 @@ def _worker(rank: int, world: int, port: int, workload: str, out: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
-    result = WORKLOADS[workload](rank)
+    result = _measure(rank, WORKLOADS[workload](rank))
     if rank == 0:
         Path(out).write_text(json.dumps(result))
     dist.barrier()
@@ -229,39 +267,52 @@ def run_one(workload: str, agent: bool) -> dict[str, Any]:
         return json.loads(Path(out.name).read_text())
 
 
+def _median_of_rounds(rounds: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rounds]
+    flat = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    return statistics.median(flat)
+
+
+def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Medians: first captures across processes; the rest from the alternating rounds."""
+    summary: dict[str, Any] = {}
+    for workload, modes in results.items():
+        first = {mode: statistics.median(r["first_capture_ms"] for r in runs)
+                 for mode, runs in modes.items()}
+        rounds = {mode: [r for run in modes["on"] for r in run["rounds"][mode]]
+                  for mode in ("off", "on")}
+        m = {mode: {key: _median_of_rounds(rounds[mode], key)
+                    for key in ("capture_ms", "replay_us", "eager_step_ms")}
+             for mode in ("off", "on")}
+        # per round, on over off (the pairs share the machine's state of the moment)
+        per_round = [statistics.median(on["capture_ms"]) / statistics.median(off["capture_ms"])
+                     for on, off in zip(rounds["on"], rounds["off"], strict=True)]
+        summary[workload] = {
+            "first_capture_ms_off": round(first["off"], 3),
+            "first_capture_ms_on": round(first["on"], 3),
+            "first_capture_on_over_off": round(first["on"] / first["off"], 3),
+            **{f"later_{k}_{mode}": round(v, 3) for mode in m for k, v in m[mode].items()},
+            "later_capture_on_over_off": round(m["on"]["capture_ms"] / m["off"]["capture_ms"], 3),
+            "later_capture_on_over_off_per_round": [round(r, 3) for r in per_round],
+            "replay_on_over_off": round(m["on"]["replay_us"] / m["off"]["replay_us"], 3),
+            "eager_idle_on_over_off": round(m["on"]["eager_step_ms"]
+                                            / m["off"]["eager_step_ms"], 3),
+            "extra": {k: v for k, v in modes["on"][0].items()
+                      if k not in ("first_capture_ms", "rounds")},
+        }
+    return summary
+
+
 def main() -> int:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
         w: {"off": [], "on": []} for w in WORKLOADS}
+    only = os.environ.get("WORKLOADS", ",".join(WORKLOADS)).split(",")
     for _ in range(PROCESS_ROUNDS):
-        for workload in WORKLOADS:
+        for workload in only:
             for mode in ("off", "on"):
                 print(f"{workload}, agent {mode} ...", file=sys.stderr, flush=True)
                 results[workload][mode].append(run_one(workload, mode == "on"))
-    summary: dict[str, Any] = {}
-    for workload, modes in results.items():
-        m: dict[str, dict[str, float]] = {}
-        for mode, runs in modes.items():
-            m[mode] = {
-                "first_capture_ms": statistics.median(r["capture_ms"][0] for r in runs),
-                "later_capture_ms": statistics.median(c for r in runs for c in r["capture_ms"][1:]),
-                "replay_us": statistics.median(r["replay_us"] for r in runs),
-                "eager_step_ms": statistics.median(r["eager_step_ms"] for r in runs),
-            }
-        summary[workload] = {
-            **{f"{k}_{mode}": round(v, 3) for mode in m for k, v in m[mode].items()},
-            "later_capture_on_over_off": round(m["on"]["later_capture_ms"]
-                                               / m["off"]["later_capture_ms"], 3),
-            "first_capture_on_over_off": round(m["on"]["first_capture_ms"]
-                                               / m["off"]["first_capture_ms"], 3),
-            "replay_on_over_off": round(m["on"]["replay_us"] / m["off"]["replay_us"], 3),
-            "eager_idle_on_over_off_across_processes": round(m["on"]["eager_step_ms"]
-                                                             / m["off"]["eager_step_ms"], 3),
-            "eager_idle_on_over_off_in_process": round(statistics.median(
-                r["eager_idle_in_process"] for r in modes["on"]), 3),
-            "extra": {k: v for k, v in modes["on"][0].items()
-                      if k not in ("capture_ms", "replay_us", "eager_step_ms",
-                                   "eager_idle_in_process")},
-        }
+    summary = summarize({w: results[w] for w in only})
     line = json.dumps(summary)
     print(line)
     if len(sys.argv) > 1:

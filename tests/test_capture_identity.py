@@ -28,6 +28,7 @@ class SimulatedCuda:
         self._local = threading.local()
         self._ids = itertools.count(1)
         self.capture_of: dict[str, int] = {}
+        self.asked = 0  # cudaStreamGetCaptureInfo calls
 
     def use(self, stream: str) -> None:
         self._local.stream = stream
@@ -47,6 +48,7 @@ class SimulatedCuda:
         self.capture_of[stream] = self.capture_of[capturing]
 
     def capture_id(self) -> int | None:  # cudaStreamGetCaptureInfo(current stream)
+        self.asked += 1
         return self.capture_of.get(self.current())
 
 
@@ -58,7 +60,7 @@ class Graph:
 def cuda(monkeypatch) -> SimulatedCuda:
     sim = SimulatedCuda()
     monkeypatch.setattr(capture, "IDENTITY", capture.CaptureIdentity(capture.ByCaptureId(
-        sim.capture_id)))
+        sim.capture_id, sim.current)))
     return sim
 
 
@@ -181,6 +183,26 @@ def test_a_launch_after_its_capture_ended_lands_nowhere(fake_world, agent, cuda)
     _end(cuda, other)
     assert _ledger(graph) == [("all_reduce", 5)]
     assert _ledger(other) == []
+
+
+def test_a_stream_is_asked_about_once_per_capture(fake_world, agent, cuda) -> None:
+    """CUDA is asked once per stream and capture (the answer kept while the capture is in
+    progress), and asked again once that capture ended: the same stream, captured again,
+    lands in the new graph; eager work on it between the two, in none."""
+    first, second = Graph(), Graph()
+    cuda.use("s1")
+    _begin(cuda, first)
+    asked = cuda.asked
+    for n in range(1, 6):
+        dist.all_reduce(torch.ones(n))
+    assert cuda.asked - asked == 1
+    _end(cuda, first)
+    dist.all_reduce(torch.ones(50))  # eager, though the stream was capturing a moment ago
+    _begin(cuda, second)
+    dist.all_reduce(torch.ones(7))
+    _end(cuda, second)
+    assert _ledger(first) == [("all_reduce", n) for n in range(1, 6)]
+    assert _ledger(second) == [("all_reduce", 7)]
 
 
 def test_without_capture_ids_a_capture_keeps_the_launches_of_its_thread(fake_world, agent,
