@@ -169,7 +169,9 @@ def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Call
             lines.append(f"    {local} = kwargs[{name!r}] if {name!r} in kwargs else "
                          f"args[{position}] if n > {position} else _D_{local}")
 
-    def tensor(local: str, name: str) -> None:
+    def tensor(local: str, name: str, first: bool) -> None:
+        """Read a tensor parameter (a list of one: its tensor); ``first``: the tensor whose
+        device says whether the call launches anything (``derive`` looks at that one)."""
         read(local, name)
         lines.append(f"    kind = type({local})")
         lines.append("    if kind is not _Tensor:")
@@ -178,8 +180,9 @@ def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Call
         lines.append(f"            kind = type({local})")
         lines.append("        if kind is not _Tensor and kind is not _Parameter:")
         lines.append("            return None")
-        lines.append(f"    if {local}.is_meta:")
-        lines.append("        return None")
+        if first:
+            lines.append(f"    if {local}.is_meta:")
+            lines.append("        return None")
 
     if row.splits in (Splits.NUMELS, Splits.EQUAL_IF_NONE):
         return lambda args, kwargs: None
@@ -191,11 +194,16 @@ def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Call
         lines.append("    group = _resolve(group)")
     parts = ["_id(group)"]
     if row.inputs is not None:
-        tensor("t_in", row.inputs)
+        tensor("t_in", row.inputs, first=True)
         parts += ["t_in.dtype", "t_in.numel()"]
     if row.outputs is not None:
-        tensor("t_out", row.outputs)
-        parts += ["t_out.dtype", "t_out.numel()"]
+        tensor("t_out", row.outputs, first=row.inputs is None)
+        counted = row.sizes in (Sizes.SCATTER, Sizes.IN_OUT) or row.inputs is None
+        if row.dtype_from == "output" or row.inputs is None or (
+                counted and row.complex_as_real):  # a complex output counts twice
+            parts.append("t_out.dtype")
+        if counted:
+            parts.append("t_out.numel()")
     for i, name in enumerate(row.root_params):
         read(f"root{i}", name)
         lines.append(f"    if root{i} is not None and type(root{i}) is not _int:")
