@@ -33,6 +33,8 @@ from typing import Any
 import wrapt
 
 from autoannot import features, locks
+from autoannot.recorder import SITES as _SITES
+from autoannot.recorder import call_site
 from autoannot.state import STATE
 from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
 
@@ -41,16 +43,35 @@ _lock = locks.renewed(sys.modules[__name__], "_lock")
 
 
 class Ledger:
-    """What one captured graph launches, in capture order."""
+    """What one captured graph launches, in capture order: ``entries``, each ``{"api",
+    "annotation", "kernels", "call_site"}``."""
 
-    __slots__ = ("__weakref__", "capture_id", "capturing", "entries", "holder", "name")
+    __slots__ = ("__weakref__", "_entries", "capture_id", "capturing", "holder", "launched",
+                 "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.capturing = True  # until its capture ends
-        self.entries: list[dict[str, Any]] = []
+        #: What a launch notes while the graph is captured: (api, annotation, kernels, call
+        #: site), made into entries when they are read (a launch pays for a tuple, not a dict).
+        self.launched: list[tuple[str, dict[str, Any], tuple[str, ...], str]] = []
+        self._entries: list[dict[str, Any]] = []
         self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
         self.holder: Any = None  # (thread, dispatcher layer) holding the layer for it
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """The graph's collectives, in capture order (the same list each time: appending to
+        it adds an entry)."""
+        launched = self.launched
+        if launched:
+            with _lock:
+                count = len(launched)
+                self._entries += [{"api": api, "annotation": annotation, "kernels": list(kernels),
+                                   "call_site": site}
+                                  for api, annotation, kernels, site in launched[:count]]
+                del launched[:count]
+        return self._entries
 
 
 class Ledgers:
@@ -342,21 +363,13 @@ def on_annotation(api: str, annotation: dict[str, Any], kernels: tuple[str, ...]
     ledger = IDENTITY.current()
     if ledger is None:
         return  # this launch goes into no capture (eager work on another stream)
-    if site is None:
-        site = _caller_site()
-    ledger.entries.append({"api": api, "annotation": annotation, "kernels": list(kernels),
-                           "call_site": site})
-
-
-def _caller_site() -> str:
-    """The call site of the launch on_annotation was told of (its caller's caller, mostly the
-    user's line: found in the call-site cache without a walk)."""
-    from autoannot import recorder
-
-    frame = sys._getframe(3)
-    sites = recorder.SITES.get(frame.f_code)
-    site = sites.get(frame.f_lasti) if sites else None
-    return site if site is not None else recorder.call_site(4)
+    if site is None:  # our caller's caller: the user's line, mostly (else found by a walk)
+        frame = sys._getframe(2)
+        sites = _SITES.get(frame.f_code)
+        site = sites.get(frame.f_lasti) if sites else None
+        if site is None:
+            site = call_site(3)
+    ledger.launched.append((api, annotation, kernels, site))
 
 
 def _ledger_of(graph: Any) -> Ledger | None:

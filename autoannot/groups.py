@@ -190,8 +190,12 @@ def resolve_c10d(group: Any) -> Any:
 def resolve_boxed(group: Any) -> Any:
     """The ProcessGroup a ``c10d::`` op was given: the dispatcher passes it boxed (a
     ScriptObject); ``ProcessGroup.unbox`` gives back the very Python object."""
-    c10d = sys.modules["torch.distributed.distributed_c10d"]
-    return c10d.ProcessGroup.unbox(group)
+    if not _UNBOX:
+        _UNBOX.append(sys.modules["torch.distributed.distributed_c10d"].ProcessGroup.unbox)
+    return _UNBOX[0](group)
+
+
+_UNBOX: list[Any] = []  # ProcessGroup.unbox, once looked up
 
 
 def resolve_any(group: Any, tag: str = "") -> Any:
