@@ -149,7 +149,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
         why: Exception | None = None
         try:
             key = plan.key_of(args, kwargs)
-            known = by_key.get(key) if key is not None else None
+            known = by_key.get(key)  # (None is never a key)
             if known is None:
                 known = learn(args, kwargs, key)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
@@ -181,17 +181,19 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
         # call_as_one_launch, inlined (see there): this is the path that annotates
         calls.depth = 1
         exclusion = None if redispatch else state.exclusion
-        try:
-            if exclusion is None:
+        if exclusion is None:
+            try:
                 result = wrapped(*args, **kwargs)
-            else:
-                exclusion[0](exclusion[1], True)
-                try:
-                    result = wrapped(*args, **kwargs)
-                finally:
-                    exclusion[0](exclusion[1], False)
-        finally:
-            calls.depth = 0
+            finally:
+                calls.depth = 0
+        else:
+            set_excluded, dispatch_key = exclusion
+            set_excluded(dispatch_key, True)
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                set_excluded(dispatch_key, False)
+                calls.depth = 0
         recorders = state.recorders
         if recorders:  # after the call: a launch that raised is not recorded
             if site is None:  # our caller's line, where it is the user's (mostly), else found
