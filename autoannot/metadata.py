@@ -8,6 +8,7 @@ few multiplications, not for interpreting the table.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -188,8 +189,15 @@ def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Call
         return lambda args, kwargs: None
     read("group", row.group_param)
     if row.group_arg is GroupArg.C10D:
+        world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
         lines.append("    if group is None:")
-        lines.append("        group = _resolve(None)")
+        if world is not None and hasattr(world, "_default_pg"):  # torch's state, read directly
+            namespace["_world"] = world
+            lines.append("        group = _world._default_pg")
+            lines.append("        if group is None:")
+            lines.append("            group = _resolve(None)")
+        else:
+            lines.append("        group = _resolve(None)")
     else:
         lines.append("    group = _resolve(group)")
     parts = ["_id(group)"]

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROUNDS, MEASURED, PROCESS_ROUNDS, REPLAYS, EAGER_STEPS = 5, 3, 2, 20, 3
+ROUNDS, MEASURED, PROCESS_ROUNDS, REPLAYS, EAGER_STEPS = 20, 3, 2, 20, 3
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 HIDDEN, LAYERS = 2048, 32
 
