@@ -174,7 +174,10 @@ class _ByStream:
                 del self._streams[stream]
 
     def current(self) -> Ledger | None:
-        stream = self.stream()
+        try:
+            stream = self.stream()
+        except Exception:  # no current stream to read (a CUDA build with no driver)
+            return None
         ledger = self._streams.get(stream)
         if ledger is None:
             ledger = self.ask(stream)

@@ -205,6 +205,32 @@ def test_a_stream_is_asked_about_once_per_capture(fake_world, agent, cuda) -> No
     assert _ledger(second) == [("all_reduce", 7)]
 
 
+def test_a_stream_that_cannot_be_read_is_in_no_capture(fake_world, agent) -> None:
+    """A CUDA build on a machine with no driver: reading the current stream raises. Asking
+    which capture a launch goes into answers none (torch's own way to ask does the same),
+    and such a launch is recorded as any other."""
+
+    def no_driver() -> int:
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    way = capture.ByCaptureId(lambda: 1, no_driver)
+    assert way.current() is None
+    import autoannot
+
+    identity = capture.CaptureIdentity(way)
+    graph = Graph()
+    saved, capture.IDENTITY = capture.IDENTITY, identity
+    try:
+        capture._began(graph)
+        with autoannot.record() as records:
+            dist.all_reduce(torch.ones(8))
+        capture._ended(graph)
+    finally:
+        capture.IDENTITY = saved
+    assert [r.api for r in records] == ["all_reduce"]
+    assert _ledger(graph) == []
+
+
 def test_without_capture_ids_a_capture_keeps_the_launches_of_its_thread(fake_world, agent,
                                                                           monkeypatch) -> None:
     """Where neither torch nor cuda.bindings can say (the fallback): the capturing thread's
