@@ -16,7 +16,7 @@ from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext, capture_listeners
 from autoannot.collectives import C10D, Collective, Role
 from autoannot.diagnostics import warn_once
-from autoannot.recorder import Record, call_site, enter, new_record
+from autoannot.recorder import Record, call_site, enter, new_record, publish
 from autoannot.state import CALLS, STATE
 
 _getframe = sys._getframe
@@ -60,7 +60,14 @@ def _run_annotated(
         warn_once(label, "entering the annotation context", exc)
         entered = False
     if not entered:  # outside the except block: the caller's exception carries none of ours
-        return wrapped(*args, **kwargs)
+        result = call_as_one_launch(wrapped, args, kwargs)
+        if STATE.recorders:  # it launched: recorded as any launch, though not annotated
+            try:
+                publish(new_record(label, ctx.annotation, ctx.call_site or call_site(2),
+                                   ctx.cpu_only))
+            except Exception as exc:
+                warn_once(label, "recording", exc)
+        return result
     try:
         result = call_as_one_launch(wrapped, args, kwargs)
     except BaseException as exc:

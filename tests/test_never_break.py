@@ -140,3 +140,26 @@ def test_the_agent_does_not_keep_destroyed_groups_alive() -> None:
     it: the metadata cache holds groups weakly."""
     (seen,) = run_ranks(group_lifetime, 1)
     assert seen == [1, True, 0]
+
+
+def test_a_launch_whose_context_cannot_be_entered_is_still_recorded(fake_world, agent) -> None:
+    """Entering the annotation context fails (torch's mark_kernels, a capture listener): the
+    collective runs once, as the same launch (nothing below annotates it again), and the open
+    recorders still get it."""
+    from autoannot import wrappers
+    from autoannot.annotation import AnnotationContext
+
+    class Unenterable(AnnotationContext):
+        def __enter__(self) -> AnnotationContext:
+            raise RuntimeError("no driver")
+
+    calls = []
+    ctx = Unenterable("all_reduce", {"name": "all_reduce"}, {"Rank": 0})
+    with autoannot.record(dispatcher=True) as records, warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        result = wrappers._run_annotated("all_reduce", ctx, lambda t: calls.append(t) or 7,
+                                         (torch.ones(1),), {})
+        dist.all_reduce(torch.ones(2))
+    assert result == 7 and len(calls) == 1
+    assert [r.api for r in records] == ["all_reduce", "all_reduce"]
+    assert records[0].annotation == {"name": "all_reduce"} and records[0].cpu_only == {"Rank": 0}
