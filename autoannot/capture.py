@@ -33,7 +33,6 @@ from typing import Any
 import wrapt
 
 from autoannot import features, locks
-from autoannot.recorder import SITES as _SITES
 from autoannot.recorder import call_site
 from autoannot.state import STATE
 from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
@@ -366,12 +365,8 @@ def on_annotation(api: str, annotation: dict[str, Any], kernels: tuple[str, ...]
     ledger = IDENTITY.current()
     if ledger is None:
         return  # this launch goes into no capture (eager work on another stream)
-    if site is None:  # our caller's caller: the user's line, mostly (else found by a walk)
-        frame = sys._getframe(2)
-        sites = _SITES.get(frame.f_code)
-        site = sites.get(frame.f_lasti) if sites else None
-        if site is None:
-            site = call_site(3)
+    if site is None:  # from our caller's caller: the user's line, mostly
+        site = call_site(3)
     ledger.launched.append((api, annotation, kernels, site))
 
 

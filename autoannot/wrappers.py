@@ -104,8 +104,7 @@ class Known(NamedTuple):
 
     annotation: dict[str, Any]
     cpu_only: dict[str, Any]  # the CPU op's own keys ("Rank", ...)
-    kernels: tuple[str, ...]
-    launch: metadata.Launch
+    launch: metadata.Launch  # its facts (``.kernels``: the NCCL kernel families it may run)
 
 
 def launch_wrapper(row: Collective, plan: metadata.Plan,
@@ -138,7 +137,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 by_facts.clear()
             known = by_facts[facts] = new_tuple(Known, (
                 metadata.annotation_of(label, launch), metadata.cpu_only_args(launch),
-                launch.kernels, launch))
+                launch))
         if key is not None:
             if len(by_key) >= CACHE_SIZE:
                 by_key.clear()
@@ -174,11 +173,12 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
         if state.captures:  # the capture's ledger, or torch's mark_kernels around the call
             mark_kernels = features.mark_kernels()
             if mark_kernels is not None:
-                ctx = AnnotationContext(label, known.annotation, known.cpu_only, known.kernels)
+                ctx = AnnotationContext(label, known.annotation, known.cpu_only,
+                                        known.launch.kernels)
                 return _run_annotated(label, ctx, wrapped, args, kwargs)
             try:  # (the listener finds the call site, where the launch goes into a graph)
                 for listener in capture_listeners:
-                    listener(label, known.annotation, known.kernels, None)
+                    listener(label, known.annotation, known.launch.kernels, None)
             except Exception as exc:
                 warn_once(label, "noting the launch in its graph's ledger", exc)
         site = None
