@@ -46,16 +46,20 @@ class Ledger:
     "annotation", "kernels", "call_site"}``."""
 
     __slots__ = ("__weakref__", "_entries", "capture_id", "capturing", "holder", "launched",
-                 "name")
+                 "name", "native_capture")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.capturing = True  # until its capture ends
         #: What a launch notes while the graph is captured: (api, annotation, kernels, call
-        #: site), made into entries when they are read (a launch pays for a tuple, not a dict).
-        self.launched: list[tuple[str, dict[str, Any], tuple[str, ...], str]] = []
+        #: site, order), made into entries when they are read (a launch pays for a tuple, not a
+        #: dict). ``order``: the native kernel's notes are numbered 1, 2, ...; a launch noted
+        #: here after n of them has n + 0.5 (0 without the kernel): by it the notes join these
+        #: when the capture ends.
+        self.launched: list[tuple[str, dict[str, Any], tuple[str, ...], str, float]] = []
         self._entries: list[dict[str, Any]] = []
         self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
+        self.native_capture: int | None = None  # the capture's id, as the native kernel asks
         self.holder: Any = None  # (thread, dispatcher layer) holding the layer for it
 
     @property
@@ -68,7 +72,7 @@ class Ledger:
                 count = len(launched)
                 self._entries += [{"api": api, "annotation": annotation, "kernels": list(kernels),
                                    "call_site": site}
-                                  for api, annotation, kernels, site in launched[:count]]
+                                  for api, annotation, kernels, site, _ in launched[:count]]
                 del launched[:count]
         return self._entries
 
@@ -367,7 +371,9 @@ def on_annotation(api: str, annotation: dict[str, Any], kernels: tuple[str, ...]
         return  # this launch goes into no capture (eager work on another stream)
     if site is None:  # from our caller's caller: the user's line, mostly
         site = call_site(3)
-    ledger.launched.append((api, annotation, kernels, site))
+    native = STATE.native  # (after the native kernel's notes so far; see _join_native_notes)
+    ledger.launched.append((api, annotation, kernels, site,
+                            0 if native is None else native.order[0] + 0.5))
 
 
 def _ledger_of(graph: Any) -> Ledger | None:
@@ -409,6 +415,8 @@ def _began(graph: Any) -> None:
     if layer is not None:  # C++-origin launches on this thread (and autograd's) are seen
         layer.hold()
         ledger.holder = (_thread.get_ident(), layer)
+        if layer.native is not None:  # where the native kernel notes them, by this id
+            ledger.native_capture = layer.native.current_capture()
     STATE.capture_started()
 
 
@@ -455,11 +463,32 @@ def _ended(graph: Any) -> None:
         if ledger is not None:
             ledger.capturing = False
             IDENTITY.ended(ledger)
+            if ledger.native_capture is not None:
+                _join_native_notes(ledger)
             holder, ledger.holder = ledger.holder, None
             if holder is not None and holder[0] == _thread.get_ident():
                 holder[1].release()
     finally:
         STATE.capture_ended()
+
+
+def _join_native_notes(ledger: Ledger) -> None:
+    """The launches the native kernel noted in this capture join the ledger, in launch
+    order."""
+    from autoannot import dispatch
+
+    layer = _INSTRUMENTATION[0].dispatcher if _INSTRUMENTATION else None
+    native = layer.native if layer is not None else None
+    if native is None:
+        return
+    try:
+        noted = dispatch.launched_of_notes(native.drain(ledger.native_capture))
+    except Exception as exc:  # the capture stands; these launches go unannotated
+        _said("capture_end (native kernel's notes)", exc)
+        return
+    if noted:
+        with _lock:
+            ledger.launched[:] = sorted(ledger.launched + noted, key=lambda launch: launch[4])
 
 
 def _profiler_running() -> bool:

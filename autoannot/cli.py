@@ -5,6 +5,7 @@
     autoannot plot TRACE|DIR... -o PNG         a timeline picture, one band per rank
     autoannot doctor [--json]                  what this machine has, which path the agent takes
     autoannot run [--] CMD [ARGS...]           run CMD with every Python process instrumented
+    autoannot build-native [-v]                compile the native kernel for this torch
     autoannot hook-path                        the directory of the sitecustomize hook
 
 The same option means the same thing in every command: ``-o`` names what is written (never an
@@ -69,6 +70,24 @@ def _run(args: argparse.Namespace) -> int:
         print(f"autoannot run: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def _build_native(args: argparse.Namespace) -> int:
+    from autoannot import native
+
+    try:
+        existing = native.built_path()
+        if existing is not None:
+            print(existing)
+            return DONE
+        _say("build-native", f"compiling {native.SOURCE.name} for torch into {native.build_dir()}"
+             " (about a minute)")
+        print(native.build(verbose=args.verbose))
+    except Exception as exc:
+        _say("build-native", f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+             + ("" if args.verbose else " (-v shows the compiler's output)"))
+        return INCOMPLETE
+    return DONE
 
 
 def _annotate_plan(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
@@ -445,6 +464,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "to PATH ({rank} and {pid} are filled in)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     run.set_defaults(func=_run)
+    build = sub.add_parser(
+        "build-native", help="compile the native kernel for this torch (C++-origin launches "
+        "in captures, noted without Python)",
+        description="Compile autoannot's native kernel against the installed torch (a C++ "
+        "compiler and ninja; about a minute) into AUTOANNOT_NATIVE_DIR (default "
+        "~/.cache/autoannot/native). The agent uses it from then on, unless AUTOANNOT_NATIVE=0.")
+    build.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
+    build.set_defaults(func=_build_native)
     hook = sub.add_parser("hook-path", help="print the directory of the sitecustomize hook")
     hook.set_defaults(func=_hook_path)
     return parser

@@ -64,7 +64,8 @@ KEY = "DeferredInit"
 class _Holds(_thread._local):
     def __init__(self) -> None:
         self.count = 0  # this thread's holds (captures, dispatcher recorders) in progress
-        self.before = False  # the key was included before the first of them
+        self.before: tuple[bool, bool] = (False, False)  # our key and the native one were
+        # included before the first of them
 
 
 class DispatcherLayer:
@@ -87,6 +88,10 @@ class DispatcherLayer:
         #: ``(set_excluded, key)`` once kernels are registered; ``STATE.exclusion`` while some
         #: thread holds the layer.
         self.exclusion: tuple[Callable[[Any, bool], None], Any] | None = None
+        #: The native kernel's module (``autoannot.native``) where it is built and its kernels
+        #: are on; its key is included and excluded with ours.
+        self.native: Any = None
+        self.native_ops: list[str] = []
 
     def __repr__(self) -> str:
         return f"DispatcherLayer({', '.join(self.ops) or 'no kernels'}, holders={self.holders})"
@@ -97,7 +102,6 @@ class DispatcherLayer:
 
     def hold(self) -> None:
         """Launches on this thread reach the kernels until the matching ``release()``."""
-        import torch
 
         holds = self._holds
         with self._lock:
@@ -107,12 +111,13 @@ class DispatcherLayer:
                     return
                 if not self.libraries:
                     self._register()  # no thread includes the key: none reads these entries
-                holds.before = torch._C._dispatch_tls_is_dispatch_key_included(key)
+                holds.before = _included(key, self.native)
                 self.holders += 1
                 self.retired = False
                 STATE.exclusion = self.exclusion
+                STATE.set_native(self.native)
             holds.count += 1
-        torch._C._dispatch_tls_set_dispatch_key_included(_key(), True)
+        _include(_key(), self.native, True)
 
     def release(self) -> None:
         """Undo one ``hold()`` of this thread (nothing if it holds none)."""
@@ -126,10 +131,8 @@ class DispatcherLayer:
             self.holders -= 1
             if not self.holders:
                 STATE.exclusion = None
-            if not holds.before:
-                import torch
-
-                torch._C._dispatch_tls_set_dispatch_key_included(_key(), False)
+                STATE.set_native(None)
+            _include(_key(), self.native, holds.before)
             if self.retired and not self.holders:
                 self._remove()
 
@@ -159,15 +162,60 @@ class DispatcherLayer:
             import torch
 
             self.exclusion = (torch._C._dispatch_tls_set_dispatch_key_excluded, _key())
+            self._register_native([op for op in self.ops if op.startswith("c10d::")])
+
+    def _register_native(self, ops: list[str]) -> None:
+        """The native kernel for the ``c10d::`` ops, where it is built (see autoannot.native)."""
+        from autoannot import native
+
+        module = native.load()
+        if module is None or not ops:
+            return
+        try:
+            import torch
+
+            key = torch._C._dispatch_key_parse(module.KEY)
+            if torch._C._dispatch_has_backend_fallback(key) and not module.registered():
+                self.skipped["native"] = f"the {module.KEY} dispatch key is taken"
+                return
+            self.native_ops = module.register_kernels(ops)
+            self.native = module
+        except Exception as exc:  # the Python kernels annotate these launches
+            self.skipped["native"] = f"{type(exc).__name__}: {exc}"
+            diagnostics.warn_once("native kernel", "registering", exc)
 
     def _remove(self) -> None:
         self.exclusion = STATE.exclusion = None
+        STATE.set_native(None)
+        if self.native is not None:
+            self.native.remove_kernels()
+            self.native, self.native_ops = None, []
         libraries, self.libraries, self.ops = self.libraries, [], []
         for library in reversed(libraries):
             try:
                 library._destroy()
             except Exception as exc:
                 diagnostics.warn_once("dispatcher kernels", "removing", exc)
+
+
+def _included(key: Any, native: Any) -> tuple[bool, bool]:
+    """Whether this thread includes our key, and the native kernel's (before a hold)."""
+    import torch
+
+    included = torch._C._dispatch_tls_is_dispatch_key_included
+    return (included(key),
+            included(torch._C._dispatch_key_parse(native.KEY)) if native is not None else False)
+
+
+def _include(key: Any, native: Any, included: bool | tuple[bool, bool]) -> None:
+    """Include (or, with what ``_included`` said before, restore) our key and the native one."""
+    import torch
+
+    ours, theirs = (included, included) if type(included) is bool else included
+    torch._C._dispatch_tls_set_dispatch_key_included(key, ours)
+    if native is not None:
+        torch._C._dispatch_tls_set_dispatch_key_included(
+            torch._C._dispatch_key_parse(native.KEY), theirs)
 
 
 @functools.cache
@@ -301,3 +349,51 @@ def create() -> DispatcherLayer | None:
     if not config.from_environment().ops or not available():
         return None
     return DispatcherLayer()
+
+
+@functools.cache
+def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...]]]:
+    """``"c10d::op"`` -> (label, plan, names of its keyword-only arguments), for the native
+    kernel's notes."""
+    import torch
+
+    plans = {}
+    for row in collectives.COLLECTIVES:
+        if row.module != collectives.PG_OPS:
+            continue
+        try:
+            op = getattr(torch.ops.c10d, row.api).default
+        except AttributeError:  # not in this torch
+            continue
+        keyword_only = tuple(arg.name for arg in op._schema.arguments if arg.kwarg_only)
+        plans[op.name()] = (row.label, metadata.Plan(row, op), keyword_only)
+    return plans
+
+
+def launched_of_notes(notes: list[tuple[int, str, tuple]]) -> list[tuple]:
+    """The native kernel's notes ``(order, "c10d::op", args)`` as a ledger's launches: each
+    derived by its row's plan, as the Python kernel derives the launch (tensors stand in as
+    their dtype and sizes). A note that cannot be derived is left out, and said once."""
+    from autoannot import native, recorder
+
+    plans = _note_plans()
+    known: dict[tuple, tuple[dict[str, Any], tuple[str, ...]]] = {}
+    launched = []
+    for order, name, noted in notes:
+        label, plan, keyword_only = plans.get(name, (name, None, ()))
+        try:
+            if plan is None:
+                raise LookupError(f"{name} is not in the table")
+            args = [native.stand_in(value) for value in noted]
+            split = len(args) - len(keyword_only)
+            launch = plan.derive(tuple(args[:split]), dict(zip(keyword_only, args[split:],
+                                                               strict=True)))
+        except Exception as exc:  # this launch goes unannotated
+            diagnostics.warn_once(label, "deriving the collective metadata", exc)
+            continue
+        facts = (label, launch[:10])  # (a launch's facts: its row's, and the call's)
+        found = known.get(facts)
+        if found is None:
+            found = known[facts] = (metadata.annotation_of(label, launch), launch.kernels)
+        launched.append((label, found[0], found[1], recorder.NATIVE_CALLER, order))
+    return launched

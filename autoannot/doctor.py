@@ -116,6 +116,7 @@ def diagnose() -> dict[str, Any]:
     from autoannot import capture, config, dispatch
 
     report["compiled_code"], report["cpp_origin"] = _dispatcher_layer(config, dispatch)
+    report["native_kernel"] = _native_kernel()
     report["capture_identity"] = capture.CaptureIdentity().how
     report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
     report["missing"] = missing
@@ -136,6 +137,18 @@ def _dispatcher_layer(config: Any, dispatch: Any) -> tuple[str, str]:
     return lines[0], lines[1]
 
 
+def _native_kernel() -> str:
+    from autoannot import native
+
+    if not native.enabled():
+        return "off (AUTOANNOT_NATIVE=0)"
+    path = native.built_path()
+    if path is None:
+        return "not built for this torch (autoannot build-native): captured C++-origin " \
+               "launches go through Python kernels"
+    return f"built ({path}): captured C++-origin launches are noted in C++"
+
+
 def format_report(report: dict[str, Any]) -> str:
     lines = ["autoannot doctor", ""]
     for key in ("python", "autoannot", "torch", "cuda_runtime", "driver", "nccl", "gpus",
@@ -147,6 +160,8 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("cpp_origin"):
         lines.append(f"  launches no proxy sees (DDP's reducer, backward, ProcessGroup calls): "
                      f"{report['cpp_origin']}")
+    if report.get("native_kernel"):
+        lines.append(f"  native kernel: {report['native_kernel']}")
     if report.get("capture_identity"):
         lines.append(f"  a launch is tied to its CUDA-graph capture by: "
                      f"{report['capture_identity']}")

@@ -155,6 +155,9 @@ _PLACES: list[_Places] = []
 #: The call site of a launch made from C++ with no Python code on the thread's stack (autograd's
 #: engine threads: DDP's reducer, a backward's collectives).
 NO_PYTHON_CALLER = "<C++: no Python caller>"
+#: The call site of a C++-origin launch the native kernel noted in a capture (it reads no
+#: Python frames: the launching thread does not hold the GIL).
+NATIVE_CALLER = "<C++: noted by the native kernel>"
 #: The call site of a launch whose Python callers are all torch's or the standard library's.
 TORCH_CALLER = "<no user frame>"
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 class _State:
     __slots__ = ("__weakref__", "_lock", "blocks", "captures", "demand", "exclusion", "journals",
-                 "live", "recorders")
+                 "live", "native", "recorders")
 
     def __init__(self) -> None:
         self._lock = locks.renewed(self, "_lock")
@@ -34,11 +34,24 @@ class _State:
         #: registered): the wrappers exclude the key around the call they annotate. None while
         #: no thread holds it: then no thread includes the key, and nothing is toggled.
         self.exclusion: tuple[Any, Any] | None = None
+        #: The native kernel's module while some thread holds the dispatcher layer and the
+        #: kernel is on (``autoannot.native``); armed while captures are the only demand.
+        self.native: Any = None
 
     def _refresh(self) -> None:
         """Recompute demand (under the lock)."""
         self.demand = self.live and (bool(self.recorders) or bool(self.journals)
                                      or self.captures > 0)
+        if self.native is not None:  # a recorder or journal wants each launch as it is made
+            self.native.set_armed(self.live and self.captures > 0 and not self.recorders
+                                  and not self.journals)
+
+    def set_native(self, native: Any) -> None:
+        with self._lock:
+            if self.native is not None and native is None:
+                self.native.set_armed(False)
+            self.native = native
+            self._refresh()
 
     def set_live(self, live: bool) -> None:
         with self._lock:

@@ -187,7 +187,9 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
             enter(new_record(label, known.annotation, site, known.cpu_only))
         # call_as_one_launch, inlined (see there): this is the path that annotates
         calls.depth = 1
-        exclusion = None if redispatch else state.exclusion
+        # (a kernel's redispatch: excluded where the native kernel sits above ours, so the
+        # c10d launch a funcol op makes below is not noted again there)
+        exclusion = None if redispatch and state.native is None else state.exclusion
         if exclusion is None:
             try:
                 result = wrapped(*args, **kwargs)

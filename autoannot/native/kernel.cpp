@@ -1,0 +1,272 @@
+// autoannot's native kernel: the c10d ops of a launch made in a CUDA-graph capture are noted
+// here, in C++, with no Python call and no GIL; the Python layer turns the notes into ledger
+// entries when the capture ends (autoannot/native/__init__.py).
+//
+// It sits on TESTING_ONLY_GenericWrapper, a key torch never includes outside its own C++ tests,
+// just above the agent's Python kernels (DeferredInit). A thread includes both while it holds
+// the agent's dispatcher layer. For each c10d op:
+//   * armed (a capture in progress, nothing else asking for launches), the launch's tensors
+//     hold data, the current stream is capturing, and the Python layer's key is not excluded
+//     (a Python-API launch the proxies annotate themselves): note the launch, then redispatch
+//     below both keys (the Python kernel is skipped);
+//   * otherwise: redispatch below this key (the Python kernel, where it is included).
+// Everything else the key reaches falls through.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
+constexpr c10::DispatchKey kPythonKey = c10::DispatchKey::DeferredInit;
+
+// One argument of a noted launch: a value kept as is (group, ints, reduce op), a tensor's
+// dtype and sizes (never the tensor: the capture's memory stays as the program left it), or
+// a list of these.
+struct Arg {
+  enum Kind : uint8_t { kValue, kTensor, kList } kind = kValue;
+  c10::IValue value;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes;
+  std::vector<Arg> items;
+};
+
+struct Note {
+  uint64_t seq;
+  uint64_t capture;
+  std::string op;  // "c10d::allreduce_"
+  std::vector<Arg> args;
+};
+
+std::atomic<uint64_t> g_seq{0};
+std::atomic<bool> g_armed{false};
+std::atomic<uint64_t> g_test_capture{0};  // tests on a machine with no CUDA: every launch is in it
+std::atomic<uint64_t> g_noted{0};
+std::mutex g_mutex;
+std::vector<Note> g_notes;
+std::unique_ptr<torch::Library> g_fallthrough;
+std::unique_ptr<torch::Library> g_library;
+std::vector<std::string> g_registered;
+
+const c10::DispatchKeySet kBelowKey(c10::DispatchKeySet::FULL_AFTER, kKey);
+const c10::DispatchKeySet kBelowPythonKey(c10::DispatchKeySet::FULL_AFTER, kPythonKey);
+
+// cuStreamGetCaptureInfo(stream, *status, *id): the first version, every driver since CUDA
+// 10.1 exports it; looked up in the driver torch loaded (no CUDA headers needed here).
+using CaptureInfo = int (*)(void*, int*, unsigned long long*);
+
+CaptureInfo capture_info() {
+  static CaptureInfo function = []() -> CaptureInfo {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == nullptr) {
+      driver = dlopen("libcuda.so.1", RTLD_NOW);
+    }
+    return driver ? reinterpret_cast<CaptureInfo>(dlsym(driver, "cuStreamGetCaptureInfo"))
+                  : nullptr;
+  }();
+  return function;
+}
+
+// The id of the capture the current CUDA stream takes part in; 0 if none.
+uint64_t current_capture() {
+  uint64_t test = g_test_capture.load(std::memory_order_relaxed);
+  if (test != 0) {
+    return test;
+  }
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+    return 0;
+  }
+  CaptureInfo query = capture_info();
+  if (query == nullptr) {
+    return 0;
+  }
+  const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  c10::Stream stream = guard->getStream(guard->getDevice());
+  int status = 0;
+  unsigned long long id = 0;
+  if (query(stream.native_handle(), &status, &id) != 0 || status != 1) {  // 1: ACTIVE
+    return 0;
+  }
+  return id;
+}
+
+bool holds_data(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.is_meta()) {
+    return false;
+  }
+  auto keys = tensor.key_set();
+  return !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize);
+}
+
+// Note an argument; false when a tensor in it holds no data (tracing: nothing launches).
+bool note(const c10::IValue& value, Arg& arg) {
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    if (!holds_data(tensor)) {
+      return false;
+    }
+    arg.kind = Arg::kTensor;
+    arg.dtype = tensor.scalar_type();
+    arg.sizes = tensor.sizes().vec();
+    return true;
+  }
+  if (value.isList()) {
+    arg.kind = Arg::kList;
+    for (const auto& item : value.toListRef()) {
+      arg.items.emplace_back();
+      if (!note(item, arg.items.back())) {
+        return false;
+      }
+    }
+    return true;
+  }
+  arg.kind = Arg::kValue;
+  arg.value = value;
+  return true;
+}
+
+void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (g_armed.load(std::memory_order_relaxed) &&
+      !c10::impl::tls_is_dispatch_key_excluded(kPythonKey)) {
+    uint64_t capture = current_capture();
+    if (capture != 0) {
+      Note entry{0, capture, op.operator_name().name, {}};
+      size_t count = op.schema().arguments().size();
+      entry.args.resize(count);
+      bool real = true;
+      size_t i = 0;
+      for (const auto& value : torch::jit::last(*stack, count)) {
+        if (!note(value, entry.args[i++])) {
+          real = false;
+          break;
+        }
+      }
+      if (real) {
+        {
+          std::lock_guard<std::mutex> lock(g_mutex);
+          entry.seq = g_seq.fetch_add(1) + 1;
+          g_notes.push_back(std::move(entry));
+        }
+        g_noted.fetch_add(1, std::memory_order_relaxed);
+        op.redispatchBoxed(keys & kBelowPythonKey, stack);
+        return;
+      }
+    }
+  }
+  op.redispatchBoxed(keys & kBelowKey, stack);
+}
+
+py::object to_python(const Arg& arg) {
+  switch (arg.kind) {
+    case Arg::kTensor: {
+      py::object dtype =
+          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(arg.dtype)));
+      return py::make_tuple(py::str("tensor"), dtype, py::tuple(py::cast(arg.sizes)));
+    }
+    case Arg::kList: {
+      py::list items;
+      for (const auto& item : arg.items) {
+        items.append(to_python(item));
+      }
+      return std::move(items);
+    }
+    default:
+      return torch::jit::toPyObject(arg.value);
+  }
+}
+
+// Kernels for these ops ("c10d::allreduce_"); the names registered (those without another
+// kernel on the key). Call only while no thread includes the key.
+std::vector<std::string> register_kernels(const std::vector<std::string>& ops) {
+  if (!g_fallthrough) {
+    g_fallthrough = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
+    g_fallthrough->fallback(torch::CppFunction::makeFallthrough());
+  }
+  if (g_library) {
+    return g_registered;
+  }
+  auto library = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "c10d", kKey, __FILE__, __LINE__);
+  std::vector<std::string> registered;
+  for (const auto& name : ops) {
+    auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
+    if (!handle || handle->hasKernelForDispatchKey(kKey)) {
+      continue;
+    }
+    library->impl(name.substr(name.find("::") + 2).c_str(),
+                  torch::CppFunction::makeFromBoxedFunction<&kernel>());
+    registered.push_back(name);
+  }
+  g_library = std::move(library);
+  g_registered = registered;
+  return registered;
+}
+
+void remove_kernels() {
+  g_library.reset();
+  g_registered.clear();
+}
+
+// The notes of one capture (all, for 0), in launch order, as (seq, op, args).
+py::list drain(uint64_t capture) {
+  std::vector<Note> taken;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    std::vector<Note> kept;
+    for (auto& entry : g_notes) {
+      (capture == 0 || entry.capture == capture ? taken : kept).push_back(std::move(entry));
+    }
+    g_notes.swap(kept);
+  }
+  py::list out;
+  for (const auto& entry : taken) {
+    py::list args;
+    for (const auto& arg : entry.args) {
+      args.append(to_python(arg));
+    }
+    out.append(py::make_tuple(entry.seq, entry.op, py::tuple(args)));
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "autoannot's native kernel for c10d launches in CUDA-graph captures";
+  m.attr("KEY") = c10::toString(kKey);
+  m.def("register_kernels", &register_kernels);
+  m.def("remove_kernels", &remove_kernels);
+  m.def("set_armed", [](bool armed) { g_armed.store(armed); });
+  m.def("armed", []() { return g_armed.load(); });
+  m.def("registered", []() { return static_cast<bool>(g_fallthrough); });
+  // How many launches have been noted, read by Python with no call (a launch the proxies
+  // annotate in a capture takes its place among the notes by it).
+  static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t), "a plain 64-bit counter");
+  m.attr("order") = py::memoryview::from_buffer(
+      reinterpret_cast<const uint64_t*>(&g_seq), {1}, {sizeof(uint64_t)});
+  m.def("noted", []() { return g_noted.load(); });
+  m.def("current_capture", []() -> py::object {
+    uint64_t id = current_capture();
+    return id ? py::object(py::int_(id)) : py::none();
+  });
+  m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
+  m.def("drain", &drain, py::arg("capture") = 0);
+}

@@ -1,0 +1,161 @@
+"""What each rank runs for test_native.py: C++-origin launches in a capture, noted by the
+native kernel and, the same launches, annotated by the Python kernels.
+
+There is no CUDA here: a capture is what ``CUDAGraph.capture_begin``/``capture_end``'s wrappers
+see (``capture._capture_begin`` on a stand-in graph), and the native kernel is told which
+capture every launch goes into (``set_test_capture``), as CUDA would tell it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import autoannot
+from autoannot import capture, native
+
+
+def _launches(pg: Any, sub: Any, rank: int, world: int) -> None:
+    """ProcessGroup calls (C++-origin: no proxy sees them) and Python-API calls, mixed."""
+    x = torch.arange(8, dtype=torch.float32) + rank
+    pg.allreduce([x]).wait()
+    dist.all_reduce(x)  # a Python-API launch between C++-origin ones
+    pg.allreduce_coalesced([torch.ones(3), torch.ones(5)]).wait()
+    pg.allgather([[torch.zeros(8) for _ in range(world)]], [x]).wait()
+    pg._allgather_base(torch.zeros(8 * world), x).wait()
+    pg.broadcast(torch.ones(4, dtype=torch.bfloat16), 1).wait()
+    pg.reduce(torch.ones(6, dtype=torch.int64), 0).wait()
+    pg.alltoall_base(torch.zeros(2 * world), torch.ones(2 * world), [2] * world,
+                     [2] * world).wait()
+    pg.allreduce([torch.ones(3, dtype=torch.complex64)]).wait()
+    if sub is not None:
+        sub.allreduce([torch.ones(7, dtype=torch.float16)]).wait()
+    dist.broadcast(x, 0)
+    peer = rank ^ 1
+    if rank % 2 == 0:
+        pg.send([torch.ones(5)], peer, 0).wait()
+    else:
+        pg.recv([torch.zeros(5)], peer, 0).wait()
+    pg.barrier().wait()
+
+
+def _captured(test_capture: int, body: Any) -> list[dict[str, Any]]:
+    """The ledger of one stand-in capture of ``body()``; ``test_capture``: the native kernel
+    notes its launches (0: it lets them through to the Python kernels)."""
+    module = native.loaded()
+    if module is not None:
+        module.set_test_capture(test_capture)
+    graph = type("Graph", (), {})()
+    capture._capture_begin(lambda: None, graph, (), {})
+    try:
+        body()
+    finally:
+        capture._capture_end(lambda: None, graph, (), {})
+        if module is not None:
+            module.set_test_capture(0)
+    return [{"api": e["api"], "annotation": e["annotation"], "kernels": e["kernels"],
+             "call_site": e["call_site"]}
+            for e in capture.LEDGERS[graph._autoannot_graph].entries]
+
+
+def _noted() -> int:
+    module = native.loaded()
+    return module.noted() if module is not None else -1
+
+
+def mixed_launches(rank: int, world: int) -> dict[str, Any]:
+    autoannot.enable()
+    pg = dist.group.WORLD
+    sub = dist.new_group([r for r in range(world) if r % 2 == 0])
+    sub = sub if rank % 2 == 0 else None
+    _captured(0, lambda: None)  # the layer's kernels go on at its first hold
+    loaded = native.loaded() is not None
+    before = _noted()
+    python_kernels = _captured(0, lambda: _launches(pg, sub, rank, world))
+    after_python = _noted()
+    noted = _captured(11, lambda: _launches(pg, sub, rank, world))
+    after_native = _noted()
+    return {"loaded": loaded, "python": python_kernels, "native": noted,
+            "noted_by_python_run": after_python - before,
+            "noted_by_native_run": after_native - after_python}
+
+
+def funcol_and_recorder(rank: int, world: int) -> dict[str, Any]:
+    """A compiled-code op (annotated by its own Python kernel; its c10d launch below is not
+    noted again), a recorder open across a capture (the native kernel stands aside), a fake
+    tensor (tracing: nothing noted)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    autoannot.enable()
+    pg = dist.group.WORLD
+    _captured(11, lambda: None)
+    funcol = torch.ops._c10d_functional
+
+    def compiled() -> None:
+        funcol.wait_tensor.default(funcol.all_reduce_.default(torch.ones(4), "sum",
+                                                              pg.group_name))
+
+    before = _noted()
+    funcol_entries = _captured(11, compiled)
+    funcol_noted = _noted() - before
+
+    with autoannot.record(dispatcher=True) as records:
+        before = _noted()
+        recorded_entries = _captured(11, lambda: pg.allreduce([torch.ones(4)]).wait())
+        recorder_noted = _noted() - before
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    before = _noted()
+
+    def traced() -> None:
+        try:
+            pg.allreduce([fake])
+        except Exception:
+            pass  # a fake tensor does not run; it only must not be noted
+
+    fake_entries = _captured(11, traced)
+    return {"funcol": funcol_entries, "funcol_noted": funcol_noted,
+            "recorded": [r.api for r in records], "recorder_entries": recorded_entries,
+            "recorder_noted": recorder_noted, "fake_entries": fake_entries,
+            "fake_noted": _noted() - before}
+
+
+def ddp_steps(rank: int, world: int) -> dict[str, Any]:
+    """DDP's reducer (a C++-origin launch per bucket) in captured steps."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
+    autoannot.enable()
+    data = torch.randn(8, 64)
+
+    def step() -> None:
+        ddp(data).sum().backward()
+
+    for _ in range(2):  # DDP rebuilds its buckets after the first step
+        step()
+    _captured(0, lambda: None)
+    before = _noted()
+    python_kernels = _captured(0, step)
+    noted = _captured(11, step)
+    return {"python": python_kernels, "native": noted, "noted": _noted() - before}
+
+
+def layer_state(rank: int, world: int) -> dict[str, Any]:
+    """disable() takes the native kernels off; enable() and the next capture put them back."""
+    import torch._C as C
+
+    autoannot.enable()
+    pg = dist.group.WORLD
+    first = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
+    on = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
+    autoannot.disable()
+    off = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
+    autoannot.enable()
+    again = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
+    return {"first": first, "again": again, "on": on, "off": off,
+            "included_after": C._dispatch_tls_is_dispatch_key_included(
+                C._dispatch_key_parse(native.loaded().KEY))}

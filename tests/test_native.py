@@ -1,0 +1,114 @@
+"""The native kernel (autoannot/native): C++-origin launches in a capture, noted in C++, give
+the ledger entries the Python kernels give, in launch order among the Python-API launches.
+
+Real gloo groups (2 and 4 ranks), the kernel compiled against this torch for the session.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import native_cases
+import pytest
+from harness import run_ranks
+
+from autoannot import native, recorder
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The kernel built for this torch in a folder of this run (the rank processes inherit
+    the variable)."""
+    previous = os.environ.get("AUTOANNOT_NATIVE_DIR")
+    os.environ["AUTOANNOT_NATIVE_DIR"] = str(tmp_path_factory.mktemp("native"))
+    try:
+        yield native.build()
+    finally:
+        if previous is None:
+            del os.environ["AUTOANNOT_NATIVE_DIR"]
+        else:
+            os.environ["AUTOANNOT_NATIVE_DIR"] = previous
+
+
+def _without_sites(entries: list[dict[str, Any]]) -> list[tuple]:
+    return [(e["api"], e["annotation"], e["kernels"]) for e in entries]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_noted_launches_read_as_the_python_kernels_annotate_them(world: int) -> None:
+    for rank, result in enumerate(run_ranks(native_cases.mixed_launches, world)):
+        assert result["loaded"], rank
+        python, noted = result["python"], result["native"]
+        assert result["noted_by_python_run"] == 0  # no capture the kernel knows: let through
+        cpp_origin = [e for e in python if e["api"].startswith("c10d.")]
+        assert len(cpp_origin) >= 10 and result["noted_by_native_run"] == len(cpp_origin)
+        # the same entries, annotation for annotation, in the same order
+        assert _without_sites(noted) == _without_sites(python), rank
+        for entry, before in zip(noted, python, strict=True):
+            if entry["api"].startswith("c10d."):
+                assert entry["call_site"] == recorder.NATIVE_CALLER
+            else:  # the proxies' launches keep the user's line
+                assert entry["call_site"] == before["call_site"]
+                assert entry["call_site"].rsplit(":", 1)[0].endswith("native_cases.py")
+
+
+def test_funcol_ops_recorders_and_fake_tensors_are_not_noted() -> None:
+    for result in run_ranks(native_cases.funcol_and_recorder, 2):
+        # compiled code's op: annotated once, by its own kernel; the c10d launch below it
+        # is not noted again
+        assert [e["api"] for e in result["funcol"]] == ["_c10d_functional.all_reduce_"]
+        assert result["funcol_noted"] == 0
+        # a recorder open: every launch goes to it (the Python kernels), none is noted
+        assert result["recorder_noted"] == 0
+        assert result["recorded"] == ["c10d.allreduce_"]
+        assert [e["api"] for e in result["recorder_entries"]] == ["c10d.allreduce_"]
+        assert result["fake_noted"] == 0 and result["fake_entries"] == []
+
+
+def test_ddp_buckets_noted_as_the_python_kernels_annotate_them() -> None:
+    for result in run_ranks(native_cases.ddp_steps, 2):
+        python, noted = result["python"], result["native"]
+        buckets = [e for e in python if e["api"] == "c10d.allreduce_"]
+        assert len(buckets) >= 3 and result["noted"] == len(buckets)
+        assert _without_sites(noted) == _without_sites(python)
+
+
+def test_disable_takes_the_native_kernels_off_and_enable_puts_them_back() -> None:
+    for result in run_ranks(native_cases.layer_state, 2):
+        assert result["on"] and not result["off"]
+        assert [e["api"] for e in result["first"]] == ["c10d.allreduce_"]
+        assert _without_sites(result["again"]) == _without_sites(result["first"])
+        assert not result["included_after"]  # the key left as the thread had it
+
+
+def test_not_loaded_when_turned_off_or_not_built(tmp_path, monkeypatch) -> None:
+    assert native.built_path() is not None
+    monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
+    assert not native.enabled()
+    monkeypatch.setenv("AUTOANNOT_NATIVE", "1")
+    monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(tmp_path))
+    assert native.built_path() is None  # another folder: nothing built there
+
+
+def test_stand_ins_read_as_tensors() -> None:
+    import torch
+
+    from autoannot import collectives, metadata
+
+    row = next(r for r in collectives.COLLECTIVES if r.api == "allgather_"
+               and r.module == collectives.PG_OPS)
+    plan = metadata.Plan(row, torch.ops.c10d.allgather_.default)
+    tensors = [[torch.zeros(3, 2, dtype=torch.complex64)] * 2], [torch.ones(3, 2,
+                                                                             dtype=torch.complex64)]
+    noted = [[[("tensor", torch.complex64, (3, 2))] * 2], [("tensor", torch.complex64, (3, 2))]]
+    stand_ins = [native.stand_in(value) for value in noted]
+    assert repr(stand_ins[1][0]) == "TensorFacts(torch.complex64, (3, 2))"
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    group = dist.group.WORLD.boxed()
+    assert plan.derive((*stand_ins, group), {}) == plan.derive((*tensors, group), {})
