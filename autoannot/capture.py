@@ -482,7 +482,7 @@ def _join_native_notes(ledger: Ledger) -> None:
     if native is None:
         return
     try:
-        noted = dispatch.launched_of_notes(native.drain(ledger.native_capture))
+        noted = dispatch.launched_of_notes(native, ledger.native_capture)
     except Exception as exc:  # the capture stands; these launches go unannotated
         _said("capture_end (native kernel's notes)", exc)
         return

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autoannot import collectives, diagnostics, locks, metadata, wrappers
+from autoannot import collectives, diagnostics, groups, locks, metadata, wrappers
 from autoannot.state import CALLS, STATE
 
 
@@ -178,7 +178,8 @@ class DispatcherLayer:
             if torch._C._dispatch_has_backend_fallback(key) and not module.registered():
                 self.skipped["native"] = f"the {module.KEY} dispatch key is taken"
                 return
-            self.native_ops = module.register_kernels(ops)
+            plans = _note_plans()
+            self.native_ops = module.register_kernels(ops, [plans[op][3] for op in ops])
             self.native = module
         except Exception as exc:  # the Python kernels annotate these launches
             self.skipped["native"] = f"{type(exc).__name__}: {exc}"
@@ -352,9 +353,9 @@ def create() -> DispatcherLayer | None:
 
 
 @functools.cache
-def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...]]]:
-    """``"c10d::op"`` -> (label, plan, names of its keyword-only arguments), for the native
-    kernel's notes."""
+def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...], list[int]]]:
+    """``"c10d::op"`` -> (label, plan, names of its keyword-only arguments, positions of the
+    arguments its launch's metadata is read from), for the native kernel's notes."""
     import torch
 
     plans = {}
@@ -365,35 +366,55 @@ def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...]]]:
             op = getattr(torch.ops.c10d, row.api).default
         except AttributeError:  # not in this torch
             continue
+        arguments = [arg.name for arg in op._schema.arguments]
+        read = {row.group_param, row.inputs, row.outputs, *row.root_params, *row.split_params}
         keyword_only = tuple(arg.name for arg in op._schema.arguments if arg.kwarg_only)
-        plans[op.name()] = (row.label, metadata.Plan(row, op), keyword_only)
+        plans[op.name()] = (row.label, metadata.Plan(row, op), keyword_only,
+                            [i for i, name in enumerate(arguments) if name in read])
     return plans
 
 
-def launched_of_notes(notes: list[tuple[int, str, tuple]]) -> list[tuple]:
-    """The native kernel's notes ``(order, "c10d::op", args)`` as a ledger's launches: each
-    derived by its row's plan, as the Python kernel derives the launch (tensors stand in as
-    their dtype and sizes). A note that cannot be derived is left out, and said once."""
-    from autoannot import native, recorder
+#: kind of noted launch (the native kernel's number) -> (label, annotation, kernels), or None
+#: where it could not be derived; emptied when a group it names is gone (see ``groups``).
+_KINDS = groups.id_keyed()
 
+
+def launched_of_notes(native: Any, capture: int) -> list[tuple]:
+    """The native kernel's notes of one capture as a ledger's launches ``(label, annotation,
+    kernels, call site, order)``: each kind of launch derived once, by its row's plan, as the
+    Python kernel derives a launch (tensors stand in as their dtype and sizes). A note that
+    cannot be derived is left out, and said once."""
+    from autoannot import recorder
+
+    kinds = _KINDS
+    if not kinds:  # never filled, or a group is gone: the kernel gives every kind's args again
+        native.forget_kinds()
     plans = _note_plans()
-    known: dict[tuple, tuple[dict[str, Any], tuple[str, ...]]] = {}
     launched = []
-    for order, name, noted in notes:
-        label, plan, keyword_only = plans.get(name, (name, None, ()))
-        try:
-            if plan is None:
-                raise LookupError(f"{name} is not in the table")
-            args = [native.stand_in(value) for value in noted]
-            split = len(args) - len(keyword_only)
-            launch = plan.derive(tuple(args[:split]), dict(zip(keyword_only, args[split:],
-                                                               strict=True)))
-        except Exception as exc:  # this launch goes unannotated
-            diagnostics.warn_once(label, "deriving the collective metadata", exc)
-            continue
-        facts = (label, launch[:10])  # (a launch's facts: its row's, and the call's)
-        found = known.get(facts)
-        if found is None:
-            found = known[facts] = (metadata.annotation_of(label, launch), launch.kernels)
-        launched.append((label, found[0], found[1], recorder.NATIVE_CALLER, order))
+    site = recorder.NATIVE_CALLER
+    for order, name, kind, noted in native.drain(capture):
+        found = kinds.get(kind) if noted is None else None
+        if found is None and noted is not None:
+            found = _derive_note(plans, name, noted)
+            if kind:
+                kinds[kind] = found
+        if found is not None:
+            launched.append((*found, site, order))
     return launched
+
+
+def _derive_note(plans: dict[str, Any], name: str, noted: tuple) -> tuple | None:
+    from autoannot import native
+
+    label, plan, keyword_only, _ = plans.get(name, (name, None, (), []))
+    try:
+        if plan is None:
+            raise LookupError(f"{name} is not in the table")
+        args = [native.stand_in(value) for value in noted]
+        split = len(args) - len(keyword_only)
+        launch = plan.derive(tuple(args[:split]),
+                             dict(zip(keyword_only, args[split:], strict=True)))
+    except Exception as exc:  # this launch goes unannotated
+        diagnostics.warn_once(label, "deriving the collective metadata", exc)
+        return None
+    return label, metadata.annotation_of(label, launch), launch.kernels

@@ -60,13 +60,20 @@ def _captured(test_capture: int, body: Any) -> list[dict[str, Any]]:
             for e in capture.LEDGERS[graph._autoannot_graph].entries]
 
 
+def _start() -> None:
+    """The agent on; a launch's capture is its thread's (no CUDA here: a CUDA build of torch
+    with no driver would find no capture at all)."""
+    capture.IDENTITY = capture.CaptureIdentity(capture.ByThread())
+    autoannot.enable()
+
+
 def _noted() -> int:
     module = native.loaded()
     return module.noted() if module is not None else -1
 
 
 def mixed_launches(rank: int, world: int) -> dict[str, Any]:
-    autoannot.enable()
+    _start()
     pg = dist.group.WORLD
     sub = dist.new_group([r for r in range(world) if r % 2 == 0])
     sub = sub if rank % 2 == 0 else None
@@ -77,9 +84,12 @@ def mixed_launches(rank: int, world: int) -> dict[str, Any]:
     after_python = _noted()
     noted = _captured(11, lambda: _launches(pg, sub, rank, world))
     after_native = _noted()
-    return {"loaded": loaded, "python": python_kernels, "native": noted,
+    kinds = native.loaded().kinds()
+    again = _captured(11, lambda: _launches(pg, sub, rank, world))  # each kind derived once
+    return {"loaded": loaded, "python": python_kernels, "native": noted, "again": again,
             "noted_by_python_run": after_python - before,
-            "noted_by_native_run": after_native - after_python}
+            "noted_by_native_run": after_native - after_python,
+            "kinds": kinds, "kinds_after_again": native.loaded().kinds()}
 
 
 def funcol_and_recorder(rank: int, world: int) -> dict[str, Any]:
@@ -88,7 +98,7 @@ def funcol_and_recorder(rank: int, world: int) -> dict[str, Any]:
     tensor (tracing: nothing noted)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    autoannot.enable()
+    _start()
     pg = dist.group.WORLD
     _captured(11, lambda: None)
     funcol = torch.ops._c10d_functional
@@ -129,7 +139,7 @@ def ddp_steps(rank: int, world: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
-    autoannot.enable()
+    _start()
     data = torch.randn(8, 64)
 
     def step() -> None:
@@ -148,7 +158,7 @@ def layer_state(rank: int, world: int) -> dict[str, Any]:
     """disable() takes the native kernels off; enable() and the next capture put them back."""
     import torch._C as C
 
-    autoannot.enable()
+    _start()
     pg = dist.group.WORLD
     first = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
     on = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
@@ -156,6 +166,17 @@ def layer_state(rank: int, world: int) -> dict[str, Any]:
     off = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
     autoannot.enable()
     again = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
-    return {"first": first, "again": again, "on": on, "off": off,
+    # a group gone: the kinds noted on it are forgotten (a new group may get its address)
+    import gc
+
+    names = []
+    for _ in range(3):
+        group = dist.new_group(list(range(world)))
+        entries = _captured(11, lambda group=group: group.allreduce([torch.ones(2)]).wait())
+        names.append((entries[0]["annotation"]["Process Group Name"], group.group_name))
+        dist.destroy_process_group(group)
+        del group, entries
+        gc.collect()
+    return {"first": first, "again": again, "on": on, "off": off, "group_names": names,
             "included_after": C._dispatch_tls_is_dispatch_key_included(
                 C._dispatch_key_parse(native.loaded().KEY))}

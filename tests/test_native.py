@@ -45,6 +45,9 @@ def test_noted_launches_read_as_the_python_kernels_annotate_them(world: int) -> 
         assert len(cpp_origin) >= 10 and result["noted_by_native_run"] == len(cpp_origin)
         # the same entries, annotation for annotation, in the same order
         assert _without_sites(noted) == _without_sites(python), rank
+        # captured again: no new kind of launch, the same entries (derived once, kept)
+        assert result["kinds_after_again"] == result["kinds"] > 0
+        assert _without_sites(result["again"]) == _without_sites(noted)
         for entry, before in zip(noted, python, strict=True):
             if entry["api"].startswith("c10d."):
                 assert entry["call_site"] == recorder.NATIVE_CALLER
@@ -80,6 +83,8 @@ def test_disable_takes_the_native_kernels_off_and_enable_puts_them_back() -> Non
         assert [e["api"] for e in result["first"]] == ["c10d.allreduce_"]
         assert _without_sites(result["again"]) == _without_sites(result["first"])
         assert not result["included_after"]  # the key left as the thread had it
+        names = result["group_names"]
+        assert all(noted == real for noted, real in names) and len({n for n, _ in names}) == 3
 
 
 def test_not_loaded_when_turned_off_or_not_built(tmp_path, monkeypatch) -> None:

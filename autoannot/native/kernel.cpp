@@ -27,7 +27,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -64,6 +66,10 @@ std::vector<Note> g_notes;
 std::unique_ptr<torch::Library> g_fallthrough;
 std::unique_ptr<torch::Library> g_library;
 std::vector<std::string> g_registered;
+// Per op: the arguments a launch's metadata is read from (the rest, such as the reduce op, is
+// not part of its kind); and the kinds of launch drained so far (see drain()).
+std::unordered_map<std::string, std::vector<size_t>> g_read;
+std::unordered_map<std::string, uint64_t> g_kinds;
 
 const c10::DispatchKeySet kBelowKey(c10::DispatchKeySet::FULL_AFTER, kKey);
 const c10::DispatchKeySet kBelowPythonKey(c10::DispatchKeySet::FULL_AFTER, kPythonKey);
@@ -192,9 +198,68 @@ py::object to_python(const Arg& arg) {
   }
 }
 
-// Kernels for these ops ("c10d::allreduce_"); the names registered (those without another
-// kernel on the key). Call only while no thread includes the key.
-std::vector<std::string> register_kernels(const std::vector<std::string>& ops) {
+template <typename T>
+void append(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// What of an argument decides its launch's metadata, as bytes; false where a value is of no
+// kind kept (its launch is derived each time).
+bool append_key(std::string& key, const Arg& arg) {
+  switch (arg.kind) {
+    case Arg::kTensor:
+      key.push_back('T');
+      append(key, static_cast<int8_t>(arg.dtype));
+      append(key, arg.sizes.size());
+      for (int64_t size : arg.sizes) {
+        append(key, size);
+      }
+      return true;
+    case Arg::kList:
+      key.push_back('L');
+      append(key, arg.items.size());
+      for (const auto& item : arg.items) {
+        if (!append_key(key, item)) {
+          return false;
+        }
+      }
+      return true;
+    default:
+      break;
+  }
+  const c10::IValue& value = arg.value;
+  if (value.isNone()) {
+    key.push_back('N');
+  } else if (value.isInt()) {
+    key.push_back('I');
+    append(key, value.toInt());
+  } else if (value.isBool()) {
+    key.push_back(value.toBool() ? 't' : 'f');
+  } else if (value.isString()) {
+    key.push_back('S');
+    const auto& text = value.toStringRef();
+    append(key, text.size());
+    key.append(text);
+  } else if (value.isObject() && value.toObjectRef().slots().size() == 1 &&
+             value.toObjectRef().getSlot(0).isCapsule()) {
+    // a bound C++ object (the ProcessGroup): the object itself (the boxed wrapper is new
+    // for each call). Python forgets the kinds when a group it derived from is gone.
+    key.push_back('G');
+    append(key, static_cast<const void*>(value.toObjectRef().getSlot(0).toCapsule().get()));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Kernels for these ops ("c10d::allreduce_"), each with the arguments its launch's metadata is
+// read from; the names registered (those without another kernel on the key). Call only while
+// no thread includes the key.
+std::vector<std::string> register_kernels(const std::vector<std::string>& ops,
+                                          const std::vector<std::vector<size_t>>& read) {
+  for (size_t i = 0; i < ops.size() && i < read.size(); ++i) {
+    g_read[ops[i]] = read[i];
+  }
   if (!g_fallthrough) {
     g_fallthrough = std::make_unique<torch::Library>(
         torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
@@ -225,7 +290,9 @@ void remove_kernels() {
   g_registered.clear();
 }
 
-// The notes of one capture (all, for 0), in launch order, as (seq, op, args).
+// The notes of one capture (all, for 0), in launch order, as (seq, op, kind, args): launches
+// of one kind (op, and the arguments its metadata is read from) have one metadata; a kind's
+// args are given the first time it is drained (None after, until forget_kinds()).
 py::list drain(uint64_t capture) {
   std::vector<Note> taken;
   {
@@ -237,12 +304,37 @@ py::list drain(uint64_t capture) {
     g_notes.swap(kept);
   }
   py::list out;
+  std::string key;
   for (const auto& entry : taken) {
+    key.assign(entry.op);
+    key.push_back('\0');
+    bool kept = true;
+    auto read = g_read.find(entry.op);
+    if (read == g_read.end()) {
+      kept = false;
+    } else {
+      for (size_t index : read->second) {
+        if (index >= entry.args.size() || !append_key(key, entry.args[index])) {
+          kept = false;
+          break;
+        }
+      }
+    }
+    uint64_t kind = 0;  // 0: of no kind kept
+    if (kept) {
+      auto found = g_kinds.find(key);
+      if (found != g_kinds.end()) {
+        out.append(py::make_tuple(entry.seq, entry.op, found->second, py::none()));
+        continue;
+      }
+      kind = g_kinds.size() + 1;
+      g_kinds.emplace(key, kind);
+    }
     py::list args;
     for (const auto& arg : entry.args) {
       args.append(to_python(arg));
     }
-    out.append(py::make_tuple(entry.seq, entry.op, py::tuple(args)));
+    out.append(py::make_tuple(entry.seq, entry.op, kind, py::tuple(args)));
   }
   return out;
 }
@@ -269,4 +361,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
   m.def("drain", &drain, py::arg("capture") = 0);
+  m.def("forget_kinds", []() { g_kinds.clear(); });
+  m.def("kinds", []() { return g_kinds.size(); });
 }
