@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from autoannot import features, groups, metadata, patching, recorder
 from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext, capture_listeners
-from autoannot.collectives import C10D, Collective, Role
+from autoannot.collectives import C10D, OPS, Collective, Role
 from autoannot.diagnostics import warn_once
 from autoannot.recorder import Record, call_site, enter, new_record, publish
 from autoannot.state import CALLS, STATE
@@ -115,15 +115,18 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
     and sizes, read straight from the arguments); a new one is derived in full, once.
 
     ``holds_data``: this wraps a dispatcher kernel's redispatch, which goes below the agent's
-    key (nothing to exclude), and a launch not found by its key is annotated only if
-    ``holds_data(args, kwargs)`` says its tensors hold data (the kernels' own test)."""
+    key, and a launch not found by its key is annotated only if ``holds_data(args, kwargs)``
+    says its tensors hold data (the kernels' own test)."""
     label = row.label
     derive = plan.derive
     by_key = groups.id_keyed()  # launch key -> Known
     by_facts: dict[tuple, Known] = {}  # launches without a key: by their derived facts
     new_tuple = tuple.__new__  # NamedTuple's own constructor parses its arguments
     call_sites = recorder.SITES
-    redispatch = holds_data is not None  # a kernel's redispatch: the key is not below it
+    # Exclude our key around the call: a proxy's call, and a compiled op's redispatch (torch's
+    # _c10d_functional kernels launch a c10d:: op, where a kernel of ours would be called again,
+    # ~7 us to be let through); a c10d:: op's redispatch launches nothing of ours below.
+    excludes = holds_data is None or row.module == OPS
 
     def learn(args: tuple, kwargs: dict, key: tuple | None) -> Known:
         """Derive a launch not seen before (raises what deriving raises)."""
@@ -187,9 +190,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
             enter(new_record(label, known.annotation, site, known.cpu_only))
         # call_as_one_launch, inlined (see there): this is the path that annotates
         calls.depth = 1
-        # (a kernel's redispatch: excluded where the native kernel sits above ours, so the
-        # c10d launch a funcol op makes below is not noted again there)
-        exclusion = None if redispatch and state.native is None else state.exclusion
+        exclusion = state.exclusion if excludes else None
         if exclusion is None:
             try:
                 result = wrapped(*args, **kwargs)

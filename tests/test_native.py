@@ -109,9 +109,8 @@ def test_stand_ins_read_as_tensors() -> None:
     noted = [[[("tensor", torch.complex64, (3, 2))] * 2], [("tensor", torch.complex64, (3, 2))]]
     stand_ins = [native.stand_in(value) for value in noted]
     assert repr(stand_ins[1][0]) == "TensorFacts(torch.complex64, (3, 2))"
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
