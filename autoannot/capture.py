@@ -483,6 +483,8 @@ def _join_native_notes(ledger: Ledger) -> None:
         return
     try:
         noted = dispatch.launched_of_notes(native, ledger.native_capture)
+        if STATE.captures <= 1:  # no other capture in progress: notes no ledger will claim
+            native.drain(-1)  # (a capture begun without our wrappers) are let go
     except Exception as exc:  # the capture stands; these launches go unannotated
         _said("capture_end (native kernel's notes)", exc)
         return

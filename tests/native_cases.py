@@ -165,6 +165,15 @@ def layer_state(rank: int, world: int) -> dict[str, Any]:
     off = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
     autoannot.enable()
     again = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
+    # launches noted under a capture no ledger claims are let go when no capture is left
+    module = native.loaded()
+
+    def elsewhere() -> None:
+        module.set_test_capture(12)
+        pg.allreduce([torch.ones(2)]).wait()
+
+    orphaned = _captured(11, elsewhere)
+    pending_after = module.pending()
     # a group gone: the kinds noted on it are forgotten (a new group may get its address)
     import gc
 
@@ -177,5 +186,6 @@ def layer_state(rank: int, world: int) -> dict[str, Any]:
         del group, entries
         gc.collect()
     return {"first": first, "again": again, "on": on, "off": off, "group_names": names,
+            "orphaned": orphaned, "pending_after": pending_after,
             "included_after": C._dispatch_tls_is_dispatch_key_included(
                 C._dispatch_key_parse(native.loaded().KEY))}

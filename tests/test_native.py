@@ -83,6 +83,7 @@ def test_disable_takes_the_native_kernels_off_and_enable_puts_them_back() -> Non
         assert [e["api"] for e in result["first"]] == ["c10d.allreduce_"]
         assert _without_sites(result["again"]) == _without_sites(result["first"])
         assert not result["included_after"]  # the key left as the thread had it
+        assert result["orphaned"] == [] and result["pending_after"] == 0
         names = result["group_names"]
         assert all(noted == real for noted, real in names) and len({n for n, _ in names}) == 3
 
@@ -116,3 +117,27 @@ def test_stand_ins_read_as_tensors() -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     group = dist.group.WORLD.boxed()
     assert plan.derive((*stand_ins, group), {}) == plan.derive((*tensors, group), {})
+
+
+def test_build_native_cli_exit_codes_and_doctor(tmp_path, built) -> None:
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    done = subprocess.run([sys.executable, "-m", "autoannot", "build-native"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == str(built)  # built: nothing to do
+    doctor = subprocess.run([sys.executable, "-m", "autoannot", "doctor"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert f"native kernel: built ({built})" in doctor.stdout
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    failed = subprocess.run([sys.executable, "-m", "autoannot", "build-native"],
+                            env={**env, "AUTOANNOT_NATIVE_DIR": str(blocker)},
+                            capture_output=True, text=True, timeout=600)
+    assert failed.returncode == 1 and failed.stdout == ""
+    assert failed.stderr.startswith("autoannot build-native:") and "failed" in failed.stderr
+    off = subprocess.run([sys.executable, "-m", "autoannot", "doctor"],
+                         env={**env, "AUTOANNOT_NATIVE": "0"}, capture_output=True, text=True,
+                         timeout=600)
+    assert "native kernel: off (AUTOANNOT_NATIVE=0)" in off.stdout

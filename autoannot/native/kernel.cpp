@@ -292,14 +292,20 @@ void remove_kernels() {
 
 // The notes of one capture (all, for 0), in launch order, as (seq, op, kind, args): launches
 // of one kind (op, and the arguments its metadata is read from) have one metadata; a kind's
-// args are given the first time it is drained (None after, until forget_kinds()).
-py::list drain(uint64_t capture) {
+// args are given the first time it is drained (None after, until forget_kinds()). -1: let
+// every note go, returning none.
+py::list drain(int64_t capture) {
   std::vector<Note> taken;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    if (capture < 0) {
+      g_notes.clear();
+      return py::list();
+    }
     std::vector<Note> kept;
     for (auto& entry : g_notes) {
-      (capture == 0 || entry.capture == capture ? taken : kept).push_back(std::move(entry));
+      bool take = capture == 0 || entry.capture == static_cast<uint64_t>(capture);
+      (take ? taken : kept).push_back(std::move(entry));
     }
     g_notes.swap(kept);
   }
@@ -355,6 +361,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("order") = py::memoryview::from_buffer(
       reinterpret_cast<const uint64_t*>(&g_seq), {1}, {sizeof(uint64_t)});
   m.def("noted", []() { return g_noted.load(); });
+  m.def("pending", []() {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    return g_notes.size();
+  });
   m.def("current_capture", []() -> py::object {
     uint64_t id = current_capture();
     return id ? py::object(py::int_(id)) : py::none();
