@@ -416,6 +416,7 @@ def _began(graph: Any) -> None:
         layer.hold()
         ledger.holder = (_thread.get_ident(), layer)
         if layer.native is not None:  # where the native kernel notes them, by this id
+            layer.native.forget_streams()  # (a stream it knew may be in this capture now)
             ledger.native_capture = layer.native.current_capture()
     STATE.capture_started()
 
@@ -482,6 +483,7 @@ def _join_native_notes(ledger: Ledger) -> None:
     if native is None:
         return
     try:
+        native.forget_streams()  # (the streams of this capture are in none now)
         noted = dispatch.launched_of_notes(native, ledger.native_capture)
         if STATE.captures <= 1:  # no other capture in progress: notes no ledger will claim
             native.drain(-1)  # (a capture begun without our wrappers) are let go

@@ -90,6 +90,12 @@ CaptureInfo capture_info() {
   return function;
 }
 
+// Streams known to take part in a capture in progress, and its id: asked of the driver once
+// per stream and capture (a stream takes part in one capture at a time); forgotten when a
+// capture begins or ends (forget_streams()).
+std::mutex g_streams_mutex;
+std::unordered_map<void*, uint64_t> g_streams;
+
 // The id of the capture the current CUDA stream takes part in; 0 if none.
 uint64_t current_capture() {
   uint64_t test = g_test_capture.load(std::memory_order_relaxed);
@@ -104,13 +110,27 @@ uint64_t current_capture() {
     return 0;
   }
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  c10::Stream stream = guard->getStream(guard->getDevice());
+  void* handle = guard->getStream(guard->getDevice()).native_handle();
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    auto found = g_streams.find(handle);
+    if (found != g_streams.end()) {
+      return found->second;
+    }
+  }
   int status = 0;
   unsigned long long id = 0;
-  if (query(stream.native_handle(), &status, &id) != 0 || status != 1) {  // 1: ACTIVE
+  if (query(handle, &status, &id) != 0 || status != 1) {  // 1: ACTIVE
     return 0;
   }
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  g_streams[handle] = id;
   return id;
+}
+
+void forget_streams() {
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  g_streams.clear();
 }
 
 bool holds_data(const at::Tensor& tensor) {
@@ -365,6 +385,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     std::lock_guard<std::mutex> lock(g_mutex);
     return g_notes.size();
   });
+  m.def("forget_streams", &forget_streams);
   m.def("current_capture", []() -> py::object {
     uint64_t id = current_capture();
     return id ? py::object(py::int_(id)) : py::none();
