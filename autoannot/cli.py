@@ -81,7 +81,7 @@ def _build_native(args: argparse.Namespace) -> int:
             print(existing)
             return DONE
         _say("build-native", f"compiling {native.SOURCE.name} for torch into {native.build_dir()}"
-             " (about a minute)")
+             " (under a minute)")
         print(native.build(verbose=args.verbose))
     except Exception as exc:
         _say("build-native", f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
         "build-native", help="compile the native kernel for this torch (C++-origin launches "
         "in captures, noted without Python)",
         description="Compile autoannot's native kernel against the installed torch (a C++ "
-        "compiler and ninja; about a minute) into AUTOANNOT_NATIVE_DIR (default "
+        "compiler and ninja; under a minute) into AUTOANNOT_NATIVE_DIR (default "
         "~/.cache/autoannot/native). The agent uses it from then on, unless AUTOANNOT_NATIVE=0.")
     build.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
     build.set_defaults(func=_build_native)
