@@ -62,9 +62,12 @@ std::atomic<bool> g_armed{false};
 std::atomic<uint64_t> g_test_capture{0};  // tests on a machine with no CUDA: every launch is in it
 std::atomic<uint64_t> g_noted{0};
 std::mutex g_mutex;
-std::vector<Note> g_notes;
-std::unique_ptr<torch::Library> g_fallthrough;
-std::unique_ptr<torch::Library> g_library;
+// Never destroyed: at exit, after Python has finalized, a note's group must not be released
+// and a thread still carrying the key must still find the fall-through (as the Python side's
+// fall-through on DeferredInit, see dispatch._key).
+std::vector<Note>& g_notes = *new std::vector<Note>();
+torch::Library* g_fallthrough = nullptr;
+torch::Library* g_library = nullptr;  // deleted by remove_kernels() only
 std::vector<std::string> g_registered;
 // Per op: the arguments a launch's metadata is read from (the rest, such as the reduce op, is
 // not part of its kind); and the kinds of launch drained so far (see drain()).
@@ -281,7 +284,7 @@ std::vector<std::string> register_kernels(const std::vector<std::string>& ops,
     g_read[ops[i]] = read[i];
   }
   if (!g_fallthrough) {
-    g_fallthrough = std::make_unique<torch::Library>(
+    g_fallthrough = new torch::Library(
         torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
     g_fallthrough->fallback(torch::CppFunction::makeFallthrough());
   }
@@ -300,13 +303,14 @@ std::vector<std::string> register_kernels(const std::vector<std::string>& ops,
                   torch::CppFunction::makeFromBoxedFunction<&kernel>());
     registered.push_back(name);
   }
-  g_library = std::move(library);
+  g_library = library.release();
   g_registered = registered;
   return registered;
 }
 
 void remove_kernels() {
-  g_library.reset();
+  delete g_library;
+  g_library = nullptr;
   g_registered.clear();
 }
 
@@ -374,7 +378,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("remove_kernels", &remove_kernels);
   m.def("set_armed", [](bool armed) { g_armed.store(armed); });
   m.def("armed", []() { return g_armed.load(); });
-  m.def("registered", []() { return static_cast<bool>(g_fallthrough); });
+  m.def("registered", []() { return g_fallthrough != nullptr; });
   // How many launches have been noted, read by Python with no call (a launch the proxies
   // annotate in a capture takes its place among the notes by it).
   static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t), "a plain 64-bit counter");
