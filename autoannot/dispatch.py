@@ -87,7 +87,9 @@ class DispatcherLayer:
         self._holds = _Holds()
         #: ``(set_excluded, key)`` once kernels are registered; ``STATE.exclusion`` while some
         #: thread holds the layer.
-        self.exclusion: tuple[Callable[[Any, bool], None], Any] | None = None
+        #: The third: the native kernel's ``call_excluded(function, args, kwargs)`` where it
+        #: is loaded (one call instead of two toggles), else None.
+        self.exclusion: tuple[Callable[[Any, bool], None], Any, Any] | None = None
         #: The native kernel's module (``autoannot.native``) where it is built and its kernels
         #: are on; its key is included and excluded with ours.
         self.native: Any = None
@@ -161,8 +163,9 @@ class DispatcherLayer:
         if self.ops:
             import torch
 
-            self.exclusion = (torch._C._dispatch_tls_set_dispatch_key_excluded, _key())
             self._register_native([op for op in self.ops if op.startswith("c10d::")])
+            self.exclusion = (torch._C._dispatch_tls_set_dispatch_key_excluded, _key(),
+                              getattr(self.native, "call_excluded", None))
 
     def _register_native(self, ops: list[str]) -> None:
         """The native kernel for the ``c10d::`` ops, where it is built (see autoannot.native)."""

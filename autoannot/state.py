@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 class _State:
-    __slots__ = ("__weakref__", "_lock", "blocks", "captures", "demand", "exclusion", "journals",
-                 "live", "native", "recorders")
+    __slots__ = ("__weakref__", "_lock", "before_launch", "blocks", "captures", "demand",
+                 "exclusion", "journals", "live", "native", "recorders")
 
     def __init__(self) -> None:
         self._lock = locks.renewed(self, "_lock")
@@ -30,10 +30,12 @@ class _State:
         self.live = False  # the agent is enabled: proxies annotate
         self.demand = False  # live, and a recorder or journal is open or a capture in progress
         self.blocks = 0  # _coalescing_manager blocks open, on any thread
+        #: A block, capture or journal open: the wrappers have work before the call.
+        self.before_launch = False
         #: ``(set_excluded, key)`` while some thread holds the dispatcher layer (its kernels
         #: registered): the wrappers exclude the key around the call they annotate. None while
         #: no thread holds it: then no thread includes the key, and nothing is toggled.
-        self.exclusion: tuple[Any, Any] | None = None
+        self.exclusion: tuple[Any, Any, Any] | None = None
         #: The native kernel's module while some thread holds the dispatcher layer and the
         #: kernel is on (``autoannot.native``); armed while captures are the only demand.
         self.native: Any = None
@@ -42,6 +44,7 @@ class _State:
         """Recompute demand (under the lock)."""
         self.demand = self.live and (bool(self.recorders) or bool(self.journals)
                                      or self.captures > 0)
+        self.before_launch = self.blocks > 0 or self.captures > 0 or bool(self.journals)
         if self.native is not None:  # a recorder or journal wants each launch as it is made
             self.native.set_armed(self.live and self.captures > 0 and not self.recorders
                                   and not self.journals)
@@ -81,6 +84,7 @@ class _State:
     def block_opened(self, opened: bool) -> None:
         with self._lock:
             self.blocks = max(0, self.blocks + (1 if opened else -1))
+            self._refresh()
 
     def capture_started(self) -> None:
         with self._lock:

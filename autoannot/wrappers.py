@@ -170,24 +170,25 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
             if why is None:
                 return call_as_one_launch(wrapped, args, kwargs)
             return _run_unannotated(label, why, wrapped, args, kwargs)
-        if state.blocks and calls.blocks:  # in a _coalescing_manager block: it is the launch
-            calls.blocks[-1].launches.append(known.launch)
-            return call_as_one_launch(wrapped, args, kwargs)
-        if state.captures:  # the capture's ledger, or torch's mark_kernels around the call
-            mark_kernels = features.mark_kernels()
-            if mark_kernels is not None:
-                ctx = AnnotationContext(label, known.annotation, known.cpu_only,
-                                        known.launch.kernels)
-                return _run_annotated(label, ctx, wrapped, args, kwargs)
-            try:  # (the listener finds the call site, where the launch goes into a graph)
-                for listener in capture_listeners:
-                    listener(label, known.annotation, known.launch.kernels, None)
-            except Exception as exc:
-                warn_once(label, "noting the launch in its graph's ledger", exc)
         site = None
-        if state.journals:  # written before the call: a collective that hangs is in the file
-            site = call_site(2)  # from our caller
-            enter(new_record(label, known.annotation, site, known.cpu_only))
+        if state.before_launch:  # a block, capture or journal open (one test for the three)
+            if state.blocks and calls.blocks:  # in a _coalescing_manager block: the launch
+                calls.blocks[-1].launches.append(known.launch)
+                return call_as_one_launch(wrapped, args, kwargs)
+            if state.captures:  # the capture's ledger, or torch's mark_kernels around the call
+                mark_kernels = features.mark_kernels()
+                if mark_kernels is not None:
+                    ctx = AnnotationContext(label, known.annotation, known.cpu_only,
+                                            known.launch.kernels)
+                    return _run_annotated(label, ctx, wrapped, args, kwargs)
+                try:  # (the listener finds the call site, where the launch goes into a graph)
+                    for listener in capture_listeners:
+                        listener(label, known.annotation, known.launch.kernels, None)
+                except Exception as exc:
+                    warn_once(label, "noting the launch in its graph's ledger", exc)
+            if state.journals:  # written before the call: a collective that hangs is in it
+                site = call_site(2)  # from our caller
+                enter(new_record(label, known.annotation, site, known.cpu_only))
         # call_as_one_launch, inlined (see there): this is the path that annotates
         calls.depth = 1
         exclusion = state.exclusion if excludes else None
@@ -196,8 +197,13 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 result = wrapped(*args, **kwargs)
             finally:
                 calls.depth = 0
+        elif exclusion[2] is not None:  # the native kernel's one call
+            try:
+                result = exclusion[2](wrapped, args, kwargs)
+            finally:
+                calls.depth = 0
         else:
-            set_excluded, dispatch_key = exclusion
+            set_excluded, dispatch_key, _ = exclusion
             set_excluded(dispatch_key, True)
             try:
                 result = wrapped(*args, **kwargs)

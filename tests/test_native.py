@@ -119,6 +119,44 @@ def test_stand_ins_read_as_tensors() -> None:
     assert plan.derive((*stand_ins, group), {}) == plan.derive((*tensors, group), {})
 
 
+def test_call_excluded_returns_raises_and_excludes_both_keys_only_during_the_call() -> None:
+    import torch
+
+    module = native.load()
+    assert module is not None
+    keys = tuple(map(torch._C._dispatch_key_parse, ("DeferredInit", "TESTING_ONLY_GenericWrapper")))
+
+    def excluded() -> tuple[bool, ...]:
+        return tuple(torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in keys)
+
+    def seen(*args: Any, **kwargs: Any) -> Any:
+        return args, kwargs, excluded()
+
+    sentinel = object()
+    assert module.call_excluded(seen, (1, sentinel), {"k": 2}) == ((1, sentinel), {"k": 2},
+                                                                  (True, True))
+    assert module.call_excluded(seen, (), None) == ((), {}, (True, True))
+    assert excluded() == (False, False)  # left as the thread had it
+
+    class Failure(Exception):
+        pass
+
+    def fails() -> None:
+        raise Failure("the collective's own error")
+
+    with pytest.raises(Failure, match="own error"):
+        module.call_excluded(fails, (), None)
+    assert excluded() == (False, False)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(keys[0], True)  # already excluded: kept
+    try:
+        module.call_excluded(seen, (), None)
+        assert excluded() == (True, False)
+    finally:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(keys[0], False)
+    with pytest.raises(TypeError, match="call_excluded"):
+        module.call_excluded(seen, [1], None)
+
+
 def test_build_native_cli_exit_codes_and_doctor(tmp_path, built) -> None:
     import subprocess
     import sys

@@ -369,6 +369,22 @@ py::list drain(int64_t capture) {
   return out;
 }
 
+// call_excluded(function, args, kwargs): function(*args, **kwargs) with the Python kernels'
+// key and this one excluded on this thread (the launch the proxies annotate, not annotated again below):
+// one call from Python instead of two toggles through torch's bindings.
+PyObject* call_excluded(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  if (count != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2]))) {
+    PyErr_SetString(PyExc_TypeError, "call_excluded(function, args: tuple, kwargs: dict|None)");
+    return nullptr;
+  }
+  // (this kernel's key too: it would only let the launch through)
+  c10::impl::ExcludeDispatchKeyGuard excluded(c10::DispatchKeySet({kPythonKey, kKey}));
+  return PyObject_Call(args[0], args[1], args[2] == Py_None ? nullptr : args[2]);
+}
+
+PyMethodDef g_call_excluded = {"call_excluded", reinterpret_cast<PyCFunction>(call_excluded),
+                               METH_FASTCALL, "function(*args, **kwargs), our key excluded"};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -390,6 +406,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return g_notes.size();
   });
   m.def("forget_streams", &forget_streams);
+  m.attr("call_excluded") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_call_excluded, nullptr, nullptr));
   m.def("current_capture", []() -> py::object {
     uint64_t id = current_capture();
     return id ? py::object(py::int_(id)) : py::none();
