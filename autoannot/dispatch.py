@@ -385,24 +385,34 @@ _KINDS = groups.id_keyed()
 def launched_of_notes(native: Any, capture: int) -> list[tuple]:
     """The native kernel's notes of one capture as a ledger's launches ``(label, annotation,
     kernels, call site, order)``: each kind of launch derived once, by its row's plan, as the
-    Python kernel derives a launch (tensors stand in as their dtype and sizes). A note that
-    cannot be derived is left out, and said once."""
+    Python kernel derives a launch (tensors stand in as their dtype and sizes). A launch a
+    proxy handed off carries the proxy's label and call site: its annotation is the kind's,
+    named by that label (once per kind and label). A note that cannot be derived is left out,
+    and said once."""
     from autoannot import recorder
 
-    kinds = _KINDS
+    kinds = _KINDS  # kind -> (label, annotation, kernels, launch); (kind, label) -> relabeled
     if not kinds:  # never filled, or a group is gone: the kernel gives every kind's args again
         native.forget_kinds()
     plans = _note_plans()
     launched = []
-    site = recorder.NATIVE_CALLER
-    for order, name, kind, noted in native.drain(capture):
+    native_site = recorder.NATIVE_CALLER
+    for order, name, kind, noted, label, site in native.drain(capture):
         found = kinds.get(kind) if noted is None else None
         if found is None and noted is not None:
             found = _derive_note(plans, name, noted)
             if kind:
                 kinds[kind] = found
-        if found is not None:
-            launched.append((*found, site, order))
+        if found is None:
+            continue
+        if label is not None and label != found[0]:
+            relabeled = kinds.get((kind, label)) if kind else None
+            if relabeled is None:
+                relabeled = (label, metadata.annotation_of(label, found[3]), *found[2:])
+                if kind:
+                    kinds[(kind, label)] = relabeled
+            found = relabeled
+        launched.append((*found[:3], native_site if site is None else site, order))
     return launched
 
 
@@ -420,4 +430,4 @@ def _derive_note(plans: dict[str, Any], name: str, noted: tuple) -> tuple | None
     except Exception as exc:  # this launch goes unannotated
         diagnostics.warn_once(label, "deriving the collective metadata", exc)
         return None
-    return label, metadata.annotation_of(label, launch), launch.kernels
+    return label, metadata.annotation_of(label, launch), launch.kernels, launch

@@ -241,12 +241,27 @@ def _proxy_for(original: Any, row: Any, plan: Any) -> Any:
     proxy = PROXIES.get(original)
     if proxy is not None:
         return proxy
-    wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, plan)
+    wrapper = _handing_off(row, wrappers.WRAPPER_FACTORIES[row.role](row, plan))
     # The fast path: wrapt's C code asks ``enabled`` (a C-level callable, no Python frame) and,
     # while nothing wants annotations, calls the original itself. The wrapper never runs, so
     # no frame of ours sits between the caller and torch (warnings keep their stack levels).
     enabled = None if row.role is Role.BATCH else functools.partial(getattr, STATE, "demand")
     return PROXIES.put(original, proxies.CollectiveProxy(original, wrapper, enabled=enabled))
+
+
+def _handing_off(row: Any, wrapper: Any) -> Any:
+    """A ``torch.distributed`` launch's wrapper, as the native kernel's C function where it is
+    built: in a capture it hands the launch to the kernel (label and call site kept, no Python
+    frame of ours), else it calls ``wrapper`` (see autoannot.native)."""
+    from autoannot import collectives, config, native
+    from autoannot.collectives import Role
+
+    if row.module != collectives.C10D or row.role is not Role.LAUNCH:
+        return wrapper
+    if not config.from_environment().ops:  # no dispatcher layer: no kernel to hand them to
+        return wrapper
+    module = native.load()
+    return wrapper if module is None else module.handoff_wrapper(wrapper, row.label)
 
 
 def _wraps(obj: Any, original: Any) -> bool:

@@ -156,7 +156,8 @@ _PLACES: list[_Places] = []
 #: engine threads: DDP's reducer, a backward's collectives).
 NO_PYTHON_CALLER = "<C++: no Python caller>"
 #: The call site of a C++-origin launch the native kernel noted in a capture (it reads no
-#: Python frames: the launching thread does not hold the GIL).
+#: Python frames: the launching thread does not hold the GIL; a Python-API launch it notes
+#: has its proxy's call site).
 NATIVE_CALLER = "<C++: noted by the native kernel>"
 #: The call site of a launch whose Python callers are all torch's or the standard library's.
 TORCH_CALLER = "<no user frame>"
@@ -170,7 +171,11 @@ SITES: dict[Any, dict[int, str] | None] = {}
 def call_site(depth: int = 2) -> str:
     """``"file.py:line"`` of the first frame outside torch (its tests count as callers), wrapt,
     autoannot and the standard library (``depth``: where to start, as for ``sys._getframe``)."""
-    frame = sys._getframe(depth)
+    return site_from(sys._getframe(depth))
+
+
+def site_from(frame: Any) -> str:
+    """``call_site`` from ``frame`` up (None: no Python frame)."""
     outside_autoannot = False
     while frame is not None:
         code = frame.f_code

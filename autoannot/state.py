@@ -46,13 +46,17 @@ class _State:
                                      or self.captures > 0)
         self.before_launch = self.blocks > 0 or self.captures > 0 or bool(self.journals)
         if self.native is not None:  # a recorder or journal wants each launch as it is made
-            self.native.set_armed(self.live and self.captures > 0 and not self.recorders
-                                  and not self.journals)
+            armed = self.live and self.captures > 0 and not self.recorders and not self.journals
+            self.native.set_armed(armed)
+            # The proxies hand their launches to it too, but in a coalescing block (one launch
+            # for its calls) or where torch's own mark_kernels records them.
+            self.native.set_handoff(armed and not self.blocks and _no_mark_kernels())
 
     def set_native(self, native: Any) -> None:
         with self._lock:
             if self.native is not None and native is None:
                 self.native.set_armed(False)
+                self.native.set_handoff(False)
             self.native = native
             self._refresh()
 
@@ -95,6 +99,12 @@ class _State:
         with self._lock:
             self.captures = max(0, self.captures - 1)
             self._refresh()
+
+
+def _no_mark_kernels() -> bool:
+    from autoannot import features
+
+    return features.mark_kernels() is None
 
 
 STATE = _State()

@@ -131,6 +131,55 @@ def funcol_and_recorder(rank: int, world: int) -> dict[str, Any]:
             "fake_noted": _noted() - before}
 
 
+def _python_api_launches(pg: Any, rank: int, world: int) -> None:
+    """Python-API launches the proxies hand to the kernel: nested ones (in torch 2.13
+    ``all_gather_into_tensor`` calls ``all_gather_single``, wrapped too), a coalescing block
+    (its proxies annotate it: one launch), and calls that launch nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.arange(8, dtype=torch.float32) + rank
+    dist.all_gather_into_tensor(torch.zeros(8 * world), x)
+    dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))
+    dist.all_to_all_single(torch.zeros(2 * world), torch.ones(2 * world))
+    with dist.distributed_c10d._coalescing_manager(pg):
+        dist.all_reduce(torch.ones(3))
+        dist.all_reduce(torch.ones(5))
+    with contextlib.suppress(ValueError, RuntimeError, TypeError):
+        dist.all_reduce(x, op="no such op")  # raises before any launch (RAISING_LINE)
+    pg.allreduce([torch.ones(2)]).wait()  # C++-origin: not labelled by the call that failed
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    with contextlib.suppress(Exception):
+        dist.all_reduce(fake)  # tracing: nothing launches, nothing noted
+    pg.allreduce([torch.ones(6)]).wait()
+    dist.all_reduce(x)
+
+
+def python_api_handoff(rank: int, world: int) -> dict[str, Any]:
+    import inspect
+
+    source, first = inspect.getsourcelines(_python_api_launches)
+    raising = first + next(i for i, line in enumerate(source) if "(RAISING_LINE)" in line)
+    _start()
+    pg = dist.group.WORLD
+    _captured(0, lambda: None)
+    before = _noted()
+    python = _captured(0, lambda: _python_api_launches(pg, rank, world))
+    after_python = _noted()
+    noted = _captured(11, lambda: _python_api_launches(pg, rank, world))
+    after_native = _noted()
+    module = native.loaded()
+    x = torch.ones(4)
+    with autoannot.record() as records:  # a recorder open: no handing off
+        recorded = _captured(11, lambda: dist.all_reduce(x))
+    return {"python": python, "native": noted, "noted_by_python_run": after_python - before,
+            "raising_line": f"{__file__}:{raising}",
+            "noted_by_native_run": after_native - after_python,
+            "recorded": [r.api for r in records], "recorded_entries": recorded,
+            "noted_with_recorder": _noted() - after_native,
+            "handoff_after": module.handoff(), "armed_after": module.armed()}
+
+
 def ddp_steps(rank: int, world: int) -> dict[str, Any]:
     """DDP's reducer (a C++-origin launch per bucket) in captured steps."""
     from torch.nn.parallel import DistributedDataParallel

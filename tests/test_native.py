@@ -42,7 +42,10 @@ def test_noted_launches_read_as_the_python_kernels_annotate_them(world: int) -> 
         python, noted = result["python"], result["native"]
         assert result["noted_by_python_run"] == 0  # no capture the kernel knows: let through
         cpp_origin = [e for e in python if e["api"].startswith("c10d.")]
-        assert len(cpp_origin) >= 10 and result["noted_by_native_run"] == len(cpp_origin)
+        # every launch noted: the C++-origin ones, and the Python-API ones their proxies
+        # handed to the kernel
+        assert len(cpp_origin) >= 10 and len(python) > len(cpp_origin)
+        assert result["noted_by_native_run"] == len(python)
         # the same entries, annotation for annotation, in the same order
         assert _without_sites(noted) == _without_sites(python), rank
         # captured again: no new kind of launch, the same entries (derived once, kept)
@@ -54,6 +57,30 @@ def test_noted_launches_read_as_the_python_kernels_annotate_them(world: int) -> 
             else:  # the proxies' launches keep the user's line
                 assert entry["call_site"] == before["call_site"]
                 assert entry["call_site"].rsplit(":", 1)[0].endswith("native_cases.py")
+
+
+def test_python_api_launches_handed_off_read_as_the_proxies_annotate_them() -> None:
+    for rank, result in enumerate(run_ranks(native_cases.python_api_handoff, 2)):
+        python, noted = result["python"], result["native"]
+        assert result["noted_by_python_run"] == 0
+        # (the proxies' ledger notes a call before it runs: one that raised stays in it)
+        python = [e for e in python if e["call_site"] != result["raising_line"]]
+        # the entries, label for label (the outer call's, not the nested one's), line for line
+        assert _without_sites(noted) == _without_sites(python), rank
+        assert [e["call_site"] for e in noted if not e["api"].startswith("c10d.")] == [
+            e["call_site"] for e in python if not e["api"].startswith("c10d.")]
+        apis = [e["api"] for e in noted]
+        assert apis[:3] == ["all_gather_into_tensor", "reduce_scatter_tensor",
+                            "all_to_all_single"], apis
+        assert apis.count("c10d.allreduce_") == 2  # not taken for the call that raised
+        assert apis[-1] == "all_reduce"
+        assert all(e["call_site"].rsplit(":", 1)[0].endswith("native_cases.py")
+                   for e in noted if not e["api"].startswith("c10d."))
+        # all but the block's calls (its proxies annotate it) were noted by the kernel
+        assert result["noted_by_native_run"] == len(noted) - 1
+        assert result["recorded"] == ["all_reduce"] and result["noted_with_recorder"] == 0
+        assert [e["api"] for e in result["recorded_entries"]] == ["all_reduce"]
+        assert not result["handoff_after"] and not result["armed_after"]
 
 
 def test_funcol_ops_recorders_and_fake_tensors_are_not_noted() -> None:

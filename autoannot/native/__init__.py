@@ -85,6 +85,9 @@ def load() -> Any:
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            from autoannot import recorder  # the proxies' call sites, as Python finds them
+
+            module.set_site_resolver(recorder.SITES, recorder.site_from)
     except Exception as exc:  # the Python kernels annotate these launches instead
         from autoannot import diagnostics
 

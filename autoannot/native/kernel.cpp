@@ -11,12 +11,20 @@
 //     below both keys (the Python kernel is skipped);
 //   * otherwise: redispatch below this key (the Python kernel, where it is included).
 // Everything else the key reaches falls through.
+//
+// The proxies of the Python API (dist.all_reduce, ...) can hand their launches to it: a
+// proxy's wrapper is then handoff_wrapper(python_wrapper, label), a C function wrapt calls
+// with no Python frame. Where the kernel would note the launch (handing off is on: a capture is
+// the only demand, no coalescing block open; this thread holds the layer and its stream is
+// capturing), it resolves the caller's line, keeps (label, line) for the thread while the
+// original runs, and the note made below takes them; else it calls the Python wrapper.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
@@ -46,16 +54,33 @@ struct Arg {
   enum Kind : uint8_t { kValue, kTensor, kList } kind = kValue;
   c10::IValue value;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  std::vector<int64_t> sizes;
+  c10::SmallVector<int64_t, 5> sizes;  // (no allocation for most tensors)
   std::vector<Arg> items;
 };
 
 struct Note {
   uint64_t seq;
   uint64_t capture;
-  std::string op;  // "c10d::allreduce_"
+  const std::string* op;  // "c10d::allreduce_" (the dispatcher's own name: ops stay registered)
   std::vector<Arg> args;
+  // A Python-API launch handed off by its proxy: its label and call site (str, owned; taken
+  // by drain()); null for a C++-origin launch.
+  PyObject* label = nullptr;
+  PyObject* site = nullptr;
 };
+
+// The handed-off call running on this thread (see handoff_wrapper): its label and call site
+// until a note takes them; `active` for the whole call (calls nested in it go straight
+// through, as the proxies' own depth rule does).
+struct Pending {
+  bool active = false;
+  PyObject* label = nullptr;
+  PyObject* site = nullptr;
+};
+thread_local Pending t_pending;
+std::atomic<bool> g_handoff{false};
+PyObject* g_sites = nullptr;    // recorder.SITES: code -> {f_lasti: "file:line"} or None
+PyObject* g_site_from = nullptr;  // recorder.site_from(frame) -> "file:line"
 
 std::atomic<uint64_t> g_seq{0};
 std::atomic<bool> g_armed{false};
@@ -98,6 +123,7 @@ CaptureInfo capture_info() {
 // capture begins or ends (forget_streams()).
 std::mutex g_streams_mutex;
 std::unordered_map<void*, uint64_t> g_streams;
+std::atomic<uint64_t> g_streams_generation{1};
 
 // The id of the capture the current CUDA stream takes part in; 0 if none.
 uint64_t current_capture() {
@@ -114,26 +140,43 @@ uint64_t current_capture() {
   }
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   void* handle = guard->getStream(guard->getDevice()).native_handle();
+  // This thread's last answer, while no capture has begun or ended since (the proxy's
+  // handing off and the kernel below it ask for the same stream).
+  thread_local void* last_handle = nullptr;
+  thread_local uint64_t last_id = 0;
+  thread_local uint64_t last_generation = 0;
+  uint64_t generation = g_streams_generation.load(std::memory_order_acquire);
+  if (handle == last_handle && generation == last_generation) {
+    return last_id;
+  }
+  uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(g_streams_mutex);
     auto found = g_streams.find(handle);
     if (found != g_streams.end()) {
-      return found->second;
+      id = found->second;
     }
   }
-  int status = 0;
-  unsigned long long id = 0;
-  if (query(handle, &status, &id) != 0 || status != 1) {  // 1: ACTIVE
-    return 0;
+  if (id == 0) {
+    int status = 0;
+    unsigned long long asked = 0;
+    if (query(handle, &status, &asked) != 0 || status != 1) {  // 1: ACTIVE
+      return 0;
+    }
+    id = asked;
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    g_streams[handle] = id;
   }
-  std::lock_guard<std::mutex> lock(g_streams_mutex);
-  g_streams[handle] = id;
+  last_handle = handle;
+  last_id = id;
+  last_generation = generation;
   return id;
 }
 
 void forget_streams() {
   std::lock_guard<std::mutex> lock(g_streams_mutex);
   g_streams.clear();
+  g_streams_generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
 bool holds_data(const at::Tensor& tensor) {
@@ -153,7 +196,7 @@ bool note(const c10::IValue& value, Arg& arg) {
     }
     arg.kind = Arg::kTensor;
     arg.dtype = tensor.scalar_type();
-    arg.sizes = tensor.sizes().vec();
+    arg.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
     return true;
   }
   if (value.isList()) {
@@ -176,7 +219,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       !c10::impl::tls_is_dispatch_key_excluded(kPythonKey)) {
     uint64_t capture = current_capture();
     if (capture != 0) {
-      Note entry{0, capture, op.operator_name().name, {}};
+      Note entry{0, capture, &op.operator_name().name, {}};
       size_t count = op.schema().arguments().size();
       entry.args.resize(count);
       bool real = true;
@@ -188,6 +231,10 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
         }
       }
       if (real) {
+        Pending& pending = t_pending;  // (a handed-off call's label and line: moved, no GIL)
+        entry.label = pending.label;
+        entry.site = pending.site;
+        pending.label = pending.site = nullptr;
         {
           std::lock_guard<std::mutex> lock(g_mutex);
           entry.seq = g_seq.fetch_add(1) + 1;
@@ -207,7 +254,11 @@ py::object to_python(const Arg& arg) {
     case Arg::kTensor: {
       py::object dtype =
           py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(arg.dtype)));
-      return py::make_tuple(py::str("tensor"), dtype, py::tuple(py::cast(arg.sizes)));
+      py::tuple sizes(arg.sizes.size());
+      for (size_t i = 0; i < arg.sizes.size(); ++i) {
+        sizes[i] = py::int_(arg.sizes[i]);
+      }
+      return py::make_tuple(py::str("tensor"), dtype, sizes);
     }
     case Arg::kList: {
       py::list items;
@@ -323,6 +374,10 @@ py::list drain(int64_t capture) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (capture < 0) {
+      for (auto& entry : g_notes) {
+        Py_XDECREF(entry.label);
+        Py_XDECREF(entry.site);
+      }
       g_notes.clear();
       return py::list();
     }
@@ -335,11 +390,15 @@ py::list drain(int64_t capture) {
   }
   py::list out;
   std::string key;
+  auto handed = [](PyObject* owned) {  // a note's label or site, now Python's (None if null)
+    return owned ? py::reinterpret_steal<py::object>(owned) : py::none();
+  };
   for (const auto& entry : taken) {
-    key.assign(entry.op);
+    py::object label = handed(entry.label), site = handed(entry.site);
+    key.assign(*entry.op);
     key.push_back('\0');
     bool kept = true;
-    auto read = g_read.find(entry.op);
+    auto read = g_read.find(*entry.op);
     if (read == g_read.end()) {
       kept = false;
     } else {
@@ -354,7 +413,7 @@ py::list drain(int64_t capture) {
     if (kept) {
       auto found = g_kinds.find(key);
       if (found != g_kinds.end()) {
-        out.append(py::make_tuple(entry.seq, entry.op, found->second, py::none()));
+        out.append(py::make_tuple(entry.seq, *entry.op, found->second, py::none(), label, site));
         continue;
       }
       kind = g_kinds.size() + 1;
@@ -364,7 +423,7 @@ py::list drain(int64_t capture) {
     for (const auto& arg : entry.args) {
       args.append(to_python(arg));
     }
-    out.append(py::make_tuple(entry.seq, entry.op, kind, py::tuple(args)));
+    out.append(py::make_tuple(entry.seq, *entry.op, kind, py::tuple(args), label, site));
   }
   return out;
 }
@@ -384,6 +443,82 @@ PyObject* call_excluded(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
 
 PyMethodDef g_call_excluded = {"call_excluded", reinterpret_cast<PyCFunction>(call_excluded),
                                METH_FASTCALL, "function(*args, **kwargs), our key excluded"};
+
+// The caller's "file:line" as recorder.call_site gives it: from recorder.SITES where every
+// frame walked is known there, else recorder.site_from(frame). New reference; null on error.
+PyObject* caller_site() {
+  PyFrameObject* start = PyEval_GetFrame();  // borrowed: the proxy's caller (wrapt is C)
+#if PY_VERSION_HEX >= 0x030B0000
+  PyFrameObject* frame = start;
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    PyObject* sites = PyDict_GetItemWithError(g_sites, reinterpret_cast<PyObject*>(code));
+    Py_DECREF(code);
+    if (sites == Py_None) {  // torch's, wrapt's, ours, the standard library's: look further up
+      PyFrameObject* back = PyFrame_GetBack(frame);
+      Py_DECREF(frame);
+      frame = back;
+      continue;
+    }
+    if (sites != nullptr && PyDict_Check(sites)) {
+      PyObject* lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
+      PyObject* site = lasti ? PyDict_GetItemWithError(sites, lasti) : nullptr;
+      Py_XDECREF(lasti);
+      if (site != nullptr) {
+        Py_INCREF(site);
+        Py_DECREF(frame);
+        return site;
+      }
+    }
+    Py_DECREF(frame);
+    break;  // not known yet: Python finds it (and keeps it)
+  }
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+#endif
+  PyObject* from = start ? reinterpret_cast<PyObject*>(start) : Py_None;
+  return PyObject_CallOneArg(g_site_from, from);
+}
+
+// handoff_wrapper's call: self is (python_wrapper, label); args are wrapt's (wrapped,
+// instance, args, kwargs).
+PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
+  PyObject* python_wrapper = PyTuple_GET_ITEM(self, 0);
+  if (count != 4 || !PyTuple_Check(args[2]) || (args[3] != Py_None && !PyDict_Check(args[3]))) {
+    return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
+  }
+  PyObject* wrapped = args[0];
+  PyObject* kwargs = args[3] == Py_None || PyDict_GET_SIZE(args[3]) == 0 ? nullptr : args[3];
+  Pending& pending = t_pending;
+  if (pending.active) {  // inside a handed-off call: its launch
+    return PyObject_Call(wrapped, args[2], kwargs);
+  }
+  if (!g_handoff.load(std::memory_order_relaxed) || g_sites == nullptr ||
+      !c10::impl::tls_is_dispatch_key_included(kKey) ||
+      c10::impl::tls_is_dispatch_key_excluded(kPythonKey) || current_capture() == 0) {
+    return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
+  }
+  PyObject* site = caller_site();
+  if (site == nullptr) {  // the Python wrapper annotates it (and says why, if it fails too)
+    PyErr_Clear();
+    return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
+  }
+  PyObject* label = PyTuple_GET_ITEM(self, 1);
+  Py_INCREF(label);
+  pending = Pending{true, label, site};
+  PyObject* result = PyObject_Call(wrapped, args[2], kwargs);
+  PyObject* left_label = pending.label;  // (not taken: nothing was noted)
+  PyObject* left_site = pending.site;
+  pending = Pending{};
+  Py_XDECREF(left_label);
+  Py_XDECREF(left_site);
+  return result;
+}
+
+PyMethodDef g_handoff_call = {"handoff", reinterpret_cast<PyCFunction>(handoff_call),
+                              METH_FASTCALL, "a proxy's wrapper handing launches to the kernel"};
 
 }  // namespace
 
@@ -413,6 +548,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return id ? py::object(py::int_(id)) : py::none();
   });
   m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
+  m.def("handoff_wrapper", [](py::object python_wrapper, py::str label) {
+    py::tuple self = py::make_tuple(python_wrapper, label);
+    return py::reinterpret_steal<py::object>(
+        PyCFunction_NewEx(&g_handoff_call, self.ptr(), nullptr));
+  }, "wrapt's wrapper for a Python-API collective: hands its launches in a capture to the "
+     "kernel, else calls python_wrapper");
+  m.def("set_handoff", [](bool on) { g_handoff.store(on); });
+  m.def("handoff", []() { return g_handoff.load(); });
+  m.def("set_site_resolver", [](py::dict sites, py::object site_from) {
+    Py_XDECREF(g_sites);
+    Py_XDECREF(g_site_from);
+    g_sites = sites.inc_ref().ptr();
+    g_site_from = site_from.inc_ref().ptr();
+  });
   m.def("drain", &drain, py::arg("capture") = 0);
   m.def("forget_kinds", []() { g_kinds.clear(); });
   m.def("kinds", []() { return g_kinds.size(); });
