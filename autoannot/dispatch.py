@@ -377,9 +377,12 @@ def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...], list[i
     return plans
 
 
-#: kind of noted launch (the native kernel's number) -> (label, annotation, kernels), or None
-#: where it could not be derived; emptied when a group it names is gone (see ``groups``).
+#: kind of noted launch (the native kernel's number, never reused) -> (label, annotation,
+#: kernels, launch), or None where it could not be derived; emptied when a group it names is
+#: gone (see ``groups``).
 _KINDS = groups.id_keyed()
+_KINDS_FILLED = "filled"  # a key of _KINDS while it has not been emptied
+_kinds_filled: list[bool] = []  # [True] once it was filled
 
 
 def launched_of_notes(native: Any, capture: int) -> list[tuple]:
@@ -392,8 +395,11 @@ def launched_of_notes(native: Any, capture: int) -> list[tuple]:
     from autoannot import recorder
 
     kinds = _KINDS  # kind -> (label, annotation, kernels, launch); (kind, label) -> relabeled
-    if not kinds:  # never filled, or a group is gone: the kernel gives every kind's args again
-        native.forget_kinds()
+    if _KINDS_FILLED not in kinds:
+        if _kinds_filled:  # emptied since: a group is gone (its address may be reused); the
+            native.forget_kinds()  # kernel knows its kinds anew and gives each one's args again
+        kinds[_KINDS_FILLED] = True
+        _kinds_filled[:] = [True]
     plans = _note_plans()
     launched = []
     native_site = recorder.NATIVE_CALLER

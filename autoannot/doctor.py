@@ -146,7 +146,8 @@ def _native_kernel() -> str:
     if path is None:
         return "not built for this torch (autoannot build-native): captured C++-origin " \
                "launches go through Python kernels"
-    return f"built ({path}): captured C++-origin launches are noted in C++"
+    return f"built ({path}): captured launches (C++-origin, and the Python API's through " \
+           "its proxies) are noted in C++"
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -5,10 +5,11 @@ the kernel does (measured on 2 x H200: a whole DDP step captured 1.16x slower wi
 pass-through Python kernel on its 24 bucket all-reduces). ``kernel.cpp`` notes such launches
 in C++ while a capture is in progress; the Python layer derives their annotations from the
 notes when the capture ends (``notes_to_entries``), with the rules every other launch goes
-through (``metadata.Plan``).
+through (``metadata.Plan``). The Python API's proxies hand it their captured launches
+(``handoff_wrapper``: a C wrapper that keeps the proxy's label and call site for the note).
 
 It is compiled against the torch it runs with (a torch extension: a C++ ABI per torch build),
-once, by ``autoannot native build`` (``torch.utils.cpp_extension``: a C++ compiler and ninja),
+once, by ``autoannot build-native`` (``torch.utils.cpp_extension``: a C++ compiler and ninja),
 into ``AUTOANNOT_NATIVE_DIR`` (default ``~/.cache/autoannot/native``), one folder per torch
 version, Python and source. The agent loads it where it is built for this torch and
 ``AUTOANNOT_NATIVE`` is not off; never builds it on its own (a build takes a minute).

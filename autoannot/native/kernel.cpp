@@ -58,10 +58,20 @@ struct Arg {
   std::vector<Arg> items;
 };
 
+// A kind of launch: its op and the arguments its metadata is read from, alike (the key
+// launch_key() builds); the first launch's arguments, given to Python to derive the kind's
+// metadata once (again after forget_kinds()). Its group is held while the kind is known.
+struct Kind {
+  uint64_t id;  // never reused: Python keeps what it derived by it
+  std::vector<Arg> args;
+  uint64_t given = 0;  // the generation (see forget_kinds()) its args were last given in
+};
+
 struct Note {
   uint64_t seq;
   uint64_t capture;
   const std::string* op;  // "c10d::allreduce_" (the dispatcher's own name: ops stay registered)
+  std::shared_ptr<Kind> kind;  // its kind; null for a launch of no kind kept, with its args:
   std::vector<Arg> args;
   // A Python-API launch handed off by its proxy: its label and call site (str, owned; taken
   // by drain()); null for a C++-origin launch.
@@ -94,10 +104,17 @@ std::vector<Note>& g_notes = *new std::vector<Note>();
 torch::Library* g_fallthrough = nullptr;
 torch::Library* g_library = nullptr;  // deleted by remove_kernels() only
 std::vector<std::string> g_registered;
-// Per op: the arguments a launch's metadata is read from (the rest, such as the reduce op, is
-// not part of its kind); and the kinds of launch drained so far (see drain()).
-std::unordered_map<std::string, std::vector<size_t>> g_read;
-std::unordered_map<std::string, uint64_t> g_kinds;
+// Per op, by the address of the dispatcher's name of it (what a kernel gets: no hashing of the
+// name): the arguments a launch's metadata is read from (the rest, such as the reduce op, is
+// not part of its kind); written only while no thread includes the key (register_kernels()).
+// And the kinds of launch known (see Kind).
+std::unordered_map<const std::string*, std::vector<size_t>>& g_read_by_op =
+    *new std::unordered_map<const std::string*, std::vector<size_t>>();
+// Under g_mutex; never destroyed (kinds hold groups, see g_notes).
+std::unordered_map<std::string, std::shared_ptr<Kind>>& g_kinds =
+    *new std::unordered_map<std::string, std::shared_ptr<Kind>>();
+uint64_t g_kind_ids = 0;
+uint64_t g_kinds_generation = 1;
 
 const c10::DispatchKeySet kBelowKey(c10::DispatchKeySet::FULL_AFTER, kKey);
 const c10::DispatchKeySet kBelowPythonKey(c10::DispatchKeySet::FULL_AFTER, kPythonKey);
@@ -214,29 +231,131 @@ bool note(const c10::IValue& value, Arg& arg) {
   return true;
 }
 
+template <typename T>
+void append(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// What of an argument decides its launch's metadata, as bytes; false where a value is of no
+// kind kept (its launch is derived each time).
+bool append_key(std::string& key, const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& tensor = value.toTensor();
+    key.push_back('T');
+    append(key, static_cast<int8_t>(tensor.scalar_type()));
+    append(key, tensor.dim());
+    for (int64_t size : tensor.sizes()) {
+      append(key, size);
+    }
+  } else if (value.isList()) {
+    const auto& items = value.toListRef();
+    key.push_back('L');
+    append(key, items.size());
+    for (const auto& item : items) {
+      if (!append_key(key, item)) {
+        return false;
+      }
+    }
+  } else if (value.isNone()) {
+    key.push_back('N');
+  } else if (value.isInt()) {
+    key.push_back('I');
+    append(key, value.toInt());
+  } else if (value.isBool()) {
+    key.push_back(value.toBool() ? 't' : 'f');
+  } else if (value.isString()) {
+    key.push_back('S');
+    const auto& text = value.toStringRef();
+    append(key, text.size());
+    key.append(text);
+  } else if (value.isObject() && value.toObjectRef().slots().size() == 1 &&
+             value.toObjectRef().getSlot(0).isCapsule()) {
+    // a bound C++ object (the ProcessGroup): the object itself (the boxed wrapper is new
+    // for each call). Its kinds hold it; Python forgets them when a group it derived from
+    // is gone.
+    key.push_back('G');
+    append(key, static_cast<const void*>(value.toObjectRef().getSlot(0).toCapsule().get()));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The launch's kind key (op, then the arguments its metadata is read from); false where it
+// has none.
+bool launch_key(const std::string* op, c10::ArrayRef<c10::IValue> args, std::string& key) {
+  auto read = g_read_by_op.find(op);
+  if (read == g_read_by_op.end()) {
+    return false;
+  }
+  key.assign(*op);
+  key.push_back('\0');
+  for (size_t index : read->second) {
+    if (index >= args.size() || !append_key(key, args[index])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool note_all(c10::ArrayRef<c10::IValue> values, std::vector<Arg>& args) {
+  args.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!note(values[i], args[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether every tensor of the launch holds data (tracing launches nothing).
+bool holds_data(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return holds_data(value.toTensor());
+  }
+  if (value.isList()) {
+    for (const auto& item : value.toListRef()) {
+      if (!holds_data(item)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   if (g_armed.load(std::memory_order_relaxed) &&
       !c10::impl::tls_is_dispatch_key_excluded(kPythonKey)) {
     uint64_t capture = current_capture();
     if (capture != 0) {
-      Note entry{0, capture, &op.operator_name().name, {}};
-      size_t count = op.schema().arguments().size();
-      entry.args.resize(count);
+      const std::string* name = &op.operator_name().name;
+      auto args = torch::jit::last(*stack, op.schema().arguments().size());
       bool real = true;
-      size_t i = 0;
-      for (const auto& value : torch::jit::last(*stack, count)) {
-        if (!note(value, entry.args[i++])) {
-          real = false;
-          break;
-        }
+      for (const auto& value : args) {
+        real = real && holds_data(value);
       }
       if (real) {
+        Note entry{0, capture, name, nullptr, {}};
         Pending& pending = t_pending;  // (a handed-off call's label and line: moved, no GIL)
         entry.label = pending.label;
         entry.site = pending.site;
         pending.label = pending.site = nullptr;
+        thread_local std::string key;
+        bool keyed = launch_key(name, args, key);
+        if (!keyed) {
+          note_all(args, entry.args);
+        }
         {
           std::lock_guard<std::mutex> lock(g_mutex);
+          if (keyed) {
+            std::shared_ptr<Kind>& kind = g_kinds[key];
+            if (!kind) {  // a new kind: its args (its group) kept for Python
+              kind = std::make_shared<Kind>();
+              kind->id = ++g_kind_ids;
+              note_all(args, kind->args);
+            }
+            entry.kind = kind;
+          }
           entry.seq = g_seq.fetch_add(1) + 1;
           g_notes.push_back(std::move(entry));
         }
@@ -272,67 +391,16 @@ py::object to_python(const Arg& arg) {
   }
 }
 
-template <typename T>
-void append(std::string& key, const T& value) {
-  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-
-// What of an argument decides its launch's metadata, as bytes; false where a value is of no
-// kind kept (its launch is derived each time).
-bool append_key(std::string& key, const Arg& arg) {
-  switch (arg.kind) {
-    case Arg::kTensor:
-      key.push_back('T');
-      append(key, static_cast<int8_t>(arg.dtype));
-      append(key, arg.sizes.size());
-      for (int64_t size : arg.sizes) {
-        append(key, size);
-      }
-      return true;
-    case Arg::kList:
-      key.push_back('L');
-      append(key, arg.items.size());
-      for (const auto& item : arg.items) {
-        if (!append_key(key, item)) {
-          return false;
-        }
-      }
-      return true;
-    default:
-      break;
-  }
-  const c10::IValue& value = arg.value;
-  if (value.isNone()) {
-    key.push_back('N');
-  } else if (value.isInt()) {
-    key.push_back('I');
-    append(key, value.toInt());
-  } else if (value.isBool()) {
-    key.push_back(value.toBool() ? 't' : 'f');
-  } else if (value.isString()) {
-    key.push_back('S');
-    const auto& text = value.toStringRef();
-    append(key, text.size());
-    key.append(text);
-  } else if (value.isObject() && value.toObjectRef().slots().size() == 1 &&
-             value.toObjectRef().getSlot(0).isCapsule()) {
-    // a bound C++ object (the ProcessGroup): the object itself (the boxed wrapper is new
-    // for each call). Python forgets the kinds when a group it derived from is gone.
-    key.push_back('G');
-    append(key, static_cast<const void*>(value.toObjectRef().getSlot(0).toCapsule().get()));
-  } else {
-    return false;
-  }
-  return true;
-}
-
 // Kernels for these ops ("c10d::allreduce_"), each with the arguments its launch's metadata is
 // read from; the names registered (those without another kernel on the key). Call only while
 // no thread includes the key.
 std::vector<std::string> register_kernels(const std::vector<std::string>& ops,
                                           const std::vector<std::vector<size_t>>& read) {
   for (size_t i = 0; i < ops.size() && i < read.size(); ++i) {
-    g_read[ops[i]] = read[i];
+    auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName(ops[i], ""));
+    if (handle) {
+      g_read_by_op[&handle->operator_name().name] = read[i];
+    }
   }
   if (!g_fallthrough) {
     g_fallthrough = new torch::Library(
@@ -365,67 +433,63 @@ void remove_kernels() {
   g_registered.clear();
 }
 
-// The notes of one capture (all, for 0), in launch order, as (seq, op, kind, args): launches
-// of one kind (op, and the arguments its metadata is read from) have one metadata; a kind's
-// args are given the first time it is drained (None after, until forget_kinds()). -1: let
-// every note go, returning none.
+// The notes of one capture (all, for 0), in launch order, as (seq, op, kind, args, label,
+// site): launches of one kind (op, and the arguments its metadata is read from) have one
+// metadata; a kind's args are given the first time it is drained (None after, until
+// forget_kinds()); a launch of no kind kept (kind 0) always has its args. -1: let every note
+// go, returning none.
 py::list drain(int64_t capture) {
   std::vector<Note> taken;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (capture < 0) {
-      for (auto& entry : g_notes) {
-        Py_XDECREF(entry.label);
-        Py_XDECREF(entry.site);
-      }
-      g_notes.clear();
-      return py::list();
-    }
     std::vector<Note> kept;
     for (auto& entry : g_notes) {
-      bool take = capture == 0 || entry.capture == static_cast<uint64_t>(capture);
+      bool take = capture <= 0 || entry.capture == static_cast<uint64_t>(capture);
       (take ? taken : kept).push_back(std::move(entry));
     }
     g_notes.swap(kept);
   }
-  py::list out;
-  std::string key;
+  // (outside the lock: a group released here may run its destructor)
   auto handed = [](PyObject* owned) {  // a note's label or site, now Python's (None if null)
     return owned ? py::reinterpret_steal<py::object>(owned) : py::none();
   };
-  for (const auto& entry : taken) {
+  py::list out;
+  auto as_python = [](const std::vector<Arg>& args) {
+    py::tuple values(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      values[i] = to_python(args[i]);
+    }
+    return values;
+  };
+  for (auto& entry : taken) {
     py::object label = handed(entry.label), site = handed(entry.site);
-    key.assign(*entry.op);
-    key.push_back('\0');
-    bool kept = true;
-    auto read = g_read.find(*entry.op);
-    if (read == g_read.end()) {
-      kept = false;
+    entry.label = entry.site = nullptr;
+    if (capture < 0) {
+      continue;
+    }
+    Kind* kind = entry.kind.get();
+    if (kind == nullptr) {
+      out.append(py::make_tuple(entry.seq, *entry.op, 0, as_python(entry.args), label, site));
+    } else if (kind->given == g_kinds_generation) {
+      out.append(py::make_tuple(entry.seq, *entry.op, kind->id, py::none(), label, site));
     } else {
-      for (size_t index : read->second) {
-        if (index >= entry.args.size() || !append_key(key, entry.args[index])) {
-          kept = false;
-          break;
-        }
-      }
+      kind->given = g_kinds_generation;
+      out.append(py::make_tuple(entry.seq, *entry.op, kind->id, as_python(kind->args), label,
+                                site));
     }
-    uint64_t kind = 0;  // 0: of no kind kept
-    if (kept) {
-      auto found = g_kinds.find(key);
-      if (found != g_kinds.end()) {
-        out.append(py::make_tuple(entry.seq, *entry.op, found->second, py::none(), label, site));
-        continue;
-      }
-      kind = g_kinds.size() + 1;
-      g_kinds.emplace(key, kind);
-    }
-    py::list args;
-    for (const auto& arg : entry.args) {
-      args.append(to_python(arg));
-    }
-    out.append(py::make_tuple(entry.seq, *entry.op, kind, py::tuple(args), label, site));
   }
   return out;
+}
+
+// Python lost what it derived (a group it derived from is gone: its address may be reused):
+// kinds are known again from the next launch on, and every kind's args given again.
+void forget_kinds() {
+  std::unordered_map<std::string, std::shared_ptr<Kind>> forgotten;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    forgotten.swap(g_kinds);
+    ++g_kinds_generation;  // (notes of a forgotten kind still hold it, and give its args)
+  }
 }
 
 // call_excluded(function, args, kwargs): function(*args, **kwargs) with the Python kernels'
@@ -563,6 +627,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     g_site_from = site_from.inc_ref().ptr();
   });
   m.def("drain", &drain, py::arg("capture") = 0);
-  m.def("forget_kinds", []() { g_kinds.clear(); });
-  m.def("kinds", []() { return g_kinds.size(); });
+  m.def("forget_kinds", &forget_kinds);
+  m.def("kinds", []() {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    return g_kinds.size();
+  });
 }

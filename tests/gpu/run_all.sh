@@ -6,8 +6,8 @@
 #
 # Each step runs in its own processes under a time limit (a hang costs that step only) and
 # prints how long it took; steps that would end after DEADLINE seconds (default 540) are
-# skipped, most needed first. STEPS (default "patterns gpu_graph graph_replay compile_graphs
-# footprint") and
+# skipped, most needed first. STEPS (default "native patterns gpu_graph graph_replay
+# compile_graphs footprint"; native: build the native kernel first, NATIVE=0: run without it) and
 # PATTERNS_TO_RUN choose a part. The exit status is the number of steps that failed or skipped.
 set -u
 OUT=${1:?usage: run_all.sh OUT}
@@ -38,11 +38,21 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
-want() { [[ " ${STEPS:-patterns gpu_graph graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
+want() { [[ " ${STEPS:-native patterns gpu_graph graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
+
+# The native kernel, built first (every later step then runs with it: C++-origin launches and
+# the Python API's captured ones noted in C++); NATIVE=0 runs everything on the Python path.
+export AUTOANNOT_NATIVE_DIR=${AUTOANNOT_NATIVE_DIR:-/tmp/autoannot-native}
+if [ "${NATIVE:-1}" = 0 ]; then
+  export AUTOANNOT_NATIVE=0
+elif want native; then
+  step native_build 120 env PYTHONPATH=. python -m autoannot build-native
+fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python -c "import torch, wrapt; print('torch', torch.__version__, 'nccl',
   '.'.join(map(str, torch.cuda.nccl.version())), 'wrapt', wrapt.__version__)" | tee -a "$OUT/device.txt"
+PYTHONPATH=. python -m autoannot doctor 2>/dev/null | grep "native kernel" | tee -a "$OUT/device.txt"
 if want patterns; then
   for pattern in ${PATTERNS_TO_RUN:-ddp graphed compiled mixed threads inference}; do
     step "pattern_$pattern" 120 env PATTERNS=$pattern DUMP_AFTER=110 \
