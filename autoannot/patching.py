@@ -261,7 +261,9 @@ def _handing_off(row: Any, wrapper: Any) -> Any:
     if not config.from_environment().ops:  # no dispatcher layer: no kernel to hand them to
         return wrapper
     module = native.load()
-    return wrapper if module is None else module.handoff_wrapper(wrapper, row.label)
+    if module is None:
+        return wrapper
+    return module.handoff_wrapper(wrapper, row.label, wrapper.note_in_capture)
 
 
 def _wraps(obj: Any, original: Any) -> bool:

@@ -223,6 +223,23 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 recording.append(entry)
         return result
 
+    def note_in_capture(args: tuple, kwargs: dict, site: str) -> None:
+        """A launch handed to the native kernel that it did not note (its op has no kernel
+        of it): into the capture's ledger as the capture branch above notes it, after the
+        call."""
+        try:
+            key = plan.key_of(args, kwargs)
+            known = by_key.get(key)
+            if known is None:
+                known = learn(args, kwargs, key)
+            for listener in capture_listeners:
+                listener(label, known.annotation, known.launch.kernels, site)
+        except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
+            return
+        except Exception as exc:
+            warn_once(label, "noting the launch in its graph's ledger", exc)
+
+    wrapper.note_in_capture = note_in_capture  # type: ignore[attr-defined]
     return wrapper
 
 

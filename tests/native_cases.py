@@ -180,6 +180,29 @@ def python_api_handoff(rank: int, world: int) -> dict[str, Any]:
             "handoff_after": module.handoff(), "armed_after": module.armed()}
 
 
+def op_without_native_kernel(rank: int, world: int) -> dict[str, Any]:
+    """``c10d::broadcast_`` left without a native kernel: ``dist.broadcast`` handed off is
+    noted after its call by the Python side, as its wrapper would have."""
+    from autoannot import dispatch
+
+    register = dispatch.DispatcherLayer._register_native
+    dispatch.DispatcherLayer._register_native = (  # type: ignore[method-assign]
+        lambda self, ops: register(self, [op for op in ops if op != "c10d::broadcast_"]))
+    _start()
+
+    def body() -> None:
+        dist.all_reduce(torch.ones(4))
+        dist.broadcast(torch.ones(6, dtype=torch.float16), 1)
+        dist.all_reduce(torch.ones(4))
+
+    _captured(0, lambda: None)
+    python = _captured(0, body)
+    before = _noted()
+    noted = _captured(11, body)
+    return {"python": python, "native": noted, "noted": _noted() - before,
+            "registered": native.loaded().registered()}
+
+
 def ddp_steps(rank: int, world: int) -> dict[str, Any]:
     """DDP's reducer (a C++-origin launch per bucket) in captured steps."""
     from torch.nn.parallel import DistributedDataParallel

@@ -83,6 +83,13 @@ def test_python_api_launches_handed_off_read_as_the_proxies_annotate_them() -> N
         assert not result["handoff_after"] and not result["armed_after"]
 
 
+def test_a_handed_off_launch_no_kernel_noted_is_noted_after_its_call() -> None:
+    for result in run_ranks(native_cases.op_without_native_kernel, 2):
+        assert result["noted"] == 2  # the all-reduces; the broadcast has no native kernel
+        assert [e["api"] for e in result["native"]] == ["all_reduce", "broadcast", "all_reduce"]
+        assert result["native"] == result["python"]  # the broadcast's line too
+
+
 def test_funcol_ops_recorders_and_fake_tensors_are_not_noted() -> None:
     for result in run_ranks(native_cases.funcol_and_recorder, 2):
         # compiled code's op: annotated once, by its own kernel; the c10d launch below it

@@ -7,7 +7,8 @@
 // the agent's dispatcher layer. For each c10d op:
 //   * armed (a capture in progress, nothing else asking for launches), the launch's tensors
 //     hold data, the current stream is capturing, and the Python layer's key is not excluded
-//     (a Python-API launch the proxies annotate themselves): note the launch, then redispatch
+//     (a Python-API launch the proxies annotate themselves) or a call handed off by a proxy
+//     is running on this thread (see below): note the launch, then redispatch
 //     below both keys (the Python kernel is skipped);
 //   * otherwise: redispatch below this key (the Python kernel, where it is included).
 // Everything else the key reaches falls through.
@@ -17,7 +18,9 @@
 // with no Python frame. Where the kernel would note the launch (handing off is on: a capture is
 // the only demand, no coalescing block open; this thread holds the layer and its stream is
 // capturing), it resolves the caller's line, keeps (label, line) for the thread while the
-// original runs, and the note made below takes them; else it calls the Python wrapper.
+// original runs (the Python kernels' key excluded, as the Python wrapper has it), and the note
+// made below takes them; a launch no kernel of this one noted is noted by the Python side
+// after the call. Otherwise it calls the Python wrapper.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -324,8 +327,9 @@ bool holds_data(const c10::IValue& value) {
 }
 
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  // (a handed-off call excludes the Python kernels' key too: it is this kernel's to note)
   if (g_armed.load(std::memory_order_relaxed) &&
-      !c10::impl::tls_is_dispatch_key_excluded(kPythonKey)) {
+      (t_pending.active || !c10::impl::tls_is_dispatch_key_excluded(kPythonKey))) {
     uint64_t capture = current_capture();
     if (capture != 0) {
       const std::string* name = &op.operator_name().name;
@@ -546,8 +550,8 @@ PyObject* caller_site() {
   return PyObject_CallOneArg(g_site_from, from);
 }
 
-// handoff_wrapper's call: self is (python_wrapper, label); args are wrapt's (wrapped,
-// instance, args, kwargs).
+// handoff_wrapper's call: self is (python_wrapper, label, note_in_capture); args are
+// wrapt's (wrapped, instance, args, kwargs).
 PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
   PyObject* python_wrapper = PyTuple_GET_ITEM(self, 0);
   if (count != 4 || !PyTuple_Check(args[2]) || (args[3] != Py_None && !PyDict_Check(args[3]))) {
@@ -572,10 +576,28 @@ PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) 
   PyObject* label = PyTuple_GET_ITEM(self, 1);
   Py_INCREF(label);
   pending = Pending{true, label, site};
-  PyObject* result = PyObject_Call(wrapped, args[2], kwargs);
+  PyObject* result;
+  {  // the Python kernels stand aside, as for the Python wrapper's call: this call is the launch
+    c10::impl::ExcludeDispatchKeyGuard python_kernels(kPythonKey);
+    result = PyObject_Call(wrapped, args[2], kwargs);
+  }
   PyObject* left_label = pending.label;  // (not taken: nothing was noted)
   PyObject* left_site = pending.site;
   pending = Pending{};
+  if (result != nullptr && left_label != nullptr) {
+    // It returned, and no kernel of this one noted it (an op without one, fake tensors): the
+    // Python side notes it as its wrapper would have (said once if that fails).
+    PyObject* keywords = PyDict_Check(args[3]) ? (Py_INCREF(args[3]), args[3]) : PyDict_New();
+    if (keywords != nullptr) {
+      PyObject* late_args[] = {args[2], keywords, left_site};
+      PyObject* noted = PyObject_Vectorcall(PyTuple_GET_ITEM(self, 2), late_args, 3, nullptr);
+      Py_XDECREF(noted);
+      Py_DECREF(keywords);
+    }
+    if (PyErr_Occurred()) {  // (the collective's result stands)
+      PyErr_Clear();
+    }
+  }
   Py_XDECREF(left_label);
   Py_XDECREF(left_site);
   return result;
@@ -612,8 +634,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return id ? py::object(py::int_(id)) : py::none();
   });
   m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
-  m.def("handoff_wrapper", [](py::object python_wrapper, py::str label) {
-    py::tuple self = py::make_tuple(python_wrapper, label);
+  m.def("handoff_wrapper", [](py::object python_wrapper, py::str label,
+                              py::object note_in_capture) {
+    py::tuple self = py::make_tuple(python_wrapper, label, note_in_capture);
     return py::reinterpret_steal<py::object>(
         PyCFunction_NewEx(&g_handoff_call, self.ptr(), nullptr));
   }, "wrapt's wrapper for a Python-API collective: hands its launches in a capture to the "
