@@ -184,6 +184,8 @@ class DispatcherLayer:
             plans = _note_plans()
             self.native_ops = module.register_kernels(ops, [plans[op][3] for op in ops])
             self.native = module
+            _layer_of_native[:] = [self]
+            groups.on_group_gone(forget_native_kinds)
         except Exception as exc:  # the Python kernels annotate these launches
             self.skipped["native"] = f"{type(exc).__name__}: {exc}"
             diagnostics.warn_once("native kernel", "registering", exc)
@@ -378,11 +380,21 @@ def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...], list[i
 
 
 #: kind of noted launch (the native kernel's number, never reused) -> (label, annotation,
-#: kernels, launch), or None where it could not be derived; emptied when a group it names is
-#: gone (see ``groups``).
-_KINDS = groups.id_keyed()
-_KINDS_FILLED = "filled"  # a key of _KINDS while it has not been emptied
-_kinds_filled: list[bool] = []  # [True] once it was filled
+#: kernels, launch), or None where it could not be derived; (kind, label) -> the same, named by
+#: a proxy's label. A kind names one group for good (the kernel forgets its kinds when a group
+#: is gone), so this is kept when groups go; let go, with the kernel's kinds, when it is large
+#: and no note is waiting.
+_KINDS: dict[Any, tuple | None] = {}
+
+
+def forget_native_kinds() -> None:
+    """A group is gone (see ``groups``): the native kernel's launches get new kinds."""
+    layer = _layer_of_native[0] if _layer_of_native else None
+    if layer is not None and layer.native is not None:
+        layer.native.forget_kinds()
+
+
+_layer_of_native: list[Any] = []
 
 
 def launched_of_notes(native: Any, capture: int) -> list[tuple]:
@@ -394,12 +406,7 @@ def launched_of_notes(native: Any, capture: int) -> list[tuple]:
     and said once."""
     from autoannot import recorder
 
-    kinds = _KINDS  # kind -> (label, annotation, kernels, launch); (kind, label) -> relabeled
-    if _KINDS_FILLED not in kinds:
-        if _kinds_filled:  # emptied since: a group is gone (its address may be reused); the
-            native.forget_kinds()  # kernel knows its kinds anew and gives each one's args again
-        kinds[_KINDS_FILLED] = True
-        _kinds_filled[:] = [True]
+    kinds = _KINDS
     plans = _note_plans()
     launched = []
     native_site = recorder.NATIVE_CALLER
@@ -419,6 +426,8 @@ def launched_of_notes(native: Any, capture: int) -> list[tuple]:
                     kinds[(kind, label)] = relabeled
             found = relabeled
         launched.append((*found[:3], native_site if site is None else site, order))
+    if len(kinds) >= wrappers.CACHE_SIZE and native.forget_kinds(if_idle=True):
+        kinds.clear()  # (no note waits for a kind: the kernel knows them anew)
     return launched
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +130,13 @@ def facts_of(pg: Any) -> GroupFacts:
                 del _facts[key]
         for cache in list(_id_keyed):
             cache.clear()
+        for listener in list(_gone_listeners):
+            try:
+                listener()
+            except Exception as exc:  # (in a weakref callback: said, never raised)
+                from autoannot import diagnostics
+
+                diagnostics.warn_once("process group", "forgetting a group that is gone", exc)
 
     with _lock:
         _facts[key] = (weakref.ref(pg, forget), facts)
@@ -145,6 +153,13 @@ class IdKeyedCache(dict):
 
 
 _id_keyed: weakref.WeakSet[IdKeyedCache] = weakref.WeakSet()
+_gone_listeners: list[Callable[[], None]] = []
+
+
+def on_group_gone(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` whenever a group whose facts were taken is gone (once added)."""
+    if listener not in _gone_listeners:
+        _gone_listeners.append(listener)
 
 
 def id_keyed() -> IdKeyedCache:

@@ -203,6 +203,52 @@ def op_without_native_kernel(rank: int, world: int) -> dict[str, Any]:
             "registered": native.loaded().registered()}
 
 
+def group_lifetime(rank: int, world: int) -> dict[str, Any]:
+    """A group whose launches the kernel noted is freed once destroyed (its backend's threads
+    stop), as with the agent off; its kinds are forgotten at once, and launches noted before
+    keep theirs."""
+    import gc
+    import os
+    import time
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    _start()
+    module = native.loaded()
+    _captured(11, lambda: None)
+    base = threads()
+    group = dist.new_group(list(range(world)))
+    with_group = threads()
+    entries = _captured(11, lambda group=group: group.allreduce([torch.ones(2)]).wait())
+    kinds = module.kinds()
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    for _ in range(50):  # (its threads are joined as it is freed)
+        if threads() <= base:
+            break
+        time.sleep(0.1)
+    after, kinds_after = threads(), module.kinds()
+    # a group gone while a capture is in progress: launches noted before it keep their kind
+    pg = dist.group.WORLD
+    _captured(11, lambda: pg.allreduce([torch.ones(3)]).wait())  # the kind known, derived
+    other = [dist.new_group(list(range(world)))]
+
+    def body() -> None:
+        pg.allreduce([torch.ones(3)]).wait()  # of the kind known
+        dist.destroy_process_group(other.pop())
+        gc.collect()  # (the kernel forgets its kinds)
+        pg.allreduce([torch.ones(3)]).wait()  # a new kind, the same metadata
+
+    across = _captured(11, body)
+    return {"base": base, "with_group": with_group, "after": after, "kinds": kinds,
+            "kinds_after": kinds_after, "entries": [e["api"] for e in entries],
+            "across": [(e["api"], e["annotation"]["Process Group Name"],
+                        e["annotation"]["In msg nelems"]) for e in across],
+            "world_name": pg.group_name}
+
+
 def ddp_steps(rank: int, world: int) -> dict[str, Any]:
     """DDP's reducer (a C++-origin launch per bucket) in captured steps."""
     from torch.nn.parallel import DistributedDataParallel

@@ -90,6 +90,16 @@ def test_a_handed_off_launch_no_kernel_noted_is_noted_after_its_call() -> None:
         assert result["native"] == result["python"]  # the broadcast's line too
 
 
+def test_a_destroyed_group_whose_launches_were_noted_is_freed() -> None:
+    for result in run_ranks(native_cases.group_lifetime, 2):
+        assert result["entries"] == ["c10d.allreduce_"] and result["kinds"] >= 1
+        assert result["with_group"] > result["base"]  # gloo's threads for the new group
+        assert result["after"] == result["base"]  # gone with it: nothing of ours held it
+        assert result["kinds_after"] == 0
+        world = result["world_name"]
+        assert [tuple(e) for e in result["across"]] == [("c10d.allreduce_", world, 3)] * 2
+
+
 def test_funcol_ops_recorders_and_fake_tensors_are_not_noted() -> None:
     for result in run_ranks(native_cases.funcol_and_recorder, 2):
         # compiled code's op: annotated once, by its own kernel; the c10d launch below it

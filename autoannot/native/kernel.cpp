@@ -62,12 +62,15 @@ struct Arg {
 };
 
 // A kind of launch: its op and the arguments its metadata is read from, alike (the key
-// launch_key() builds); the first launch's arguments, given to Python to derive the kind's
-// metadata once (again after forget_kinds()). Its group is held while the kind is known.
+// launch_key() builds). The first launch's arguments are kept until the kind is first drained,
+// given to Python to derive the kind's metadata once, then let go (the group is not held:
+// Python forgets the kinds, here, as soon as a group it derived from is gone, so a new group
+// at its address gets kinds of its own).
 struct Kind {
   uint64_t id;  // never reused: Python keeps what it derived by it
+  std::string key;
   std::vector<Arg> args;
-  uint64_t given = 0;  // the generation (see forget_kinds()) its args were last given in
+  bool given = false;
 };
 
 struct Note {
@@ -117,7 +120,6 @@ std::unordered_map<const std::string*, std::vector<size_t>>& g_read_by_op =
 std::unordered_map<std::string, std::shared_ptr<Kind>>& g_kinds =
     *new std::unordered_map<std::string, std::shared_ptr<Kind>>();
 uint64_t g_kind_ids = 0;
-uint64_t g_kinds_generation = 1;
 
 const c10::DispatchKeySet kBelowKey(c10::DispatchKeySet::FULL_AFTER, kKey);
 const c10::DispatchKeySet kBelowPythonKey(c10::DispatchKeySet::FULL_AFTER, kPythonKey);
@@ -356,6 +358,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
             if (!kind) {  // a new kind: its args (its group) kept for Python
               kind = std::make_shared<Kind>();
               kind->id = ++g_kind_ids;
+              kind->key = key;
               note_all(args, kind->args);
             }
             entry.kind = kind;
@@ -439,9 +442,8 @@ void remove_kernels() {
 
 // The notes of one capture (all, for 0), in launch order, as (seq, op, kind, args, label,
 // site): launches of one kind (op, and the arguments its metadata is read from) have one
-// metadata; a kind's args are given the first time it is drained (None after, until
-// forget_kinds()); a launch of no kind kept (kind 0) always has its args. -1: let every note
-// go, returning none.
+// metadata; a kind's args are given the first time it is drained (None after); a launch of no
+// kind kept (kind 0) always has its args. -1: let every note go, returning none.
 py::list drain(int64_t capture) {
   std::vector<Note> taken;
   {
@@ -457,7 +459,6 @@ py::list drain(int64_t capture) {
   auto handed = [](PyObject* owned) {  // a note's label or site, now Python's (None if null)
     return owned ? py::reinterpret_steal<py::object>(owned) : py::none();
   };
-  py::list out;
   auto as_python = [](const std::vector<Arg>& args) {
     py::tuple values(args.size());
     for (size_t i = 0; i < args.size(); ++i) {
@@ -465,35 +466,55 @@ py::list drain(int64_t capture) {
     }
     return values;
   };
+  py::list out;
+  std::vector<std::shared_ptr<Kind>> unknown;  // new kinds of notes let go: not known after
   for (auto& entry : taken) {
     py::object label = handed(entry.label), site = handed(entry.site);
     entry.label = entry.site = nullptr;
+    Kind* kind = entry.kind.get();
     if (capture < 0) {
+      if (kind != nullptr && !kind->given) {
+        unknown.push_back(entry.kind);
+      }
       continue;
     }
-    Kind* kind = entry.kind.get();
     if (kind == nullptr) {
       out.append(py::make_tuple(entry.seq, *entry.op, 0, as_python(entry.args), label, site));
-    } else if (kind->given == g_kinds_generation) {
+    } else if (kind->given) {
       out.append(py::make_tuple(entry.seq, *entry.op, kind->id, py::none(), label, site));
     } else {
-      kind->given = g_kinds_generation;
+      kind->given = true;
       out.append(py::make_tuple(entry.seq, *entry.op, kind->id, as_python(kind->args), label,
                                 site));
+      kind->args.clear();  // (its group let go)
+    }
+  }
+  if (!unknown.empty()) {  // (their args, and groups, go with the last of their notes)
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& kind : unknown) {
+      auto found = g_kinds.find(kind->key);
+      if (found != g_kinds.end() && found->second == kind) {
+        g_kinds.erase(found);
+      }
     }
   }
   return out;
 }
 
-// Python lost what it derived (a group it derived from is gone: its address may be reused):
-// kinds are known again from the next launch on, and every kind's args given again.
-void forget_kinds() {
+// A group Python derived kinds from is gone (its address may be taken by a new one): launches
+// get new kinds from now on (notes already made keep theirs). `if_idle`: only where no launch
+// is noted and not drained (Python lets go of what it derived; a note would still need it);
+// whether the kinds were forgotten.
+bool forget_kinds(bool if_idle) {
   std::unordered_map<std::string, std::shared_ptr<Kind>> forgotten;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    if (if_idle && !g_notes.empty()) {
+      return false;
+    }
     forgotten.swap(g_kinds);
-    ++g_kinds_generation;  // (notes of a forgotten kind still hold it, and give its args)
   }
+  return true;  // (kinds freed here hold no group: a kind holding one is held by its note)
 }
 
 // call_excluded(function, args, kwargs): function(*args, **kwargs) with the Python kernels'
@@ -650,7 +671,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     g_site_from = site_from.inc_ref().ptr();
   });
   m.def("drain", &drain, py::arg("capture") = 0);
-  m.def("forget_kinds", &forget_kinds);
+  m.def("forget_kinds", &forget_kinds, py::arg("if_idle") = false);
   m.def("kinds", []() {
     std::lock_guard<std::mutex> lock(g_mutex);
     return g_kinds.size();
