@@ -6,8 +6,9 @@
 #
 # Each step runs in its own processes under a time limit (a hang costs that step only) and
 # prints how long it took; steps that would end after DEADLINE seconds (default 540) are
-# skipped, most needed first. STEPS (default "native patterns gpu_graph graph_replay
-# compile_graphs footprint"; native: build the native kernel first, NATIVE=0: run without it) and
+# skipped, most needed first. STEPS (default "native patterns gpu_graph gpu_capture
+# graph_replay compile_graphs footprint"; native: build the native kernel first, NATIVE=0: run
+# without it) and
 # PATTERNS_TO_RUN choose a part. The exit status is the number of steps that failed or skipped.
 set -u
 OUT=${1:?usage: run_all.sh OUT}
@@ -38,7 +39,7 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
-want() { [[ " ${STEPS:-native patterns gpu_graph graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
+want() { [[ " ${STEPS:-native patterns gpu_graph gpu_capture graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
 
 # The native kernel, built first (every later step then runs with it: C++-origin launches and
 # the Python API's captured ones noted in C++); NATIVE=0 runs everything on the Python path.
@@ -62,6 +63,7 @@ if want patterns; then
   cp "$OUT/patterns_verify.log" "$OUT/patterns/run_output.txt"
 fi
 want gpu_graph && step gpu_graph 120 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
+want gpu_capture && step gpu_capture 240 env PYTHONPATH=. python benchmarks/gpu_capture.py "$OUT/results_gpu_capture.json"
 want graph_replay && step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
 want compile_graphs && step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
 want footprint && step footprint 150 env PYTHONPATH=. python tests/gpu/footprint.py "$OUT/footprint"
