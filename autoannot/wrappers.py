@@ -171,21 +171,18 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 return call_as_one_launch(wrapped, args, kwargs)
             return _run_unannotated(label, why, wrapped, args, kwargs)
         site = None
+        in_capture = False
         if state.before_launch:  # a block, capture or journal open (one test for the three)
             if state.blocks and calls.blocks:  # in a _coalescing_manager block: the launch
                 calls.blocks[-1].launches.append(known.launch)
                 return call_as_one_launch(wrapped, args, kwargs)
-            if state.captures:  # the capture's ledger, or torch's mark_kernels around the call
+            if state.captures:  # the capture's ledger (below), or torch's mark_kernels
                 mark_kernels = features.mark_kernels()
                 if mark_kernels is not None:
                     ctx = AnnotationContext(label, known.annotation, known.cpu_only,
                                             known.launch.kernels)
                     return _run_annotated(label, ctx, wrapped, args, kwargs)
-                try:  # (the listener finds the call site, where the launch goes into a graph)
-                    for listener in capture_listeners:
-                        listener(label, known.annotation, known.launch.kernels, None)
-                except Exception as exc:
-                    warn_once(label, "noting the launch in its graph's ledger", exc)
+                in_capture = True
             if state.journals:  # written before the call: a collective that hangs is in it
                 site = call_site(2)  # from our caller
                 enter(new_record(label, known.annotation, site, known.cpu_only))
@@ -210,6 +207,12 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
             finally:
                 set_excluded(dispatch_key, False)
                 calls.depth = 0
+        if in_capture:  # into its graph's ledger, once launched (a call that raised has not)
+            try:  # (the listener finds the call site, where the launch goes into a graph)
+                for listener in capture_listeners:
+                    listener(label, known.annotation, known.launch.kernels, site)
+            except Exception as exc:
+                warn_once(label, "noting the launch in its graph's ledger", exc)
         recorders = state.recorders
         if recorders:  # after the call: a launch that raised is not recorded
             if site is None:  # our caller's line, where it is the user's (mostly), else found
@@ -225,8 +228,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
 
     def note_in_capture(args: tuple, kwargs: dict, site: str) -> None:
         """A launch handed to the native kernel that it did not note (its op has no kernel
-        of it): into the capture's ledger as the capture branch above notes it, after the
-        call."""
+        of it): into the capture's ledger as the wrapper above notes it, after the call."""
         try:
             key = plan.key_of(args, kwargs)
             known = by_key.get(key)
