@@ -473,6 +473,27 @@ def _ended(graph: Any) -> None:
         STATE.capture_ended()
 
 
+@contextlib.contextmanager
+def stand_in(test_capture: int = 0) -> Any:
+    """A capture with no CUDA, for tests and benchmarks: CUDAGraph's wrappers around a
+    stand-in graph (yielded; its ledger is ``LEDGERS[graph._autoannot_graph]``). Where the
+    native kernel is loaded, ``test_capture`` stands in for CUDA's capture id (0: it lets the
+    launches through to the Python side, as without it)."""
+    from autoannot import native
+
+    module = native.loaded()
+    if module is not None:
+        module.set_test_capture(test_capture)
+    graph = type("Graph", (), {})()
+    _capture_begin(lambda: None, graph, (), {})
+    try:
+        yield graph
+    finally:
+        _capture_end(lambda: None, graph, (), {})
+        if module is not None:
+            module.set_test_capture(0)
+
+
 def _join_native_notes(ledger: Ledger) -> None:
     """The launches the native kernel noted in this capture join the ledger, in launch
     order."""

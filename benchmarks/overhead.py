@@ -145,9 +145,8 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, tutori
                 journal.close()
         for mode, test_capture in (("in capture", 1), ("in capture, Python", 0)):
             samples.setdefault(mode, []).append(_in_capture(through_proxy, calls, test_capture))
-        graph = type("Graph", (), {})()  # a capture, as CUDAGraph's wrappers see it
-        capture._capture_begin(lambda: None, graph, (), {})
-        capture._capture_end(lambda: None, graph, (), {})
+        with capture.stand_in():  # a capture, as CUDAGraph's wrappers see it
+            pass
         # Nothing to annotate, after a recorder and a capture, other threads alive: no proxy
         # work, no dispatcher kernel reached.
         samples["fast path"].append(per_call_us(through_proxy, calls))
@@ -158,21 +157,11 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, tutori
 
 
 def _in_capture(call: Callable[[], Any], calls: int, test_capture: int) -> float:
-    """Per-call time inside a stand-in capture (CUDAGraph's wrappers on a stand-in graph; the
-    capture is the thread's, as the CPU tests have it). Where the native kernel is built it
-    notes the launches (``test_capture`` stands in for CUDA's capture id; 0: it lets them
-    through to the Python wrappers and kernels, as without it)."""
-    module = native.loaded()
-    if module is not None:
-        module.set_test_capture(test_capture)
-    graph = type("Graph", (), {})()
-    capture._capture_begin(lambda: None, graph, (), {})
-    try:
+    """Per-call time inside a stand-in capture (the capture is the thread's, as the CPU tests
+    have it). Where the native kernel is built it notes the launches (``test_capture``, see
+    ``capture.stand_in``; 0: they go through the Python wrappers and kernels, as without it)."""
+    with capture.stand_in(test_capture):
         return per_call_us(call, calls)
-    finally:
-        capture._capture_end(lambda: None, graph, (), {})
-        if module is not None:
-            module.set_test_capture(0)
 
 
 def added(m: dict[str, float], mode: str) -> float:

@@ -45,17 +45,8 @@ def _launches(pg: Any, sub: Any, rank: int, world: int) -> None:
 def _captured(test_capture: int, body: Any) -> list[dict[str, Any]]:
     """The ledger of one stand-in capture of ``body()``; ``test_capture``: the native kernel
     notes its launches (0: it lets them through to the Python kernels)."""
-    module = native.loaded()
-    if module is not None:
-        module.set_test_capture(test_capture)
-    graph = type("Graph", (), {})()
-    capture._capture_begin(lambda: None, graph, (), {})
-    try:
+    with capture.stand_in(test_capture) as graph:
         body()
-    finally:
-        capture._capture_end(lambda: None, graph, (), {})
-        if module is not None:
-            module.set_test_capture(0)
     return [{"api": e["api"], "annotation": e["annotation"], "kernels": e["kernels"],
              "call_site": e["call_site"]}
             for e in capture.LEDGERS[graph._autoannot_graph].entries]
