@@ -104,7 +104,6 @@ class DispatcherLayer:
 
     def hold(self) -> None:
         """Launches on this thread reach the kernels until the matching ``release()``."""
-
         holds = self._holds
         with self._lock:
             if holds.count == 0:
@@ -184,8 +183,8 @@ class DispatcherLayer:
             plans = _note_plans()
             self.native_ops = module.register_kernels(ops, [plans[op][3] for op in ops])
             self.native = module
-            _layer_of_native[:] = [self]
-            groups.on_group_gone(forget_native_kinds)
+            # a group gone: its address may be reused, the kernel's launches get new kinds
+            groups.on_group_gone(module.forget_kinds)
         except Exception as exc:  # the Python kernels annotate these launches
             self.skipped["native"] = f"{type(exc).__name__}: {exc}"
             diagnostics.warn_once("native kernel", "registering", exc)
@@ -385,16 +384,6 @@ def _note_plans() -> dict[str, tuple[str, metadata.Plan, tuple[str, ...], list[i
 #: is gone), so this is kept when groups go; let go, with the kernel's kinds, when it is large
 #: and no note is waiting.
 _KINDS: dict[Any, tuple | None] = {}
-
-
-def forget_native_kinds() -> None:
-    """A group is gone (see ``groups``): the native kernel's launches get new kinds."""
-    layer = _layer_of_native[0] if _layer_of_native else None
-    if layer is not None and layer.native is not None:
-        layer.native.forget_kinds()
-
-
-_layer_of_native: list[Any] = []
 
 
 def launched_of_notes(native: Any, capture: int) -> list[tuple]:

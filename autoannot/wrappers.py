@@ -208,11 +208,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 set_excluded(dispatch_key, False)
                 calls.depth = 0
         if in_capture:  # into its graph's ledger, once launched (a call that raised has not)
-            try:  # (the listener finds the call site, where the launch goes into a graph)
-                for listener in capture_listeners:
-                    listener(label, known.annotation, known.launch.kernels, site)
-            except Exception as exc:
-                warn_once(label, "noting the launch in its graph's ledger", exc)
+            _note_in_ledger(label, known, site)
         recorders = state.recorders
         if recorders:  # after the call: a launch that raised is not recorded
             if site is None:  # our caller's line, where it is the user's (mostly), else found
@@ -234,15 +230,25 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
             known = by_key.get(key)
             if known is None:
                 known = learn(args, kwargs, key)
-            for listener in capture_listeners:
-                listener(label, known.annotation, known.launch.kernels, site)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
             return
         except Exception as exc:
-            warn_once(label, "noting the launch in its graph's ledger", exc)
+            warn_once(label, "deriving the collective metadata", exc)
+            return
+        _note_in_ledger(label, known, site)
 
     wrapper.note_in_capture = note_in_capture  # type: ignore[attr-defined]
     return wrapper
+
+
+def _note_in_ledger(label: str, known: Known, site: str | None) -> None:
+    """A launch made in a capture, into its graph's ledger (the listener finds the call site
+    where ``site`` is None; a failure is said once, the launch stands)."""
+    try:
+        for listener in capture_listeners:
+            listener(label, known.annotation, known.launch.kernels, site)
+    except Exception as exc:
+        warn_once(label, "noting the launch in its graph's ledger", exc)
 
 
 class CoalescingBlock:
