@@ -48,5 +48,24 @@ def agent():
         autoannot.disable()
 
 
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory: pytest.TempPathFactory):
+    """The native observer compiled against this torch, once a session, in a folder of the
+    run (``autoannot build-native``'s code); the path of the module (its folder's parent is
+    the ``AUTOANNOT_NATIVE_DIR`` to use)."""
+    from autoannot import native
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AUTOANNOT_NATIVE_DIR", str(tmp_path_factory.mktemp("native")))
+        return native.build()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """``monkeypatch`` for a whole module."""
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
 pytest_plugins = ["pytester"]
 

@@ -22,15 +22,15 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "enable": "autoannot.patching",
-    "disable": "autoannot.patching",
-    "is_enabled": "autoannot.patching",
+    "enable": "autoannot.instrumentation",
+    "disable": "autoannot.instrumentation",
+    "is_enabled": "autoannot.instrumentation",
     "record": "autoannot.recorder",
-    "Record": "autoannot.recorder",
-    "Recording": "autoannot.recorder",
-    "annotate_collective": "autoannot.annotation",
+    "Record": "autoannot.records",
+    "Recording": "autoannot.records",
+    "annotate_collective": "autoannot.helper",
     "AnnotationContext": "autoannot.annotation",
-    "describe_call": "autoannot.annotation",
+    "describe_call": "autoannot.helper",
     "AutoannotWarning": "autoannot.diagnostics",
 }
 

@@ -6,10 +6,10 @@ torch nor wrapt."""
 from autoannot import config
 
 if config.agent_requested():
-    from autoannot.patching import enable
+    from autoannot.instrumentation import INSTRUMENTATION
 
-    enable()
+    INSTRUMENTATION.enable()
     if config.record_template() is not None:
         from autoannot import journal
 
-        journal.open_from_environment()
+        journal.open_from_environment(INSTRUMENTATION.state)

@@ -5,7 +5,7 @@
     autoannot plot TRACE|DIR... -o PNG         a timeline picture, one band per rank
     autoannot doctor [--json]                  what this machine has, which path the agent takes
     autoannot run [--] CMD [ARGS...]           run CMD with every Python process instrumented
-    autoannot build-native [-v]                compile the native kernel for this torch
+    autoannot build-native [-v]                compile the native observer for this torch
     autoannot hook-path                        the directory of the sitecustomize hook
 
 The same option means the same thing in every command: ``-o`` names what is written (never an
@@ -465,9 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     run.set_defaults(func=_run)
     build = sub.add_parser(
-        "build-native", help="compile the native kernel for this torch (C++-origin launches "
-        "in captures, noted without Python)",
-        description="Compile autoannot's native kernel against the installed torch (a C++ "
+        "build-native", help="compile the native observer for this torch (launches below the "
+        "Python API seen through torch's RecordFunction callbacks, no dispatch key)",
+        description="Compile autoannot's native observer against the installed torch (a C++ "
         "compiler and ninja; under a minute) into AUTOANNOT_NATIVE_DIR (default "
         "~/.cache/autoannot/native). The agent uses it from then on, unless AUTOANNOT_NATIVE=0.")
     build.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")

@@ -37,23 +37,35 @@ def flag_value_is_valid(value: str) -> bool:
 
 
 class Config:
-    """``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
+    """The agent's settings, read once (when it is enabled).
+
+    ``AUTOANNOT_MARK_KERNELS`` (default 1): enter torch's ``mark_kernels`` during captures where
     torch has it. ``AUTOANNOT_TORCH_ANNOTATIONS`` (default 1): where torch's toolsId path works,
     turn ``enable_annotations`` on for every ``torch.cuda.graph`` capture.
     ``AUTOANNOT_ANNOTATE_ON_EXPORT`` (default 0): each rank annotates the trace it exports, in
     place; ``AUTOANNOT_LANES`` (default 0): with annotated kernels moved to their process
-    group's lane. ``AUTOANNOT_OPS`` (default 1): put kernels on torch's dispatcher for the
-    launches no proxy sees (compiled code, DDP's reducer, autograd, C++)."""
+    group's lane. ``AUTOANNOT_OPS`` (default 1): observe the launches no proxy sees (compiled
+    code, DDP's reducer, autograd, C++). ``AUTOANNOT_NATIVE`` (default 1): through the native
+    observer where it is built. ``AUTOANNOT_VERIFY`` (default 0): compare each capture's
+    collectives across ranks when it ends."""
 
-    __slots__ = ("annotate_on_export", "lanes", "mark_kernels", "ops", "torch_annotations")
+    __slots__ = ("annotate_on_export", "lanes", "mark_kernels", "native", "ops",
+                 "torch_annotations", "verify")
 
     def __init__(self, mark_kernels: bool = True, torch_annotations: bool = True,
-                 annotate_on_export: bool = False, lanes: bool = False, ops: bool = True) -> None:
+                 annotate_on_export: bool = False, lanes: bool = False, ops: bool = True,
+                 native: bool = True, verify: bool = False) -> None:
         self.mark_kernels = mark_kernels
         self.torch_annotations = torch_annotations
         self.annotate_on_export = annotate_on_export
         self.lanes = lanes
         self.ops = ops
+        self.native = native
+        self.verify = verify
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{name}={getattr(self, name)}"
+                                     for name in self.__slots__) + ")"
 
 
 def record_template(env: Mapping[str, str] | None = None) -> str | None:
@@ -74,4 +86,6 @@ def from_environment(env: Mapping[str, str] | None = None) -> Config:
         annotate_on_export=flag("AUTOANNOT_ANNOTATE_ON_EXPORT", False, env),
         lanes=flag("AUTOANNOT_LANES", False, env),
         ops=flag("AUTOANNOT_OPS", True, env),
+        native=flag("AUTOANNOT_NATIVE", True, env),
+        verify=flag("AUTOANNOT_VERIFY", False, env),
     )

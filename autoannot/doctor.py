@@ -113,41 +113,52 @@ def diagnose() -> dict[str, Any]:
             elif unavailable:
                 missing.append("cudaGraphNodeGetToolsId is unavailable (the driver answered "
                                "cudaErrorCallRequiresNewerDriver)")
-    from autoannot import capture, config, dispatch
+    from autoannot import capture_identity
 
-    report["compiled_code"], report["cpp_origin"] = _dispatcher_layer(config, dispatch)
-    report["native_kernel"] = _native_kernel()
-    report["capture_identity"] = capture.CaptureIdentity().how
+    settings = config.from_environment()
+    report["native_observer"] = _native_observer(settings)
+    report["compiled_code"], report["cpp_origin"] = _below_the_api(settings)
+    report["capture_identity"] = capture_identity.CaptureIdentity().how
     report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
     report["missing"] = missing
     report["hook"] = _hook_state()
     return report
 
 
-def _dispatcher_layer(config: Any, dispatch: Any) -> tuple[str, str]:
-    """What the dispatcher kernels can annotate here: compiled code's ops, C++-origin launches."""
-    if not config.from_environment().ops:
+def _below_the_api(settings: Any) -> tuple[str, str]:
+    """How launches below the Python API are seen here: compiled code's, C++-origin ones."""
+    if not settings.ops:
         return ("not annotated: AUTOANNOT_OPS=0",) * 2  # type: ignore[return-value]
+    from autoannot import native
+
+    if settings.native and native.built_path() is not None:
+        line = ("annotated by the native observer (torch's RecordFunction callbacks, on every "
+                "thread; no dispatch key)")
+        return line, line
+    from autoannot import dispatch
+
     lines = []
     for family, what in zip(dispatch.FAMILIES, ("_c10d_functional", "c10d::"), strict=True):
         why = dispatch._unavailable(family)
         lines.append(f"not annotated: {why}" if why else
-                     f"annotated (a {dispatch.KEY} kernel per {what} op, reached only inside "
-                     f"captures and record(dispatcher=True))")
+                     f"annotated by the Python layer (a {dispatch.KEY} kernel per {what} op, "
+                     "registered while a capture or record() asks, on their threads only; "
+                     "steps aside where another library owns the key)")
     return lines[0], lines[1]
 
 
-def _native_kernel() -> str:
+def _native_observer(settings: Any) -> str:
     from autoannot import native
 
-    if not native.enabled():
+    if not settings.native:
         return "off (AUTOANNOT_NATIVE=0)"
     path = native.built_path()
     if path is None:
-        return "not built for this torch (autoannot build-native): captured C++-origin " \
-               "launches go through Python kernels"
-    return f"built ({path}): captured launches (C++-origin, and the Python API's through " \
-           "its proxies) are noted in C++"
+        return ("not built for this torch (autoannot build-native): launches below the "
+                "Python API go through the Python layer")
+    return (f"built ({path}): launches below the Python API are seen through torch's "
+            "RecordFunction callbacks; captured launches are noted in C++ from torch's own "
+            "record of them")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -161,8 +172,8 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("cpp_origin"):
         lines.append(f"  launches no proxy sees (DDP's reducer, backward, ProcessGroup calls): "
                      f"{report['cpp_origin']}")
-    if report.get("native_kernel"):
-        lines.append(f"  native kernel: {report['native_kernel']}")
+    if report.get("native_observer"):
+        lines.append(f"  native observer: {report['native_observer']}")
     if report.get("capture_identity"):
         lines.append(f"  a launch is tied to its CUDA-graph capture by: "
                      f"{report['capture_identity']}")

@@ -15,11 +15,11 @@ from types import ModuleType
 from typing import Any
 
 
-def ledger_document() -> dict[str, Any] | None:
+def ledger_document(agent: Any) -> dict[str, Any] | None:
     """This process's ledgers and torch's toolsId annotations; None when there are none."""
-    from autoannot import capture, features
+    from autoannot import features
 
-    graphs = {name: ledger.entries for name, ledger in capture.LEDGERS.all().items()}
+    graphs = {name: ledger.entries for name, ledger in agent.captures.ledgers.all().items()}
     api = features.graph_annotations()
     tools_id = {str(k): v for k, v in api.recorded().items()} if api is not None else {}
     if not graphs and not tools_id:
@@ -29,8 +29,8 @@ def ledger_document() -> dict[str, Any] | None:
     return {"rank": rank, "pid": os.getpid(), "graphs": graphs, "tools_id": tools_id}
 
 
-def write_ledger(trace_path: str) -> str | None:
-    document = ledger_document()
+def write_ledger(trace_path: str, agent: Any) -> str | None:
+    document = ledger_document(agent)
     if document is None:
         return None
     from autoannot.traces import ledger as ledgers  # at the first export, not at start-up
@@ -38,32 +38,34 @@ def write_ledger(trace_path: str) -> str | None:
     return ledgers.write(trace_path, document)
 
 
-def _after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    path = args[0] if args else kwargs.get("path")
-    try:
-        from autoannot.state import STATE
+def _after_export(agent: Any) -> Any:
+    """``export_chrome_trace``'s wrapper: the ledger file, then (if asked) the annotation."""
 
-        if path is not None and STATE.live and write_ledger(path) is not None:
-            from autoannot import config
+    def after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        path = args[0] if args else kwargs.get("path")
+        try:
+            if path is not None and agent.state.live and write_ledger(path, agent) is not None:
+                settings = agent.config
+                if settings.annotate_on_export:
+                    from autoannot.traces import annotate
 
-            settings = config.from_environment()
-            if settings.annotate_on_export:
-                from autoannot.traces import annotate
+                    with contextlib.suppress(annotate.NothingToAnnotate):  # no replay traced
+                        annotate.annotate_file(path, path, lanes=settings.lanes)
+        except Exception as exc:  # the trace is exported; our part failed
+            from autoannot import diagnostics
 
-                with contextlib.suppress(annotate.NothingToAnnotate):  # no replay traced
-                    annotate.annotate_file(path, path, lanes=settings.lanes)
-    except Exception as exc:  # the trace is exported; our part failed
-        from autoannot import diagnostics
+            diagnostics.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
+        return result
 
-        diagnostics.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
-    return result
+    return after_export
 
 
-def install(module: ModuleType, instrumentation: Any) -> list[Any]:
+def install(module: ModuleType, agent: Any) -> list[Any]:
     """Wrap ``_KinetoProfile.export_chrome_trace`` (what ``profile.export_chrome_trace`` and
     ``tensorboard_trace_handler`` call)."""
-    from autoannot import capture
+    from autoannot import cudagraphs
 
     owner = getattr(module, "_KinetoProfile", None)
-    return capture.wrap_attribute(owner, "export_chrome_trace", _after_export, instrumentation)
+    return cudagraphs.wrap_attribute(owner, "export_chrome_trace", _after_export(agent),
+                                     agent.proxies)

@@ -116,20 +116,12 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-_MARK_KERNELS_API: list[GraphAnnotations | None] = []  # [torch's API, where allowed], once known
-
-
-def mark_kernels():  # type: ignore[no-untyped-def]
+def mark_kernels(allowed: bool = True):  # type: ignore[no-untyped-def]
     """torch's ``mark_kernels`` context-manager factory, when entering it would record
-    something: torch has it, its annotations are on for this capture, the driver answers
-    ``cudaGraphNodeGetToolsId``, and ``AUTOANNOT_MARK_KERNELS`` is not 0. Else None (entering
+    something: ``allowed`` (``AUTOANNOT_MARK_KERNELS``), torch has it, its annotations are on
+    for this capture, and the driver answers ``cudaGraphNodeGetToolsId``. Else None (entering
     a no-op generator context costs microseconds per collective)."""
-    if not _MARK_KERNELS_API:
-        from autoannot import config
-
-        _MARK_KERNELS_API.append(graph_annotations() if config.from_environment().mark_kernels
-                                 else None)
-    api = _MARK_KERNELS_API[0]
+    api = graph_annotations() if allowed else None
     if api is None or not api.enabled() or api.tools_id_unavailable() is not False:
         return None
     return api.mark_kernels

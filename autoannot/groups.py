@@ -22,7 +22,11 @@ class GroupFacts:
     name: str  # "" when the group has none
     desc: str
     ranks: tuple[int, ...] | None  # global ranks, in group-rank order; None: not registered
-    ranks_text: str | None  # "Process Group Ranks"
+    #: The global ranks as the process group records them (ProcessGroupNCCL rebuilds them
+    #: from start and stride: none for a group of one rank or one not strided). A send's or
+    #: recv's peer ("Dst Rank", "Src Rank") is looked up there.
+    recorded_ranks: tuple[int, ...]
+    ranks_text: str | None  # "Process Group Ranks": ``recorded_ranks``
     size: int
     rank: int  # this process's rank in the group
     global_rank_start: int
@@ -97,6 +101,37 @@ def _stride_of(ranks: tuple[int, ...] | None, is_default: bool) -> tuple[int | N
     return ranks[0], stride if strided else -1
 
 
+def _recorded_ranks(start: int | None, stride: int, size: int) -> tuple[int, ...]:
+    """The group's global ranks as its ``record_param_comms`` holds them: rebuilt from start
+    and stride, where the stride is positive (ParamCommsDebugInfo's constructor)."""
+    if start is None or stride <= 0:
+        return ()
+    return tuple(start + i * stride for i in range(size))
+
+
+_recorded: dict[tuple, GroupFacts] = {}
+
+
+def facts_of_record(name: str, desc: str, ranks: list[int], size: int, start: int,
+                    stride: int) -> GroupFacts:
+    """The facts of the group a process group's own record of a launch names (the
+    ``ParamCommsDebugInfo`` the native observer reads): as the profiler writes them."""
+    key = (name, desc, tuple(ranks), size, start, stride)
+    facts = _recorded.get(key)
+    if facts is None:
+        recorded = tuple(ranks)
+        facts = GroupFacts(
+            name=name, desc=desc, ranks=recorded or None, recorded_ranks=recorded,
+            ranks_text=V.format_list(recorded), size=size, rank=-1,
+            global_rank_start=start, global_rank_stride=stride, lane=lane_for(name),
+            group_keys=_group_keys(name, desc, V.format_list(recorded)),
+            global_rank_keys=_global_rank_keys(start, stride))
+        if len(_recorded) >= 4096:
+            _recorded.clear()
+        _recorded[key] = facts
+    return facts
+
+
 def facts_of(pg: Any) -> GroupFacts:
     """The cached facts of a ProcessGroup (built on first use)."""
     entry = _facts.get(id(pg))
@@ -108,13 +143,16 @@ def facts_of(pg: Any) -> GroupFacts:
     is_default = pg is c10d.GroupMember.WORLD
     start, stride = _stride_of(ranks, is_default)
     name, desc = _text(pg, "group_name"), _text(pg, "group_desc")
-    ranks_text = V.format_list(ranks) if ranks is not None else None
+    size = pg.size()
+    recorded = _recorded_ranks(start, stride, size) if ranks is not None else ()
+    ranks_text = V.format_list(recorded) if ranks is not None else None
     facts = GroupFacts(
         name=name,
         desc=desc,
         ranks=ranks,
+        recorded_ranks=recorded,
         ranks_text=ranks_text,
-        size=pg.size(),
+        size=size,
         rank=pg.rank(),
         global_rank_start=start,
         global_rank_stride=stride,

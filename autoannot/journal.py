@@ -164,9 +164,10 @@ def _quote(text: str) -> str:
     return _quote(text)
 
 
-def open_from_environment() -> Journal | None:
-    """The journal ``AUTOANNOT_RECORD`` asks for, opened (lines go to it); None if unset. A
-    value that cannot name a file is said on stderr, once; the job runs without it."""
+def open_from_environment(state: Any) -> Journal | None:
+    """The journal ``AUTOANNOT_RECORD`` asks for, opened in ``state`` (the agent's: lines go
+    to it); None if unset. A value that cannot name a file is said on stderr, once; the job
+    runs without it."""
     from autoannot import config
 
     template = config.record_template()
@@ -177,7 +178,5 @@ def open_from_environment() -> Journal | None:
     except JournalError as exc:
         sys.stderr.write(f"autoannot: {exc}: no record file is written\n")
         return None
-    from autoannot.state import STATE
-
-    STATE.open_journal(journal)
+    state.open_journal(journal)
     return journal

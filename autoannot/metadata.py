@@ -296,9 +296,9 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
                 rank = facts.ranks.index(int(named[0]))
             else:
                 rank = None  # a global rank in a group whose global ranks are not known
-            if peer_rank and facts.ranks is not None and rank is not None and (
-                    0 <= rank < len(facts.ranks)):
-                peer = facts.ranks[rank]
+            recorded = facts.recorded_ranks  # the peer as the process group records it
+            if peer_rank and rank is not None and 0 <= rank < len(recorded):
+                peer = recorded[rank]
         # tuple.__new__: NamedTuple's own constructor parses its arguments (~0.3 us more)
         return new_launch(Launch, (eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits,
                                    out_splits, rank, peer, coalesced_name, kernels))
@@ -362,3 +362,20 @@ def coalesced(launches: Sequence[Launch]) -> Launch | None:
         out_splits=V.EMPTY_LIST,
         peer_global_rank=None,
     )
+
+
+def launch_of_record(record: dict[str, Any], row: Collective | None) -> Launch:
+    """The launch a process group's own record of it describes (``ParamCommsDebugInfo``, as
+    the native observer reads it: what the profiler writes on the eager kernel); ``row``: the
+    table's row of its operator (its kernel families), where known."""
+    facts = groups.facts_of_record(
+        record["group_name"], record["group_desc"], record["group_ranks"],
+        record["world_size"], record["global_rank_start"], record["global_rank_stride"])
+    name, rank = record["collective"], record["rank"]
+    recorded = facts.recorded_ranks
+    peer = recorded[rank] if name in ("send", "recv") and 0 <= rank < len(recorded) else None
+    return tuple.__new__(Launch, (
+        name, facts, record["in_nelems"], record["out_nelems"], record["dtype"],
+        V.format_list(record["in_splits"]), V.format_list(record["out_splits"]), rank, peer,
+        row.coalesced_name if row is not None else None,
+        tuple(sorted(row.kernels)) if row is not None else ()))

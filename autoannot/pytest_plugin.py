@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoannot import patching
+from autoannot import instrumentation
 from autoannot.recorder import Recording, record
 
 
@@ -24,25 +24,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--autoannot", default=False):
-        patching.enable()
+        instrumentation.enable()
 
 
 def _restore(was_enabled: bool) -> None:
     if was_enabled:
-        patching.enable()
+        instrumentation.enable()
     else:
-        patching.disable()
+        instrumentation.disable()
 
 
 @pytest.fixture
 def autoannot_records() -> Iterator[Recording]:
     """Enable the agent for this test and yield the records of the collectives it launches,
-    from the Python API and below it (``record(dispatcher=True)``: DDP's reducer, compiled
-    code, ``pg.*`` on the test's thread)."""
-    was_enabled = patching.is_enabled()
-    patching.enable()
+    from the Python API and below it (``record()``: DDP's reducer, compiled code, ``pg.*``)."""
+    was_enabled = instrumentation.is_enabled()
+    instrumentation.enable()
     try:
-        with record(dispatcher=True) as records:
+        with record() as records:
             yield records
     finally:
         _restore(was_enabled)
@@ -51,8 +50,8 @@ def autoannot_records() -> Iterator[Recording]:
 @pytest.fixture
 def autoannot_off() -> Iterator[None]:
     """Guarantee the agent is off (originals in place) for this test."""
-    was_enabled = patching.is_enabled()
-    patching.disable()
+    was_enabled = instrumentation.is_enabled()
+    instrumentation.disable()
     try:
         yield
     finally:

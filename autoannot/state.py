@@ -1,8 +1,10 @@
-"""Process-wide switches the wrapper reads on every call, and the per-thread call state.
+"""The switches the wrappers read on every call, and the per-thread call state.
 
-The hot path reads one attribute, ``STATE.demand``: true only while the agent is enabled and a
+The hot path reads one attribute, ``state.demand``: true only while the agent is enabled and a
 recorder or journal is open or a CUDA-graph capture is in progress. The rest is read only when
-it is true.
+it is true. One ``State`` belongs to the agent's ``Instrumentation``, which hands it to the
+parts that read it; every change goes through its methods, which tell its listeners (the
+launch observers) under its lock.
 """
 
 from __future__ import annotations
@@ -13,12 +15,22 @@ from autoannot import locks
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
-class _State:
-    __slots__ = ("__weakref__", "_lock", "before_launch", "blocks", "captures", "demand",
-                 "exclusion", "journals", "live", "native", "recorders")
+class CallState(_thread._local):
+    """Per thread: how deep inside wrapped calls we are, and the open coalescing blocks."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.blocks: list[Any] = []
+        self.batch_label: str | None = None
+
+
+class State:
+    __slots__ = ("__weakref__", "_listeners", "_lock", "before_launch", "blocks", "calls",
+                 "captures", "demand", "exclusion", "journals", "live", "recorders")
 
     def __init__(self) -> None:
         self._lock = locks.renewed(self, "_lock")
@@ -32,33 +44,34 @@ class _State:
         self.blocks = 0  # _coalescing_manager blocks open, on any thread
         #: A block, capture or journal open: the wrappers have work before the call.
         self.before_launch = False
-        #: ``(set_excluded, key)`` while some thread holds the dispatcher layer (its kernels
-        #: registered): the wrappers exclude the key around the call they annotate. None while
-        #: no thread holds it: then no thread includes the key, and nothing is toggled.
+        #: How a wrapper runs the call it annotates so that no observer below annotates it
+        #: again: ``(set_excluded, key, None)`` (a dispatch key excluded around it) or
+        #: ``(None, None, call)`` (``call(function, args, kwargs)`` does it); None: plainly.
         self.exclusion: tuple[Any, Any, Any] | None = None
-        #: The native kernel's module while some thread holds the dispatcher layer and the
-        #: kernel is on (``autoannot.native``); armed while captures are the only demand.
-        self.native: Any = None
+        self.calls = CallState()
+        #: Told of every change, under the lock: ``listener(state)``.
+        self._listeners: tuple[Callable[[State], None], ...] = ()
 
     def _refresh(self) -> None:
-        """Recompute demand (under the lock)."""
+        """Recompute demand (under the lock) and tell the listeners."""
         self.demand = self.live and (bool(self.recorders) or bool(self.journals)
                                      or self.captures > 0)
         self.before_launch = self.blocks > 0 or self.captures > 0 or bool(self.journals)
-        if self.native is not None:  # a recorder or journal wants each launch as it is made
-            armed = self.live and self.captures > 0 and not self.recorders and not self.journals
-            self.native.set_armed(armed)
-            # The proxies hand their launches to it too, but in a coalescing block (one launch
-            # for its calls) or where torch's own mark_kernels records them.
-            self.native.set_handoff(armed and not self.blocks and _no_mark_kernels())
+        for listener in self._listeners:
+            listener(self)
 
-    def set_native(self, native: Any) -> None:
+    def add_listener(self, listener: Callable[[State], None]) -> None:
         with self._lock:
-            if self.native is not None and native is None:
-                self.native.set_armed(False)
-                self.native.set_handoff(False)
-            self.native = native
-            self._refresh()
+            if listener not in self._listeners:
+                self._listeners = (*self._listeners, listener)
+            listener(self)
+
+    def remove_listener(self, listener: Callable[[State], None]) -> None:
+        with self._lock:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+    def set_exclusion(self, exclusion: tuple[Any, Any, Any] | None) -> None:
+        self.exclusion = exclusion
 
     def set_live(self, live: bool) -> None:
         with self._lock:
@@ -99,24 +112,3 @@ class _State:
         with self._lock:
             self.captures = max(0, self.captures - 1)
             self._refresh()
-
-
-def _no_mark_kernels() -> bool:
-    from autoannot import features
-
-    return features.mark_kernels() is None
-
-
-STATE = _State()
-
-
-class _CallState(_thread._local):
-    """Per thread: how deep inside wrapped calls we are, and the open coalescing blocks."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.blocks: list[Any] = []
-        self.batch_label: str | None = None
-
-
-CALLS = _CallState()

@@ -1,6 +1,6 @@
 """The wrapper functions the wrapt proxies call: one per row role, built from the table.
 
-Hot path: with no recorder open and no capture in progress (``STATE.demand`` false) a wrapper
+Hot path: with no recorder open and no capture in progress (``state.demand`` false) a wrapper
 calls the original at once. Otherwise it derives the launch metadata, enters the annotation
 context around the original, and never lets a failure of its own reach the caller.
 """
@@ -11,13 +11,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from autoannot import features, groups, metadata, patching, recorder
+from autoannot import features, groups, metadata, sites
 from autoannot import vocabulary as V
-from autoannot.annotation import AnnotationContext, capture_listeners
+from autoannot.annotation import AnnotationContext
 from autoannot.collectives import C10D, OPS, Collective, Role
 from autoannot.diagnostics import warn_once
-from autoannot.recorder import Record, call_site, enter, new_record, publish
-from autoannot.state import CALLS, STATE
+from autoannot.records import Record, enter, new_record, publish
+from autoannot.sites import call_site
 
 _getframe = sys._getframe
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
@@ -27,19 +27,22 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 # annotated reads as it does with the agent off.
 
 
-def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Run a call whose launch is annotated here: wrapped calls inside it (``CALLS.depth``)
-    and the dispatcher kernels below it take it for the same launch. While some thread holds
-    the dispatcher layer, its key is excluded around the call (``STATE.exclusion``): the
-    launch does not also pass through a Python kernel below (~7 us of boxing for nothing)."""
+def call_as_one_launch(state: Any, wrapped: Callable[..., Any], args: tuple,
+                       kwargs: dict) -> Any:
+    """Run a call whose launch is annotated here: wrapped calls inside it (``calls.depth``)
+    and the observers below it take it for the same launch (``state.exclusion``: the native
+    observer leaves it alone; the Python layer's key is excluded around it, so the launch does
+    not also pass through a Python kernel below, ~7 us of boxing for nothing)."""
     __tracebackhide__ = True
-    calls = CALLS
+    calls = state.calls
     depth = calls.depth
     calls.depth = depth + 1
-    exclusion = STATE.exclusion
+    exclusion = state.exclusion
     try:
         if exclusion is None:
             return wrapped(*args, **kwargs)
+        if exclusion[2] is not None:
+            return exclusion[2](wrapped, args, kwargs)
         exclusion[0](exclusion[1], True)
         try:
             return wrapped(*args, **kwargs)
@@ -50,7 +53,8 @@ def call_as_one_launch(wrapped: Callable[..., Any], args: tuple, kwargs: dict) -
 
 
 def _run_annotated(
-    label: str, ctx: AnnotationContext, wrapped: Callable[..., Any], args: tuple, kwargs: dict
+    state: Any, label: str, ctx: AnnotationContext, wrapped: Callable[..., Any], args: tuple,
+    kwargs: dict
 ) -> Any:
     __tracebackhide__ = True
     try:
@@ -60,16 +64,16 @@ def _run_annotated(
         warn_once(label, "entering the annotation context", exc)
         entered = False
     if not entered:  # outside the except block: the caller's exception carries none of ours
-        result = call_as_one_launch(wrapped, args, kwargs)
-        if STATE.recorders:  # it launched: recorded as any launch, though not annotated
+        result = call_as_one_launch(state, wrapped, args, kwargs)
+        if state.recorders:  # it launched: recorded as any launch, though not annotated
             try:
-                publish(new_record(label, ctx.annotation, ctx.call_site or call_site(2),
-                                   ctx.cpu_only))
+                publish(state, new_record(label, ctx.annotation,
+                                          ctx.call_site or call_site(2), ctx.cpu_only))
             except Exception as exc:
                 warn_once(label, "recording", exc)
         return result
     try:
-        result = call_as_one_launch(wrapped, args, kwargs)
+        result = call_as_one_launch(state, wrapped, args, kwargs)
     except BaseException as exc:
         try:
             ctx.__exit__(type(exc), exc, exc.__traceback__)
@@ -84,12 +88,13 @@ def _run_annotated(
 
 
 def _run_unannotated(
-    label: str, why: BaseException, wrapped: Callable[..., Any], args: tuple, kwargs: dict
+    state: Any, label: str, why: BaseException, wrapped: Callable[..., Any], args: tuple,
+    kwargs: dict
 ) -> Any:
     """The metadata could not be derived: run the call (the same launch: not annotated again
-    by a dispatcher kernel below); if it succeeds, say so once."""
+    by an observer below); if it succeeds, say so once."""
     __tracebackhide__ = True
-    result = call_as_one_launch(wrapped, args, kwargs)
+    result = call_as_one_launch(state, wrapped, args, kwargs)
     warn_once(label, "deriving the collective metadata", why)
     return result
 
@@ -107,9 +112,10 @@ class Known(NamedTuple):
     launch: metadata.Launch  # its facts (``.kernels``: the NCCL kernel families it may run)
 
 
-def launch_wrapper(row: Collective, plan: metadata.Plan,
+def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                    holds_data: Callable[[tuple, dict], bool] | None = None) -> Wrapper:
-    """The wrapper of a function that launches one collective.
+    """The wrapper of a function that launches one collective, reporting to ``agent`` (the
+    ``Instrumentation``: its ``state`` and ``captures``).
 
     A launch seen before is found by its key (``Plan.key_of``: the group's id, tensor dtypes
     and sizes, read straight from the arguments); a new one is derived in full, once.
@@ -122,7 +128,10 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
     by_key = groups.id_keyed()  # launch key -> Known
     by_facts: dict[tuple, Known] = {}  # launches without a key: by their derived facts
     new_tuple = tuple.__new__  # NamedTuple's own constructor parses its arguments
-    call_sites = recorder.SITES
+    call_sites = sites.SITES
+    state = agent.state
+    calls = state.calls
+    note_in_ledger = agent.captures.note
     # Exclude our key around the call: a proxy's call, and a compiled op's redispatch (torch's
     # _c10d_functional kernels launch a c10d:: op, where a kernel of ours would be called again,
     # ~7 us to be let through); a c10d:: op's redispatch launches nothing of ours below.
@@ -149,10 +158,8 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
-        state = STATE
         if not state.demand:  # nothing to annotate
             return wrapped(*args, **kwargs)
-        calls = CALLS
         if calls.depth:  # inside a wrapped call: its launch
             return wrapped(*args, **kwargs)
         why: Exception | None = None
@@ -168,24 +175,24 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
         # The call runs outside the except blocks: its own exception carries none of ours.
         if known is None:
             if why is None:
-                return call_as_one_launch(wrapped, args, kwargs)
-            return _run_unannotated(label, why, wrapped, args, kwargs)
+                return call_as_one_launch(state, wrapped, args, kwargs)
+            return _run_unannotated(state, label, why, wrapped, args, kwargs)
         site = None
         in_capture = False
         if state.before_launch:  # a block, capture or journal open (one test for the three)
             if state.blocks and calls.blocks:  # in a _coalescing_manager block: the launch
                 calls.blocks[-1].launches.append(known.launch)
-                return call_as_one_launch(wrapped, args, kwargs)
+                return call_as_one_launch(state, wrapped, args, kwargs)
             if state.captures:  # the capture's ledger (below), or torch's mark_kernels
-                mark_kernels = features.mark_kernels()
+                mark_kernels = features.mark_kernels(agent.config.mark_kernels)
                 if mark_kernels is not None:
                     ctx = AnnotationContext(label, known.annotation, known.cpu_only,
-                                            known.launch.kernels)
-                    return _run_annotated(label, ctx, wrapped, args, kwargs)
+                                            known.launch.kernels, agent=agent)
+                    return _run_annotated(state, label, ctx, wrapped, args, kwargs)
                 in_capture = True
             if state.journals:  # written before the call: a collective that hangs is in it
                 site = call_site(2)  # from our caller
-                enter(new_record(label, known.annotation, site, known.cpu_only))
+                enter(state, new_record(label, known.annotation, site, known.cpu_only))
         # call_as_one_launch, inlined (see there): this is the path that annotates
         calls.depth = 1
         exclusion = state.exclusion if excludes else None
@@ -194,7 +201,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 result = wrapped(*args, **kwargs)
             finally:
                 calls.depth = 0
-        elif exclusion[2] is not None:  # the native kernel's one call
+        elif exclusion[2] is not None:  # the native observer's one call
             try:
                 result = exclusion[2](wrapped, args, kwargs)
             finally:
@@ -208,13 +215,13 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
                 set_excluded(dispatch_key, False)
                 calls.depth = 0
         if in_capture:  # into its graph's ledger, once launched (a call that raised has not)
-            _note_in_ledger(label, known, site)
+            _note_in_ledger(note_in_ledger, label, known, site)
         recorders = state.recorders
         if recorders:  # after the call: a launch that raised is not recorded
             if site is None:  # our caller's line, where it is the user's (mostly), else found
                 frame = _getframe(1)
-                sites = call_sites.get(frame.f_code)
-                site = sites.get(frame.f_lasti) if sites else None
+                lines = call_sites.get(frame.f_code)
+                site = lines.get(frame.f_lasti) if lines else None
                 if site is None:
                     site = call_site(2)
             entry = new_tuple(Record, (label, known[0], site, known[1]))
@@ -223,8 +230,9 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
         return result
 
     def note_in_capture(args: tuple, kwargs: dict, site: str) -> None:
-        """A launch handed to the native kernel that it did not note (its op has no kernel
-        of it): into the capture's ledger as the wrapper above notes it, after the call."""
+        """A launch handed to the native observer that it did not note (its process group
+        made no record of it): into the capture's ledger as the wrapper above notes it, after
+        the call."""
         try:
             key = plan.key_of(args, kwargs)
             known = by_key.get(key)
@@ -235,18 +243,18 @@ def launch_wrapper(row: Collective, plan: metadata.Plan,
         except Exception as exc:
             warn_once(label, "deriving the collective metadata", exc)
             return
-        _note_in_ledger(label, known, site)
+        _note_in_ledger(note_in_ledger, label, known, site)
 
     wrapper.note_in_capture = note_in_capture  # type: ignore[attr-defined]
     return wrapper
 
 
-def _note_in_ledger(label: str, known: Known, site: str | None) -> None:
-    """A launch made in a capture, into its graph's ledger (the listener finds the call site
-    where ``site`` is None; a failure is said once, the launch stands)."""
+def _note_in_ledger(note: Callable[..., None], label: str, known: Known,
+                    site: str | None) -> None:
+    """A launch made in a capture, into its graph's ledger (``note`` finds the call site where
+    ``site`` is None; a failure is said once, the launch stands)."""
     try:
-        for listener in capture_listeners:
-            listener(label, known.annotation, known.launch.kernels, site)
+        note(label, known.annotation, known.launch.kernels, site)
     except Exception as exc:
         warn_once(label, "noting the launch in its graph's ledger", exc)
 
@@ -254,21 +262,24 @@ def _note_in_ledger(label: str, known: Known, site: str | None) -> None:
 class CoalescingBlock:
     """Stands in for ``_coalescing_manager(...)``: the calls inside are one launch."""
 
-    def __init__(self, manager: Any, label: str) -> None:
+    def __init__(self, manager: Any, label: str, agent: Any) -> None:
         self._manager = manager
         self._label = label
+        self._agent = agent
         self.launches: list[metadata.Launch] = []
 
     def __enter__(self) -> Any:
         value = self._manager.__enter__()
-        CALLS.blocks.append(self)
-        STATE.block_opened(True)
+        state = self._agent.state
+        state.calls.blocks.append(self)
+        state.block_opened(True)
         return value
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
         __tracebackhide__ = True
-        CALLS.blocks.remove(self)
-        STATE.block_opened(False)
+        state = self._agent.state
+        state.calls.blocks.remove(self)
+        state.block_opened(False)
         if exc_type is not None or not self.launches:
             return self._manager.__exit__(exc_type, exc, tb)
         try:
@@ -278,7 +289,8 @@ class CoalescingBlock:
             ctx = None
         if ctx is None:  # outside the except block: the block's exception carries none of ours
             return self._manager.__exit__(None, None, None)
-        return _run_annotated(self._label, ctx, self._manager.__exit__, (None, None, None), {})
+        return _run_annotated(state, self._label, ctx, self._manager.__exit__,
+                              (None, None, None), {})
 
     def _context(self) -> AnnotationContext:
         launch = metadata.coalesced(self.launches)
@@ -289,42 +301,44 @@ class CoalescingBlock:
             lane = self.launches[0].facts.lane
             annotation, cpu_only = {V.NAME: self._label, V.STREAM: lane}, {}
         kernels = tuple(sorted({k for launch in self.launches for k in launch.kernels}))
-        return AnnotationContext(self._label, annotation, cpu_only, kernels)
+        return AnnotationContext(self._label, annotation, cpu_only, kernels, agent=self._agent)
 
 
-def block_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
+def block_wrapper(row: Collective, plan: metadata.Plan, agent: Any) -> Wrapper:
     """The wrapper of ``_coalescing_manager``."""
+    state = agent.state
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
         manager = wrapped(*args, **kwargs)
-        if not STATE.demand or CALLS.depth:
+        if not state.demand or state.calls.depth:
             return manager
-        label = CALLS.batch_label or row.api
-        return CoalescingBlock(manager, label)
+        label = state.calls.batch_label or row.api
+        return CoalescingBlock(manager, label, agent)
 
     return wrapper
 
 
-def _current_p2p_functions() -> dict[Any, Any]:
+def _current_p2p_functions(proxies: Any) -> dict[Any, Any]:
     """Map isend/irecv, original or proxy, to the object c10d's module holds now."""
-    c10d = sys.modules[C10D]
+    c10d = sys.modules[C10D]  # torch's (imported: batch_isend_irecv was called)
     mapping: dict[Any, Any] = {}
     for name in ("isend", "irecv"):
         current = getattr(c10d, name)
         original = getattr(current, "__wrapped__", current)
         mapping[id(original)] = current
-        for proxy in patching.proxies_of(original):
+        proxy = proxies.get(original)
+        if proxy is not None:
             mapping[id(proxy)] = current
     return mapping
 
 
-def normalize_p2p_ops(ops: Any) -> Any:
+def normalize_p2p_ops(ops: Any, proxies: Any) -> Any:
     """P2POps built before ``enable()`` (or after ``disable()``) name another isend/irecv object
     than c10d's module does now; torch tests ``op.op is isend``. Hand it copies that match."""
     if not isinstance(ops, list | tuple):
         return ops
-    mapping = _current_p2p_functions()
+    mapping = _current_p2p_functions(proxies)
     fixed = list(ops)
     changed = False
     for i, op in enumerate(ops):
@@ -339,30 +353,33 @@ def normalize_p2p_ops(ops: Any) -> Any:
     return fixed if changed else ops
 
 
-def batch_wrapper(row: Collective, plan: metadata.Plan) -> Wrapper:
+def batch_wrapper(row: Collective, plan: metadata.Plan, agent: Any) -> Wrapper:
     """The wrapper of ``batch_isend_irecv``: labels the launches made inside it."""
+    state, proxies = agent.state, agent.proxies
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
         try:
             if args:
-                args = (normalize_p2p_ops(args[0]), *args[1:])
+                args = (normalize_p2p_ops(args[0], proxies), *args[1:])
             elif "p2p_op_list" in kwargs:
-                kwargs = {**kwargs, "p2p_op_list": normalize_p2p_ops(kwargs["p2p_op_list"])}
+                kwargs = {**kwargs,
+                          "p2p_op_list": normalize_p2p_ops(kwargs["p2p_op_list"], proxies)}
         except Exception as exc:
             warn_once(row.label, "matching P2POp functions", exc)
-        if not STATE.demand:
+        if not state.demand:
             return wrapped(*args, **kwargs)
-        previous, CALLS.batch_label = CALLS.batch_label, row.label
+        calls = state.calls
+        previous, calls.batch_label = calls.batch_label, row.label
         try:
             return wrapped(*args, **kwargs)
         finally:
-            CALLS.batch_label = previous
+            calls.batch_label = previous
 
     return wrapper
 
 
-WRAPPER_FACTORIES: dict[Role, Callable[[Collective, metadata.Plan], Wrapper]] = {
+WRAPPER_FACTORIES: dict[Role, Callable[[Collective, metadata.Plan, Any], Wrapper]] = {
     Role.LAUNCH: launch_wrapper,
     Role.BLOCK: block_wrapper,
     Role.BATCH: batch_wrapper,

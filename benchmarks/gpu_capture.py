@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any
 
 ROUNDS, MEASURED, PROCESS_ROUNDS, REPLAYS, EAGER_STEPS = 20, 3, 2, 20, 3
+ROUNDS = int(os.environ.get("ROUNDS", ROUNDS))
+#: Ranks (GPUs); ``WORLD=1``: one GPU, a 1-rank NCCL group (NCCL launches no kernel for most
+#: of its collectives, torch's CPU path and the agent's run as on more).
+WORLD = int(os.environ.get("WORLD", "2"))
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 HIDDEN, LAYERS = 2048, 32
 
@@ -216,7 +220,7 @@ def ddp_step(rank: int) -> Workload:
     import autoannot
 
     if autoannot.is_enabled():  # the gradient all-reduces of one eager step: DDP's buckets
-        with torch.cuda.stream(side), autoannot.record(dispatcher=True) as records:
+        with torch.cuda.stream(side), autoannot.record(dispatcher=True) as records:  # (any agent)
             optimizer.zero_grad(set_to_none=True)
             step()
         torch.cuda.synchronize()
@@ -258,8 +262,8 @@ def run_one(workload: str, agent: bool) -> dict[str, Any]:
                 "import socket, torch.multiprocessing as mp; "
                 "from benchmarks.gpu_capture import _worker; "
                 "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; "
-                f"s.close(); mp.spawn(_worker, args=(2, port, {workload!r}, {out.name!r}), "
-                "nprocs=2)")
+                f"s.close(); mp.spawn(_worker, args=({WORLD}, port, {workload!r}, "
+                f"{out.name!r}), nprocs={WORLD})")
         env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
         env.pop("AUTOANNOT", None)

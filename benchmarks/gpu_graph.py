@@ -1,4 +1,5 @@
-"""On 2 GPUs: what the agent costs a CUDA graph of 100 collectives — capture and replay.
+"""On 2 GPUs (``WORLD=1``: one, a 1-rank group): what the agent costs a CUDA graph of 100
+collectives — capture and replay.
 
     PYTHONPATH=. python benchmarks/gpu_graph.py [OUT.json]
 
@@ -129,7 +130,8 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
-    torch.multiprocessing.spawn(worker, args=(2, port, out_path), nprocs=2)
+    world = int(os.environ.get("WORLD", min(2, torch.cuda.device_count())))  # 1: one GPU
+    torch.multiprocessing.spawn(worker, args=(world, port, out_path), nprocs=world)
     return 0
 
 

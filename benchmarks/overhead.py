@@ -9,7 +9,7 @@ capture, after a recorder and a capture, with two other idle threads alive (the 
 the agent annotating (a recorder open); the tutorial's
 hand-written helper around the same call; and the agent in a stand-in capture (the capture
 wrappers on a stand-in graph), the way this install annotates there (``capture +``: noted by
-the native kernel where it is built) and through the Python wrappers and kernels
+the native observer where it is built) and through the Python wrappers and kernels
 (``(Python)``). Prints a table, then one line of JSON. A
 benchmark, not a test: it never fails on a figure.
 """
@@ -31,9 +31,9 @@ import wrapt
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import autoannot
-from autoannot import capture, native
+from autoannot import testing
+from autoannot.instrumentation import INSTRUMENTATION as AGENT
 from autoannot.journal import Journal
-from autoannot.state import STATE
 
 
 def per_call_us(call: Callable[[], Any], calls: int) -> float:
@@ -131,21 +131,21 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, tutori
         def through_proxy(proxy: Callable[..., Any] = proxy) -> Any:
             return proxy(*args, **kwargs)
 
-        with autoannot.record(dispatcher=True) as records:  # ops and pg.* too
+        with autoannot.record() as records:  # ops and pg.* too
             samples["annotating"].append(per_call_us(through_proxy, calls))
         assert len(records) == calls, (name, len(records))
         if sink is not None:
             journal = Journal(sink)
-            STATE.open_journal(journal)
+            AGENT.state.open_journal(journal)
             try:
                 samples.setdefault("annotating to file", []).append(
                     per_call_us(through_proxy, calls))
             finally:
-                STATE.close_journal(journal)
+                AGENT.state.close_journal(journal)
                 journal.close()
         for mode, test_capture in (("in capture", 1), ("in capture, Python", 0)):
             samples.setdefault(mode, []).append(_in_capture(through_proxy, calls, test_capture))
-        with capture.stand_in():  # a capture, as CUDAGraph's wrappers see it
+        with testing.stand_in():  # a capture, as CUDAGraph's wrappers see it
             pass
         # Nothing to annotate, after a recorder and a capture, other threads alive: no proxy
         # work, no dispatcher kernel reached.
@@ -158,9 +158,10 @@ def measure(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict, tutori
 
 def _in_capture(call: Callable[[], Any], calls: int, test_capture: int) -> float:
     """Per-call time inside a stand-in capture (the capture is the thread's, as the CPU tests
-    have it). Where the native kernel is built it notes the launches (``test_capture``, see
-    ``capture.stand_in``; 0: they go through the Python wrappers and kernels, as without it)."""
-    with capture.stand_in(test_capture):
+    have it). Where the native observer is built the proxies hand it their launches
+    (``test_capture``, see ``testing.stand_in``; 0: they go through the Python wrappers, as
+    without it)."""
+    with testing.stand_in(test_capture):
         return per_call_us(call, calls)
 
 
@@ -175,7 +176,7 @@ def measure_here(label: str, calls: int, repeats: int) -> list[dict[str, Any]]:
     rows = []
     group = dist.group.WORLD
     if not torch.cuda.is_available():  # a stand-in capture is the thread's (see _in_capture)
-        capture.IDENTITY = capture.CaptureIdentity(capture.ByThread())
+        AGENT.captures.by_thread()
     sink = None
     if label == "fake 2":  # AUTOANNOT_RECORD's file against the in-memory recorder
         descriptor, sink = tempfile.mkstemp(suffix=".jsonl")
@@ -184,7 +185,7 @@ def measure_here(label: str, calls: int, repeats: int) -> list[dict[str, Any]]:
         best = measure(name, fn, fargs, fkwargs, tuple(tutorial), group, calls, repeats,
                        sink if name == "all_reduce" else None)
         rows.append({"collective": name, "group": label, **best,
-                     "native_kernel": native.loaded() is not None})
+                     "native_observer": AGENT.observer is not None})
     if sink is not None:
         os.unlink(sink)
     return rows
@@ -266,9 +267,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cpp_origin_unwrapped_us": round(pg["unwrapped"], 3),
         "cpp_origin_fast_path_added_us": round(added(pg, "fast path"), 3),
         "cpp_origin_annotate_added_us": round(added(pg, "annotating"), 3),
-        # In a stand-in capture: noted by the native kernel where it is built (a Python-API
-        # launch handed off by its proxy), and through the Python wrappers and kernels.
-        "native_kernel": ar.get("native_kernel", False),
+        # In a stand-in capture: handed to the native observer where it is built (a
+        # Python-API launch's proxy), and through the Python wrappers and kernels.
+        "native_observer": ar.get("native_observer", False),
         "captured_added_us": round(added(ar, "in capture"), 3),
         "captured_python_added_us": round(added(ar, "in capture, Python"), 3),
         "cpp_origin_captured_added_us": round(added(pg, "in capture"), 3),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import agent_hooks as hooks
 import torch
 import torch.distributed as dist
 
@@ -140,7 +141,7 @@ def without_proxies() -> None:
 
     from autoannot import patching
 
-    for patch in patching.installed():
+    for patch in hooks.AGENT.installed():
         if isinstance(patch, patching.Patch):
             patch.undo()
 

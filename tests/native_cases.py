@@ -1,9 +1,12 @@
-"""What each rank runs for test_native.py: C++-origin launches in a capture, noted by the
-native kernel and, the same launches, annotated by the Python kernels.
+"""What each rank runs for test_native.py: the native observer (torch's RecordFunction
+callbacks) on real gloo groups.
 
 There is no CUDA here: a capture is what ``CUDAGraph.capture_begin``/``capture_end``'s wrappers
-see (``capture._capture_begin`` on a stand-in graph), and the native kernel is told which
-capture every launch goes into (``set_test_capture``), as CUDA would tell it.
+see (on a stand-in graph, ``autoannot.testing.stand_in``), and the observer is told which
+capture every launch goes into (``set_test_capture``), as CUDA would tell it. gloo makes no
+record of its launches (``record_param_comms``): captures here ask for the operators' inputs
+(``set_capture_inputs``), which on NCCL they need not; ``launch_as_nccl`` makes a launch that
+records itself as ProcessGroupNCCL does.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import agent_hooks as hooks
 import torch
 import torch.distributed as dist
 
 import autoannot
-from autoannot import capture, native
+from autoannot import testing
+from autoannot import vocabulary as V
 
 
 def _launches(pg: Any, sub: Any, rank: int, world: int) -> None:
@@ -42,160 +47,219 @@ def _launches(pg: Any, sub: Any, rank: int, world: int) -> None:
     pg.barrier().wait()
 
 
-def _captured(test_capture: int, body: Any) -> list[dict[str, Any]]:
-    """The ledger of one stand-in capture of ``body()``; ``test_capture``: the native kernel
-    notes its launches (0: it lets them through to the Python kernels)."""
-    with capture.stand_in(test_capture) as graph:
-        body()
+def _entries(graph: Any) -> list[dict[str, Any]]:
     return [{"api": e["api"], "annotation": e["annotation"], "kernels": e["kernels"],
-             "call_site": e["call_site"]}
-            for e in capture.LEDGERS[graph._autoannot_graph].entries]
+             "call_site": e["call_site"]} for e in hooks.ledger(graph).entries]
 
 
-def _start() -> None:
-    """The agent on; a launch's capture is its thread's (no CUDA here: a CUDA build of torch
-    with no driver would find no capture at all)."""
-    capture.IDENTITY = capture.CaptureIdentity(capture.ByThread())
+def _captured(test_capture: int, body: Any) -> list[dict[str, Any]]:
+    """The ledger of one stand-in capture of ``body()``; ``test_capture``: the capture id the
+    observer is told (0: none, as on a CPU)."""
+    with testing.stand_in(test_capture) as graph:
+        body()
+    return _entries(graph)
+
+
+def _start(inputs: bool = True) -> Any:
+    """The agent on, its native observer loaded (captures asking for inputs: gloo makes no
+    record of its launches); a launch's capture is its thread's."""
+    hooks.AGENT.captures.by_thread()
     autoannot.enable()
+    import torch.distributed._functional_collectives  # noqa: F401  (its proxies)
+
+    observer = hooks.AGENT.observer
+    assert observer is not None, "the native observer is not loaded"
+    observer.module.set_capture_inputs(inputs)
+    return observer.module
 
 
-def _noted() -> int:
-    module = native.loaded()
-    return module.noted() if module is not None else -1
+def _records(records: list[Any]) -> list[dict[str, Any]]:
+    return [{"api": r.api, "annotation": r.annotation, "call_site": r.call_site}
+            for r in records]
 
 
 def mixed_launches(rank: int, world: int) -> dict[str, Any]:
-    _start()
+    """The same launches captured (noted in C++) and recorded (told to Python at once)."""
+    module = _start()
     pg = dist.group.WORLD
     sub = dist.new_group([r for r in range(world) if r % 2 == 0])
     sub = sub if rank % 2 == 0 else None
-    _captured(0, lambda: None)  # the layer's kernels go on at its first hold
-    loaded = native.loaded() is not None
-    before = _noted()
-    python_kernels = _captured(0, lambda: _launches(pg, sub, rank, world))
-    after_python = _noted()
+    registered_idle = module.registered()
+    with autoannot.record() as records:
+        registered_recording = module.registered()
+        _launches(pg, sub, rank, world)
+    before = module.noted()
     noted = _captured(11, lambda: _launches(pg, sub, rank, world))
-    after_native = _noted()
-    kinds = native.loaded().kinds()
+    noted_count = module.noted() - before
+    kinds = module.kinds()
     again = _captured(11, lambda: _launches(pg, sub, rank, world))  # each kind derived once
-    return {"loaded": loaded, "python": python_kernels, "native": noted, "again": again,
-            "noted_by_python_run": after_python - before,
-            "noted_by_native_run": after_native - after_python,
-            "kinds": kinds, "kinds_after_again": native.loaded().kinds()}
-
-
-def funcol_and_recorder(rank: int, world: int) -> dict[str, Any]:
-    """A compiled-code op (annotated by its own Python kernel; its c10d launch below is not
-    noted again), a recorder open across a capture (the native kernel stands aside), a fake
-    tensor (tracing: nothing noted)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    _start()
-    pg = dist.group.WORLD
-    _captured(11, lambda: None)
-    funcol = torch.ops._c10d_functional
-
-    def compiled() -> None:
-        funcol.wait_tensor.default(funcol.all_reduce_.default(torch.ones(4), "sum",
-                                                              pg.group_name))
-
-    before = _noted()
-    funcol_entries = _captured(11, compiled)
-    funcol_noted = _noted() - before
-
-    with autoannot.record(dispatcher=True) as records:
-        before = _noted()
-        recorded_entries = _captured(11, lambda: pg.allreduce([torch.ones(4)]).wait())
-        recorder_noted = _noted() - before
-    with FakeTensorMode():
-        fake = torch.ones(4)
-    before = _noted()
-
-    def traced() -> None:
-        with contextlib.suppress(Exception):  # a fake tensor does not run; not noted either
-            pg.allreduce([fake])
-
-    fake_entries = _captured(11, traced)
-    return {"funcol": funcol_entries, "funcol_noted": funcol_noted,
-            "recorded": [r.api for r in records], "recorder_entries": recorded_entries,
-            "recorder_noted": recorder_noted, "fake_entries": fake_entries,
-            "fake_noted": _noted() - before}
-
-
-def _python_api_launches(pg: Any, rank: int, world: int) -> None:
-    """Python-API launches the proxies hand to the kernel: nested ones (in torch 2.13
-    ``all_gather_into_tensor`` calls ``all_gather_single``, wrapped too), a coalescing block
-    (its proxies annotate it: one launch), and calls that launch nothing."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    x = torch.arange(8, dtype=torch.float32) + rank
-    dist.all_gather_into_tensor(torch.zeros(8 * world), x)
-    dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))
-    dist.all_to_all_single(torch.zeros(2 * world), torch.ones(2 * world))
-    with dist.distributed_c10d._coalescing_manager(pg):
-        dist.all_reduce(torch.ones(3))
-        dist.all_reduce(torch.ones(5))
-    with contextlib.suppress(ValueError, RuntimeError, TypeError):
-        dist.all_reduce(x, op="no such op")  # raises before any launch (RAISING_LINE)
-    pg.allreduce([torch.ones(2)]).wait()  # C++-origin: not labelled by the call that failed
-    with FakeTensorMode():
-        fake = torch.ones(4)
-    with contextlib.suppress(Exception):
-        dist.all_reduce(fake)  # tracing: nothing launches, nothing noted
-    pg.allreduce([torch.ones(6)]).wait()
-    dist.all_reduce(x)
+    return {"recorded": _records(records), "noted": noted, "again": again,
+            "noted_count": noted_count, "kinds": kinds, "kinds_after_again": module.kinds(),
+            "registered": [registered_idle, registered_recording, module.registered()]}
 
 
 def python_api_handoff(rank: int, world: int) -> dict[str, Any]:
+    """Python-API launches in a capture, handed to the observer by their proxies: nested ones
+    (torch 2.13's ``all_gather_into_tensor`` calls ``all_gather_single``, wrapped too), a
+    coalescing block (its proxies annotate it: one launch), calls that launch nothing."""
     import inspect
 
-    source, first = inspect.getsourcelines(_python_api_launches)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def body() -> None:
+        x = torch.arange(8, dtype=torch.float32) + rank
+        dist.all_gather_into_tensor(torch.zeros(8 * world), x)
+        dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))
+        dist.all_to_all_single(torch.zeros(2 * world), torch.ones(2 * world))
+        with dist.distributed_c10d._coalescing_manager(pg):
+            dist.all_reduce(torch.ones(3))
+            dist.all_reduce(torch.ones(5))
+        with contextlib.suppress(ValueError, RuntimeError, TypeError):
+            dist.all_reduce(x, op="no such op")  # raises before any launch (RAISING_LINE)
+        pg.allreduce([torch.ones(2)]).wait()  # C++-origin: not labelled by the call that failed
+        with FakeTensorMode():
+            fake = torch.ones(4)
+        with contextlib.suppress(Exception):
+            dist.all_reduce(fake)  # tracing: nothing launches, nothing noted
+        pg.allreduce([torch.ones(6)]).wait()
+        dist.all_reduce(x)
+
+    source, first = inspect.getsourcelines(body)
     raising = first + next(i for i, line in enumerate(source) if "(RAISING_LINE)" in line)
-    _start()
+    module = _start()
     pg = dist.group.WORLD
-    _captured(0, lambda: None)
-    before = _noted()
-    python = _captured(0, lambda: _python_api_launches(pg, rank, world))
-    after_python = _noted()
-    noted = _captured(11, lambda: _python_api_launches(pg, rank, world))
-    after_native = _noted()
-    module = native.loaded()
-    x = torch.ones(4)
-    with autoannot.record() as records:  # a recorder open: no handing off
-        recorded = _captured(11, lambda: dist.all_reduce(x))
-    return {"python": python, "native": noted, "noted_by_python_run": after_python - before,
+    with autoannot.record() as records:
+        body()
+    before = module.noted()
+    noted = _captured(11, body)
+    noted_count = module.noted() - before
+    with autoannot.record() as recorded:  # a recorder open: no handing off
+        with_recorder = _captured(11, lambda: dist.all_reduce(torch.ones(4)))
+    return {"recorded": _records(records), "noted": noted, "noted_count": noted_count,
             "raising_line": f"{__file__}:{raising}",
-            "noted_by_native_run": after_native - after_python,
-            "recorded": [r.api for r in records], "recorded_entries": recorded,
-            "noted_with_recorder": _noted() - after_native,
-            "handoff_after": module.handoff(), "armed_after": module.armed()}
+            "with_recorder": with_recorder, "recorded_apis": [r.api for r in recorded],
+            "handoff_after": module.handoff()}
 
 
-def op_without_native_kernel(rank: int, world: int) -> dict[str, Any]:
-    """``c10d::broadcast_`` left without a native kernel: ``dist.broadcast`` handed off is
-    noted after its call by the Python side, as its wrapper would have."""
-    from autoannot import dispatch
-
-    register = dispatch.DispatcherLayer._register_native
-    dispatch.DispatcherLayer._register_native = (  # type: ignore[method-assign]
-        lambda self, ops: register(self, [op for op in ops if op != "c10d::broadcast_"]))
-    _start()
+def work_ranges_only(rank: int, world: int) -> dict[str, Any]:
+    """Captures as the agent runs them (no operator's inputs asked for): gloo makes no record
+    of a launch, so C++-origin launches go unnoted; the Python API's proxies hand theirs off,
+    get them back un-noted, and note them after the call."""
+    module = _start(inputs=False)
+    pg = dist.group.WORLD
 
     def body() -> None:
         dist.all_reduce(torch.ones(4))
+        pg.allreduce([torch.ones(5)]).wait()
         dist.broadcast(torch.ones(6, dtype=torch.float16), 1)
-        dist.all_reduce(torch.ones(4))
 
-    _captured(0, lambda: None)
-    python = _captured(0, body)
-    before = _noted()
-    noted = _captured(11, body)
-    return {"python": python, "native": noted, "noted": _noted() - before,
-            "registered": native.loaded().registered()}
+    before = module.noted()
+    entries = _captured(11, body)
+    return {"entries": entries, "noted": module.noted() - before,
+            "demand_in_capture": list(_demand_in(module, 11))}
+
+
+def _demand_in(module: Any, test_capture: int) -> tuple[Any, bool]:
+    with testing.stand_in(test_capture):
+        return module.demand(), module.registered()
+
+
+def as_nccl(rank: int, world: int) -> dict[str, Any]:
+    """Launches that record themselves as ProcessGroupNCCL's do: what the observer notes in a
+    capture (from torch's record, no operator asked for) against what torch's profiler writes
+    on the same record (``record_param_comms``)."""
+    import json
+    import os
+    import tempfile
+
+    module = _start(inputs=False)
+    cases = [  # (op, group name, desc, collective, rank, in, out, dtype, splits, start, stride,
+        #      size): a strided group, a one-rank subgroup, a group not strided, a send to a
+        #      peer, an all-to-all with splits, a group of 40 ranks (truncated)
+        ("c10d::allreduce_", "3", "tp", "allreduce", 1, 8, 8, torch.bfloat16, [], [], 2, 2, 4),
+        ("c10d::allreduce_", "1", "undefined", "allreduce", 0, 5, 5, torch.float32, [], [],
+         0, 0, 1),
+        ("c10d::_allgather_base_", "2", "odd", "_allgather_base", 1, 4, 12, torch.float16, [],
+         [], 0, -1, 3),
+        ("c10d::send", "0", "default_pg", "send", 1, 6, 6, torch.float32, [], [], 0, 1, 2),
+        ("c10d::alltoall_base_", "0", "default_pg", "all_to_allv", 0, 6, 6, torch.int64,
+         [1, 5], [2, 4], 0, 1, 2),
+        ("c10d::allreduce_", "5", "wide", "allreduce", 3, 2, 2, torch.float32, [], [], 0, 1, 40),
+    ]
+
+    def body() -> None:
+        for op, *fields in cases:
+            module.launch_as_nccl(op, *fields)
+
+    with testing.stand_in(11) as graph:
+        body()
+    noted = _entries(graph)
+    with autoannot.record() as records:  # the recorders' path: operators asked for
+        body()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        body()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    torch_records = [e["args"] for e in sorted(events, key=lambda e: e["ts"])
+                     if e.get("name") == "record_param_comms"]
+    return {"noted": noted, "recorded": [{"api": r.api, "annotation": r.annotation,
+                                          "param_comms": r.param_comms} for r in records],
+            "torch": [{k: v for k, v in a.items() if k in V.KERNEL_KEYS + V.CPU_ONLY_KEYS}
+                      for a in torch_records]}
+
+
+def ddp_steps(rank: int, world: int) -> dict[str, Any]:
+    """DDP's reducer (a C++-origin launch per bucket, from autograd's engine) recorded by a
+    plain ``record()`` and captured."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
+    module = _start()
+    data = torch.randn(8, 64)
+
+    def step() -> None:
+        ddp(data).sum().backward()
+
+    for _ in range(2):  # DDP rebuilds its buckets after the first step
+        step()
+    with autoannot.record() as records:
+        step()
+    with autoannot.record(python_api_only=True) as python_only:
+        step()
+    before = module.noted()
+    noted = _captured(11, step)
+    return {"recorded": _records(records), "python_only": len(python_only),
+            "noted": noted, "noted_count": module.noted() - before,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def no_python_caller(rank: int, world: int) -> dict[str, Any]:
+    """A launch from a thread with no Python frame at all (as autograd's device threads run
+    DDP's reducer on a GPU): recorded, its call site saying so."""
+    import _thread
+    import time
+
+    _start()
+    pg = dist.group.WORLD
+    done: list[Any] = []
+    with autoannot.record() as records:
+        # the thread runs pg.allreduce itself (C calls C): no Python frame on it
+        _thread.start_new_thread(pg.allreduce, ([torch.ones(3)],))
+        pg.allreduce([torch.ones(4)]).wait()  # (the peer's launches meet in order)
+        deadline = time.monotonic() + 30
+        while len(records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done.append(len(records))
+    return {"records": [(r.api, r.annotation[V.IN_NELEMS], r.call_site) for r in records]}
 
 
 def group_lifetime(rank: int, world: int) -> dict[str, Any]:
-    """A group whose launches the kernel noted is freed once destroyed (its backend's threads
+    """A group whose launches the observer noted is freed once destroyed (its backend's threads
     stop), as with the agent off; its kinds are forgotten at once, and launches noted before
     keep theirs."""
     import gc
@@ -205,8 +269,7 @@ def group_lifetime(rank: int, world: int) -> dict[str, Any]:
     def threads() -> int:
         return len(os.listdir("/proc/self/task"))
 
-    _start()
-    module = native.loaded()
+    module = _start()
     _captured(11, lambda: None)
     base = threads()
     group = dist.new_group(list(range(world)))
@@ -221,7 +284,6 @@ def group_lifetime(rank: int, world: int) -> dict[str, Any]:
             break
         time.sleep(0.1)
     after, kinds_after = threads(), module.kinds()
-    # a group gone while a capture is in progress: launches noted before it keep their kind
     pg = dist.group.WORLD
     _captured(11, lambda: pg.allreduce([torch.ones(3)]).wait())  # the kind known, derived
     other = [dist.new_group(list(range(world)))]
@@ -229,72 +291,47 @@ def group_lifetime(rank: int, world: int) -> dict[str, Any]:
     def body() -> None:
         pg.allreduce([torch.ones(3)]).wait()  # of the kind known
         dist.destroy_process_group(other.pop())
-        gc.collect()  # (the kernel forgets its kinds)
+        gc.collect()  # (the observer forgets its kinds)
         pg.allreduce([torch.ones(3)]).wait()  # a new kind, the same metadata
 
     across = _captured(11, body)
     return {"base": base, "with_group": with_group, "after": after, "kinds": kinds,
             "kinds_after": kinds_after, "entries": [e["api"] for e in entries],
-            "across": [(e["api"], e["annotation"]["Process Group Name"],
-                        e["annotation"]["In msg nelems"]) for e in across],
+            "across": [(e["api"], e["annotation"][V.PG_NAME], e["annotation"][V.IN_NELEMS])
+                       for e in across],
             "world_name": pg.group_name}
 
 
-def ddp_steps(rank: int, world: int) -> dict[str, Any]:
-    """DDP's reducer (a C++-origin launch per bucket) in captured steps."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
-    _start()
-    data = torch.randn(8, 64)
-
-    def step() -> None:
-        ddp(data).sum().backward()
-
-    for _ in range(2):  # DDP rebuilds its buckets after the first step
-        step()
-    _captured(0, lambda: None)
-    before = _noted()
-    python_kernels = _captured(0, step)
-    noted = _captured(11, step)
-    return {"python": python_kernels, "native": noted, "noted": _noted() - before}
-
-
-def layer_state(rank: int, world: int) -> dict[str, Any]:
-    """disable() takes the native kernels off; enable() and the next capture put them back."""
+def observer_state(rank: int, world: int) -> dict[str, Any]:
+    """The callback registered only while something asks; disable() and enable(); the borrowed
+    dispatch key never touched."""
     import torch._C as C
 
-    _start()
+    module = _start(inputs=False)
     pg = dist.group.WORLD
+    key = C._dispatch_key_parse("DeferredInit")
+    seen: dict[str, Any] = {"idle": (module.registered(), module.demand())}
+    with autoannot.record(python_api_only=True):
+        seen["record(python_api_only=True)"] = (module.registered(), module.demand())
+    with autoannot.record():
+        seen["record()"] = (module.registered(), module.demand())
+    seen["capture"] = list(_demand_in(module, 11))
+    seen["after"] = (module.registered(), module.demand())
+    module.set_capture_inputs(True)
     first = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
-    on = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
     autoannot.disable()
-    off = C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", native.loaded().KEY)
+    with autoannot.record():
+        seen["record() with the agent off"] = (module.registered(), module.demand())
     autoannot.enable()
     again = _captured(11, lambda: pg.allreduce([torch.ones(2)]).wait())
-    # launches noted under a capture no ledger claims are let go when no capture is left
-    module = native.loaded()
 
-    def elsewhere() -> None:
+    def elsewhere() -> None:  # launches under a capture no ledger claims: let go at the end
         module.set_test_capture(12)
         pg.allreduce([torch.ones(2)]).wait()
 
     orphaned = _captured(11, elsewhere)
-    pending_after = module.pending()
-    # a group gone: the kinds noted on it are forgotten (a new group may get its address)
-    import gc
-
-    names = []
-    for _ in range(3):
-        group = dist.new_group(list(range(world)))
-        entries = _captured(11, lambda group=group: group.allreduce([torch.ones(2)]).wait())
-        names.append((entries[0]["annotation"]["Process Group Name"], group.group_name))
-        dist.destroy_process_group(group)
-        del group, entries
-        gc.collect()
-    return {"first": first, "again": again, "on": on, "off": off, "group_names": names,
-            "orphaned": orphaned, "pending_after": pending_after,
-            "included_after": C._dispatch_tls_is_dispatch_key_included(
-                C._dispatch_key_parse(native.loaded().KEY))}
+    seen["pending after"] = module.pending()
+    seen["DeferredInit: a fallback, included"] = (C._dispatch_has_backend_fallback(key),
+                                                  C._dispatch_tls_is_dispatch_key_included(key))
+    seen["layer made"] = hooks.AGENT.layer is not None
+    return {"seen": seen, "first": first, "again": again, "orphaned": orphaned}

@@ -3,7 +3,7 @@
 CUDA ties streams to captures: a capture begun on a stream gets an id, and every stream joined
 to it (an event wait: autograd's streams during a captured backward, a side stream) reports
 that id to ``cudaStreamGetCaptureInfo``. ``SimulatedCuda`` keeps that bookkeeping on the CPU
-so the agent's real capture code (``capture.ByCaptureId``, the ledgers, the dispatcher
+so the agent's real capture code (``capture_identity.ByCaptureId``, the ledgers, the dispatcher
 kernels) runs here; the same runs on CUDA in ``tests/gpu/training_patterns.py``.
 """
 
@@ -13,11 +13,12 @@ import itertools
 import threading
 from typing import Any
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
 
-from autoannot import capture
+from autoannot import capture_identity
 from autoannot import vocabulary as V
 
 
@@ -59,17 +60,17 @@ class Graph:
 @pytest.fixture
 def cuda(monkeypatch) -> SimulatedCuda:
     sim = SimulatedCuda()
-    monkeypatch.setattr(capture, "IDENTITY", capture.CaptureIdentity(capture.ByCaptureId(
-        sim.capture_id, sim.current)))
+    monkeypatch.setattr(hooks.AGENT.captures, "identity", hooks.identity(
+        capture_identity.ByCaptureId(sim.capture_id, sim.current)))
     return sim
 
 
 def _begin(sim: SimulatedCuda, graph: Graph) -> None:
-    capture._capture_begin(lambda: sim.begin_capture(), graph, (), {})
+    hooks.begin_capture(lambda: sim.begin_capture(), graph, (), {})
 
 
 def _end(sim: SimulatedCuda, graph: Graph) -> None:
-    capture._capture_end(lambda: sim.end_capture(), graph, (), {})
+    hooks.end_capture(lambda: sim.end_capture(), graph, (), {})
 
 
 def _in_thread(fn: Any) -> None:
@@ -97,7 +98,7 @@ def _carry_callers_keys() -> None:
 
 
 def _ledger(graph: Graph) -> list[tuple[str, int]]:
-    entries = capture.LEDGERS[graph._autoannot_graph].entries
+    entries = hooks.ledger(graph).entries
     return [(e["api"], e["annotation"][V.IN_NELEMS]) for e in entries]
 
 
@@ -165,7 +166,7 @@ def test_two_captures_at_once_on_two_threads_stay_apart(fake_world, agent, cuda)
             worker.stop()
     assert _ledger(g1) == [("all_reduce", 11), ("c10d.allreduce_", 12), ("broadcast", 13)]
     assert _ledger(g2) == [("all_reduce", 21), ("c10d.broadcast_", 22)]
-    assert capture.IDENTITY.how.startswith("cuStreamGetCaptureInfo")
+    assert hooks.AGENT.captures.identity.how.startswith("cuStreamGetCaptureInfo")
 
 
 def test_a_launch_after_its_capture_ended_lands_nowhere(fake_world, agent, cuda) -> None:
@@ -213,20 +214,21 @@ def test_a_stream_that_cannot_be_read_is_in_no_capture(fake_world, agent) -> Non
     def no_driver() -> int:
         raise RuntimeError("Found no NVIDIA driver on your system")
 
-    way = capture.ByCaptureId(lambda: 1, no_driver)
+    way = capture_identity.ByCaptureId(lambda: 1, no_driver)
     assert way.current() is None
     import autoannot
 
-    identity = capture.CaptureIdentity(way)
+    identity = hooks.identity(way)
     graph = Graph()
-    saved, capture.IDENTITY = capture.IDENTITY, identity
+    captures = hooks.AGENT.captures
+    saved, captures.identity = captures.identity, identity
     try:
-        capture._began(graph)
+        captures.began(graph)
         with autoannot.record() as records:
             dist.all_reduce(torch.ones(8))
-        capture._ended(graph)
+        captures.ended(graph)
     finally:
-        capture.IDENTITY = saved
+        captures.identity = saved
     assert [r.api for r in records] == ["all_reduce"]
     assert _ledger(graph) == []
 
@@ -235,11 +237,11 @@ def test_without_capture_ids_a_capture_keeps_the_launches_of_its_thread(fake_wor
                                                                           monkeypatch) -> None:
     """Where neither torch nor cuda.bindings can say (the fallback): the capturing thread's
     launches, and only those."""
-    monkeypatch.setattr(capture, "IDENTITY", capture.CaptureIdentity(capture.ByThread()))
+    monkeypatch.setattr(hooks.AGENT.captures, "identity", hooks.by_thread())
     graph = Graph()
-    capture._capture_begin(lambda: None, graph, (), {})
+    hooks.begin_capture(lambda: None, graph, (), {})
     dist.all_reduce(torch.ones(3))
     _in_thread(lambda: dist.all_reduce(torch.ones(4)))
-    capture._capture_end(lambda: None, graph, (), {})
+    hooks.end_capture(lambda: None, graph, (), {})
     assert _ledger(graph) == [("all_reduce", 3)]
-    assert capture.IDENTITY.how.startswith("the capturing thread")
+    assert hooks.AGENT.captures.identity.how.startswith("the capturing thread")

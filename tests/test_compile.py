@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
@@ -71,7 +72,6 @@ def _records_without_names(records: list[Any]) -> list[dict[str, Any]]:
 
 
 def compiled_vs_eager(rank: int, world: int, backend: str) -> dict[str, Any]:
-    from autoannot import patching
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -103,7 +103,7 @@ def compiled_vs_eager(rank: int, world: int, backend: str) -> dict[str, Any]:
         "compiled": _records_without_names(records),
         "eager": _records_without_names(eager),
         "compiled_names": [r.api for r in records],
-        "registered": list(patching.INSTRUMENTATION.dispatcher.ops),
+        "registered": list(hooks.AGENT.layer.ops),
     }
 
 
@@ -251,7 +251,7 @@ def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
     """In a fresh process: when our kernels are on torch's dispatcher, and who reaches them."""
     import threading
 
-    from autoannot import capture, dispatch, patching
+    from autoannot import dispatch
 
     ops = torch.ops._c10d_functional
     key = torch._C._dispatch_key_parse(dispatch.KEY)
@@ -282,7 +282,7 @@ def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
     seen["fresh process"] = none_registered()
     autoannot.enable()
     autoannot.enable()
-    layer = patching.INSTRUMENTATION.dispatcher
+    layer = hooks.AGENT.layer
     seen["enabled, idle"] = (none_registered(), included())
     seen["record()"] = recorded_apis(False)
     other = threading.Event()
@@ -293,9 +293,9 @@ def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
     seen["pass-through result"] = call()
     seen["registrations"] = layer.registrations
     graph = type("Graph", (), {})()
-    capture._capture_begin(lambda: None, graph, (), {})
+    hooks.begin_capture(lambda: None, graph, (), {})
     seen["capture in progress: key included"] = included()
-    capture._capture_end(lambda: None, graph, (), {})
+    hooks.end_capture(lambda: None, graph, (), {})
     seen["capture over: key gone"] = not included()
     autoannot.disable()  # no thread holds the layer: its kernels go
     seen["disabled"] = none_registered()

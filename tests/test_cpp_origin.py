@@ -89,16 +89,16 @@ def test_a_launch_from_cpp_with_no_python_caller_says_so() -> None:
     import _thread
     import time
 
-    from autoannot import recorder
+    from autoannot import sites
 
     found: list[str] = []
     # A thread whose only Python frame is the agent's own (map/extend are C): as on autograd's.
-    _thread.start_new_thread(found.extend, (map(recorder.call_site, [0]),))
+    _thread.start_new_thread(found.extend, (map(sites.call_site, [0]),))
     deadline = time.monotonic() + 10
     while not found and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert found == [recorder.NO_PYTHON_CALLER]
-    assert recorder.call_site(1).rsplit(":", 1)[0] == __file__  # a Python caller: its line
+    assert found == [sites.NO_PYTHON_CALLER]
+    assert sites.call_site(1).rsplit(":", 1)[0] == __file__  # a Python caller: its line
 
 
 OPS_OFF_SCRIPT = """

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,8 +22,7 @@ import wrapt
 from harness import run_ranks
 
 import autoannot
-from autoannot import capture, collectives, patching
-from autoannot.state import STATE
+from autoannot import collectives, cudagraphs, patching
 
 # --- pickling and copies --------------------------------------------------------------------
 
@@ -115,10 +115,10 @@ def idle_after_annotating(rank: int, world: int) -> dict[str, Any]:
         seen["recorded"] = len(records)
         seen["after record()"] = [n for n, call in calls.items() if _agent_code_runs(call)]
         graph = type("Graph", (), {})()  # what CUDAGraph.capture_begin's wrapper sees
-        capture._capture_begin(lambda: None, graph, (), {})
+        hooks.begin_capture(lambda: None, graph, (), {})
         with autoannot.record() as records:
             calls["pg.allreduce"]()  # from C++ code, in a capture: annotated
-        capture._capture_end(lambda: None, graph, (), {})
+        hooks.end_capture(lambda: None, graph, (), {})
         seen["captured"] = [r.api for r in records]
         seen["after a capture"] = [n for n, call in calls.items() if _agent_code_runs(call)]
     finally:
@@ -133,12 +133,12 @@ def test_nothing_of_the_agent_runs_when_nothing_is_annotated_whatever_the_thread
     """Two idle threads alive: after a ``record()`` and after a capture, no code of the agent
     runs on a collective's launch (no Python kernel below any of them)."""
     (seen,) = run_ranks(idle_after_annotating, 2, "fake", ranks=(0,))
-    # A plain record() sees the Python-API launches (2); a capture also the C++-origin one.
-    assert seen == {"recorded": 2, "after record()": [], "captured": ["c10d.allreduce_"],
+    # record() sees every launch (the four); a capture the C++-origin one too.
+    assert seen == {"recorded": 4, "after record()": [], "captured": ["c10d.allreduce_"],
                     "after a capture": []}
 
 
-def compile_from_threads(rank: int, world: int) -> dict[str, Any]:
+def compile_from_threads(rank: int, world: int, python_api_only: bool) -> dict[str, Any]:
     compiled_frames: list[int] = []
 
     def counting_backend(gm: Any, example_inputs: Any) -> Any:
@@ -156,7 +156,7 @@ def compile_from_threads(rank: int, world: int) -> dict[str, Any]:
         try:
             for _ in range(3):
                 step(torch.ones(4))
-                with autoannot.record():
+                with autoannot.record(python_api_only=python_api_only):
                     step(torch.ones(4))
                     dist.all_reduce(torch.ones(4))
                 step(torch.ones(4))
@@ -170,15 +170,29 @@ def compile_from_threads(rank: int, world: int) -> dict[str, Any]:
     for thread in threads:
         thread.join()
     work()
+    which = "native observer" if hooks.AGENT.observer is not None else "python layer"
     autoannot.disable()
-    return {"compiles": len(compiled_frames), "errors": [repr(e) for e in errors]}
+    return {"compiles": len(compiled_frames), "errors": [repr(e) for e in errors],
+            "which": which}
 
 
-def test_compiled_code_is_never_recompiled_for_the_agent() -> None:
+@pytest.mark.parametrize("layer", ["native observer", "python layer"])
+def test_compiled_code_is_never_recompiled_for_the_agent(layer: str, request,
+                                                         monkeypatch) -> None:
     """A compiled function called from 3 threads and the main one, recorders opening and
-    closing on each: compiled once."""
-    (seen,) = run_ranks(compile_from_threads, 2, "fake", ranks=(0,))
-    assert seen == {"compiles": 1, "errors": []}
+    closing on each: compiled once. The native observer includes no dispatch key, whatever a
+    recorder sees; the Python layer includes one for a plain record() (its cost, said in the
+    README), none for ``record(python_api_only=True)``."""
+    if layer == "native observer":
+        build = request.getfixturevalue("native_build")
+        monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(build.parent.parent))
+        (seen,) = run_ranks(compile_from_threads, 2, "fake", (False,), ranks=(0,))
+    else:
+        monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
+        (seen,) = run_ranks(compile_from_threads, 2, "fake", (True,), ranks=(0,))
+        (plain,) = run_ranks(compile_from_threads, 2, "fake", (False,), ranks=(0,))
+        assert plain["compiles"] > 1  # the key it includes is guarded on
+    assert seen == {"compiles": 1, "errors": [], "which": layer}
 
 
 # --- the capture, replay, export and disable steps -------------------------------------------
@@ -194,17 +208,22 @@ def test_a_failing_agent_step_never_reaches_the_capture_or_replay(agent, monkeyp
         raise RuntimeError("agent step broke")
 
     graph = _Graph()
-    monkeypatch.setattr(capture.LEDGERS, "add", broken)
-    assert capture._capture_begin(lambda: "begun", graph, (), {}) == "begun"
+    monkeypatch.setattr(hooks.LEDGERS, "add", broken)
+    assert hooks.begin_capture(lambda: "begun", graph, (), {}) == "begun"
     monkeypatch.undo()
-    capture._capture_end(lambda: None, graph, (), {})
-    capture._capture_begin(lambda: None, graph, (), {})
-    monkeypatch.setattr(capture.IDENTITY, "ended", broken)
-    assert capture._capture_end(lambda: "ended", graph, (), {}) == "ended"
+    hooks.end_capture(lambda: None, graph, (), {})
+    hooks.begin_capture(lambda: None, graph, (), {})
+    monkeypatch.setattr(hooks.AGENT.captures.identity, "ended", broken)
+    assert hooks.end_capture(lambda: "ended", graph, (), {}) == "ended"
     monkeypatch.undo()
-    assert STATE.captures == 0  # the count is right after the failure
-    monkeypatch.setattr(capture, "_profiler_running", broken)
-    assert capture._replay(lambda: "replayed", graph, (), {}) == "replayed"
+    assert hooks.AGENT.state.captures == 0  # the count is right after the failure
+    layer = hooks.AGENT.layer  # the Python layer (no native observer in this process)
+    if layer is not None:  # not left held: the key is not included on this thread any more
+        assert layer.holders == 0
+        assert not torch._C._dispatch_tls_is_dispatch_key_included(
+            torch._C._dispatch_key_parse("DeferredInit"))
+    monkeypatch.setattr(cudagraphs, "_profiler_running", broken)
+    assert hooks.replay(lambda: "replayed", graph, (), {}) == "replayed"
     said = [str(w.message) for w in recwarn if "agent step broke" in str(w.message)]
     assert len(said) == 3, said
 
@@ -216,7 +235,7 @@ def test_disable_runs_every_step_whatever_fails(recwarn) -> None:
         def undo(self) -> bool:
             raise RuntimeError("undo broke")
 
-    patching._patches.insert(0, Doomed(sys.modules[__name__], "_nothing", None, None))
+    hooks.AGENT.patches.insert(0, Doomed(sys.modules[__name__], "_nothing", None, None))
     autoannot.disable()
     assert not autoannot.is_enabled()
     assert not isinstance(dist.all_reduce, wrapt.ObjectProxy)  # every other patch undone
@@ -231,15 +250,15 @@ def test_replays_are_marked_however_the_profiler_was_started(agent) -> None:
     from torch.autograd.profiler import _is_profiler_enabled  # noqa: F401
 
     graph = _Graph()
-    capture._capture_begin(lambda: None, graph, (), {})
-    capture._capture_end(lambda: None, graph, (), {})
+    hooks.begin_capture(lambda: None, graph, (), {})
+    hooks.end_capture(lambda: None, graph, (), {})
     config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
                             torch._C._profiler._ExperimentalConfig())
     activities = {ProfilerActivity.CPU}
     _prepare_profiler(config, activities)
     _enable_profiler(config, activities)
     assert not torch.autograd.profiler._is_profiler_enabled
-    capture._replay(lambda: torch.ones(2).sum(), graph, (), {})
+    hooks.replay(lambda: torch.ones(2).sum(), graph, (), {})
     result = _disable_profiler()
     names = [event.name() for event in result.events()]
     assert f"autoannot.replay:{graph._autoannot_graph}" in names
@@ -250,21 +269,21 @@ def test_ledgers_live_as_long_as_their_graphs(agent) -> None:
     the ledgers kept stay bounded; a live graph's ledger is always there."""
     import gc
 
-    kept = capture.Ledgers.KEEP_RETIRED
-    start = len(capture.LEDGERS)
+    kept = hooks.LEDGERS.KEEP_RETIRED
+    start = len(hooks.LEDGERS)
     for _ in range(1000):
         graph = _Graph()
-        capture._capture_begin(lambda: None, graph, (), {})
-        capture._capture_end(lambda: None, graph, (), {})
+        hooks.begin_capture(lambda: None, graph, (), {})
+        hooks.end_capture(lambda: None, graph, (), {})
         del graph
     gc.collect()
-    assert len(capture.LEDGERS) <= start + kept
+    assert len(hooks.LEDGERS) <= start + kept
     again = _Graph()
     for _ in range(1000):
-        capture._capture_begin(lambda: None, again, (), {})
-        capture._capture_end(lambda: None, again, (), {})
-    assert len(capture.LEDGERS) <= start + kept + 1
-    assert again._autoannot_graph in capture.LEDGERS
+        hooks.begin_capture(lambda: None, again, (), {})
+        hooks.end_capture(lambda: None, again, (), {})
+    assert len(hooks.LEDGERS) <= start + kept + 1
+    assert again._autoannot_graph in hooks.LEDGERS
 
 
 # --- exceptions and call sites ---------------------------------------------------------------
@@ -334,10 +353,14 @@ def test_torch_tests_are_call_sites_and_the_standard_library_is_not(fake_world, 
 def test_every_lock_is_renewed_in_a_forked_child(agent) -> None:
     """A thread holds each of the agent's locks while the process forks: the child can still
     take every one of them (enable, disable, record and capture in the child do)."""
-    from autoannot import groups, importhook, locks
+    from autoannot import capture_identity, groups, importhook, ledgers, locks
 
-    held = [patching._lock, importhook._lock, capture._lock, groups._lock, STATE._lock]
-    layer = patching.INSTRUMENTATION.dispatcher
+    def agent_locks() -> list[Any]:
+        return [hooks.AGENT._lock, importhook._lock, ledgers._LOCK.lock,
+                capture_identity._LOCK.lock, groups._lock, hooks.AGENT.state._lock]
+
+    held = agent_locks()
+    layer = hooks.AGENT.layer
     if layer is not None:
         held.append(layer._lock)
     assert locks.count() >= len(held)
@@ -358,7 +381,7 @@ def test_every_lock_is_renewed_in_a_forked_child(agent) -> None:
     if pid == 0:  # the child: every lock free, or exit 3
         status = 0
         try:
-            fresh = [patching._lock, importhook._lock, capture._lock, groups._lock, STATE._lock]
+            fresh = agent_locks()
             if layer is not None:
                 fresh.append(layer._lock)
             for lock in fresh:

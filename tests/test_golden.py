@@ -60,15 +60,29 @@ def replays() -> dict[str, list[dict]]:
     }
 
 
+def _via_ops(**environment: str) -> dict[str, list[dict]]:
+    """The golden calls with the proxies taken out: what a C++ caller of the same collectives
+    (DDP's reducer, an extension) gets from the layer below the Python API."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in environment.items():
+            patch.setenv(name, value)
+        return {
+            "gloo": run_ranks(golden_cases.replay, WORLD, "gloo",
+                              (golden_cases.GLOO_CANNOT_RUN, "ops")),
+            "fake": run_ranks(golden_cases.replay, WORLD, "fake", (frozenset(), "ops")),
+        }
+
+
 @pytest.fixture(scope="module")
 def replays_via_ops() -> dict[str, list[dict]]:
-    """The same calls with the proxies taken out: what a C++ caller of the same collectives
-    (DDP's reducer, an extension) gets from the dispatcher kernels."""
-    return {
-        "gloo": run_ranks(golden_cases.replay, WORLD, "gloo",
-                          (golden_cases.GLOO_CANNOT_RUN, "ops")),
-        "fake": run_ranks(golden_cases.replay, WORLD, "fake", (frozenset(), "ops")),
-    }
+    """Through the Python layer (its dispatcher kernels)."""
+    return _via_ops(AUTOANNOT_NATIVE="0")
+
+
+@pytest.fixture(scope="module")
+def replays_via_observer(native_build) -> dict[str, list[dict]]:
+    """Through the native observer (torch's RecordFunction callbacks)."""
+    return _via_ops(AUTOANNOT_NATIVE="1", AUTOANNOT_NATIVE_DIR=str(native_build.parent.parent))
 
 
 LABELS = sorted(load_golden(0))
@@ -154,9 +168,13 @@ def test_golden_count(replays, figures) -> None:
     assert matched == total
 
 
-def test_golden_through_the_dispatcher_kernels_alone(replays_via_ops, figures) -> None:
-    """Every golden call, with no proxy in the way: the c10d:: ops' kernels (and the
-    _c10d_functional ones for funcol) give the eager records, field for field."""
+@pytest.mark.parametrize("layer", ["python layer", "native observer"])
+def test_golden_below_the_python_api(layer: str, request, figures) -> None:
+    """Every golden call, with no proxy in the way: the c10d:: ops (and the _c10d_functional
+    ones for funcol), seen by the Python layer's kernels or by the native observer, give the
+    eager records, field for field."""
+    replays_via_ops = request.getfixturevalue(
+        "replays_via_ops" if layer == "python layer" else "replays_via_observer")
     matched, layers = 0, set()
     for rank in range(WORLD):
         for label in LABELS:
@@ -167,7 +185,7 @@ def test_golden_through_the_dispatcher_kernels_alone(replays_via_ops, figures) -
             layers |= {r["api"].split(".")[0] for r in records if not r.get("described")}
             matched += 1
     total = len(LABELS) * WORLD
-    figures["golden calls reproduced through the c10d:: ops, no proxy (label x rank)"] = (
-        f"{matched}/{total}")
+    figures[f"golden calls reproduced through the c10d:: ops, no proxy, {layer} "
+            "(label x rank)"] = f"{matched}/{total}"
     assert matched == total
     assert layers == {"c10d", "_c10d_functional"}  # no proxy recorded anything

@@ -1,92 +1,138 @@
-"""The native kernel (autoannot/native): C++-origin launches in a capture, noted in C++, give
-the ledger entries the Python kernels give, in launch order among the Python-API launches.
+"""The native observer (autoannot/native/observer.cpp): launches below the Python API seen
+through torch's RecordFunction callbacks — no dispatch key — noted in C++ in a capture, told
+to Python at once while a recorder is open.
 
-Real gloo groups (2 and 4 ranks), the kernel compiled against this torch for the session.
+Real gloo groups (2 and 4 ranks), the observer compiled against this torch for the session
+(``native_build``, conftest.py). What a capture notes is checked against torch's own record of
+the launch (the profiler's ``record_param_comms``: ``test_noted_launches_read_as_torch_records
+_them``) and against the golden eager records (``test_golden.py``, through the observer).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import native_cases
 import pytest
 from harness import run_ranks
 
-from autoannot import native, recorder
+from autoannot import native, sites
+from autoannot import vocabulary as V
 
 
 @pytest.fixture(scope="module", autouse=True)
-def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The kernel built for this torch in a folder of this run (the rank processes inherit
-    the variable)."""
-    previous = os.environ.get("AUTOANNOT_NATIVE_DIR")
-    os.environ["AUTOANNOT_NATIVE_DIR"] = str(tmp_path_factory.mktemp("native"))
-    try:
-        yield native.build()
-    finally:
-        if previous is None:
-            del os.environ["AUTOANNOT_NATIVE_DIR"]
-        else:
-            os.environ["AUTOANNOT_NATIVE_DIR"] = previous
+def built(native_build: Any, monkeypatch_module: Any) -> Any:
+    """The observer built for this torch (the rank processes inherit the folder)."""
+    monkeypatch_module.setenv("AUTOANNOT_NATIVE_DIR", str(native_build.parent.parent))
+    monkeypatch_module.delenv("AUTOANNOT_NATIVE", raising=False)
+    return native_build
 
 
 def _without_sites(entries: list[dict[str, Any]]) -> list[tuple]:
-    return [(e["api"], e["annotation"], e["kernels"]) for e in entries]
+    return [(e["api"], e["annotation"]) for e in entries]
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_noted_launches_read_as_the_python_kernels_annotate_them(world: int) -> None:
+def test_captured_launches_read_as_recorded(world: int) -> None:
     for rank, result in enumerate(run_ranks(native_cases.mixed_launches, world)):
-        assert result["loaded"], rank
-        python, noted = result["python"], result["native"]
-        assert result["noted_by_python_run"] == 0  # no capture the kernel knows: let through
-        cpp_origin = [e for e in python if e["api"].startswith("c10d.")]
-        # every launch noted: the C++-origin ones, and the Python-API ones their proxies
-        # handed to the kernel
-        assert len(cpp_origin) >= 10 and len(python) > len(cpp_origin)
-        assert result["noted_by_native_run"] == len(python)
-        # the same entries, annotation for annotation, in the same order
-        assert _without_sites(noted) == _without_sites(python), rank
+        noted, recorded = result["noted"], result["recorded"]
+        cpp_origin = [e for e in noted if e["api"].startswith("c10d.")]
+        assert len(cpp_origin) >= 10 and len(noted) > len(cpp_origin), rank
+        # every launch noted in C++: the C++-origin ones, and the Python API's their proxies
+        # handed to the observer
+        assert result["noted_count"] == len(noted)
+        # the same launches, annotation for annotation, in the same order, as a recorder gets
+        # them (the C++-origin ones told to Python as they return)
+        assert _without_sites(noted) == _without_sites(recorded), rank
         # captured again: no new kind of launch, the same entries (derived once, kept)
         assert result["kinds_after_again"] == result["kinds"] > 0
         assert _without_sites(result["again"]) == _without_sites(noted)
-        for entry, before in zip(noted, python, strict=True):
+        for entry, record in zip(noted, recorded, strict=True):
             if entry["api"].startswith("c10d."):
-                assert entry["call_site"] == recorder.NATIVE_CALLER
+                assert entry["call_site"] == sites.NATIVE_CALLER
+                assert record["call_site"].rsplit(":", 1)[0].endswith("native_cases.py")
             else:  # the proxies' launches keep the user's line
-                assert entry["call_site"] == before["call_site"]
-                assert entry["call_site"].rsplit(":", 1)[0].endswith("native_cases.py")
+                assert entry["call_site"] == record["call_site"]
+        # registered only while something asked: idle no, recording yes, after no
+        assert result["registered"] == [False, True, False]
 
 
 def test_python_api_launches_handed_off_read_as_the_proxies_annotate_them() -> None:
     for rank, result in enumerate(run_ranks(native_cases.python_api_handoff, 2)):
-        python, noted = result["python"], result["native"]
-        assert result["noted_by_python_run"] == 0
-        assert all(e["call_site"] != result["raising_line"] for e in python)  # it launched nothing
-        # the entries, label for label (the outer call's, not the nested one's), line for line
-        assert _without_sites(noted) == _without_sites(python), rank
-        assert [e["call_site"] for e in noted if not e["api"].startswith("c10d.")] == [
-            e["call_site"] for e in python if not e["api"].startswith("c10d.")]
+        noted, recorded = result["noted"], result["recorded"]
+        assert all(e["call_site"] != result["raising_line"] for e in noted)  # launched nothing
+        assert _without_sites(noted) == _without_sites(recorded), rank
+        python_api = [i for i, e in enumerate(noted) if not e["api"].startswith("c10d.")]
+        assert [noted[i]["call_site"] for i in python_api] == [
+            recorded[i]["call_site"] for i in python_api]  # the user's lines, kept
         apis = [e["api"] for e in noted]
         assert apis[:3] == ["all_gather_into_tensor", "reduce_scatter_tensor",
                             "all_to_all_single"], apis
-        assert apis.count("c10d.allreduce_") == 2  # not taken for the call that raised
+        assert apis.count("c10d.allreduce_") == 2  # not labelled by the call that raised
         assert apis[-1] == "all_reduce"
-        assert all(e["call_site"].rsplit(":", 1)[0].endswith("native_cases.py")
-                   for e in noted if not e["api"].startswith("c10d."))
-        # all but the block's calls (its proxies annotate it) were noted by the kernel
-        assert result["noted_by_native_run"] == len(noted) - 1
-        assert result["recorded"] == ["all_reduce"] and result["noted_with_recorder"] == 0
-        assert [e["api"] for e in result["recorded_entries"]] == ["all_reduce"]
-        assert not result["handoff_after"] and not result["armed_after"]
+        # all but the block's launch (its proxies annotate it) were noted in C++
+        assert result["noted_count"] == len(noted) - 1
+        assert result["recorded_apis"] == ["all_reduce"]
+        assert [e["api"] for e in result["with_recorder"]] == ["all_reduce"]
+        assert not result["handoff_after"]
 
 
-def test_a_handed_off_launch_no_kernel_noted_is_noted_after_its_call() -> None:
-    for result in run_ranks(native_cases.op_without_native_kernel, 2):
-        assert result["noted"] == 2  # the all-reduces; the broadcast has no native kernel
-        assert [e["api"] for e in result["native"]] == ["all_reduce", "broadcast", "all_reduce"]
-        assert result["native"] == result["python"]  # the broadcast's line too
+def test_a_capture_asks_for_no_operator_and_gloo_records_nothing() -> None:
+    for result in run_ranks(native_cases.work_ranges_only, 2):
+        # the Python API's launches, noted by their proxies after the call; the C++-origin
+        # one goes unnoted (gloo makes no record of it: see the README's limits)
+        assert [e["api"] for e in result["entries"]] == ["all_reduce", "broadcast"]
+        assert result["noted"] == 0
+        (capturing, recording, journaling), registered = result["demand_in_capture"]
+        assert capturing and not recording and not journaling and registered
+
+
+def test_noted_launches_read_as_torch_records_them() -> None:
+    """torch's own record of a launch (ParamCommsDebugInfo, as ProcessGroupNCCL makes it) is
+    what a capture notes and a recorder gets: field for field what torch's profiler writes
+    for it — one-rank and unstrided groups (no ranks listed), a send's peer, splits, 40
+    ranks (truncated)."""
+    (result,) = run_ranks(native_cases.as_nccl, 1, "fake")
+    expected = result["torch"]
+    assert len(expected) == len(result["noted"]) == 6
+    for entry, record, torch_record in zip(result["noted"], result["recorded"], expected,
+                                           strict=True):
+        kernel = {k: v for k, v in torch_record.items() if k not in V.CPU_ONLY_KEYS}
+        got = {k: v for k, v in entry["annotation"].items() if k in V.KERNEL_KEYS}
+        assert got == kernel, entry["api"]
+        assert list(got) == [k for k in V.KERNEL_KEYS if k in kernel]  # the profiler's order
+        assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in kernel.items()}
+        assert record["param_comms"] == torch_record
+        assert record["annotation"] == entry["annotation"]
+        assert entry["call_site"] == sites.NATIVE_CALLER
+    ranks = [e[V.PG_RANKS] for e in expected]
+    assert ranks[:3] == ["[2, 4, 6, 8]", "[]", "[]"]  # rebuilt from start and stride
+    assert ranks[5].endswith(", ..., 39]")
+    assert expected[3][V.DST_RANK] == 1
+
+
+def test_ddp_buckets_are_recorded_and_captured() -> None:
+    for result in run_ranks(native_cases.ddp_steps, 2):
+        buckets = [r for r in result["recorded"] if r["api"] == "c10d.allreduce_"]
+        assert len(buckets) >= 3
+        assert sum(r["annotation"][V.IN_NELEMS] for r in buckets) == result["parameters"]
+        assert result["python_only"] == 0  # python_api_only: DDP's launches left out
+        noted = [e for e in result["noted"] if e["api"] == "c10d.allreduce_"]
+        assert result["noted_count"] == len(noted) == len(buckets)
+        assert _without_sites(noted) == _without_sites(buckets)
+
+
+def test_a_launch_from_a_thread_with_no_python_frame_is_recorded() -> None:
+    """What autograd's device threads do on a GPU (DDP's reducer): found on the GPU machine,
+    where a plain record() got none of DDP's buckets (the listener looked for a caller frame
+    that such a thread does not have)."""
+    for result in run_ranks(native_cases.no_python_caller, 2):
+        assert sorted(tuple(r) for r in result["records"])[0] == (
+            "c10d.allreduce_", 3, sites.NO_PYTHON_CALLER)
+        assert len(result["records"]) == 2
 
 
 def test_a_destroyed_group_whose_launches_were_noted_is_freed() -> None:
@@ -99,45 +145,56 @@ def test_a_destroyed_group_whose_launches_were_noted_is_freed() -> None:
         assert [tuple(e) for e in result["across"]] == [("c10d.allreduce_", world, 3)] * 2
 
 
-def test_funcol_ops_recorders_and_fake_tensors_are_not_noted() -> None:
-    for result in run_ranks(native_cases.funcol_and_recorder, 2):
-        # compiled code's op: annotated once, by its own kernel; the c10d launch below it
-        # is not noted again
-        assert [e["api"] for e in result["funcol"]] == ["_c10d_functional.all_reduce_"]
-        assert result["funcol_noted"] == 0
-        # a recorder open: every launch goes to it (the Python kernels), none is noted
-        assert result["recorder_noted"] == 0
-        assert result["recorded"] == ["c10d.allreduce_"]
-        assert [e["api"] for e in result["recorder_entries"]] == ["c10d.allreduce_"]
-        assert result["fake_noted"] == 0 and result["fake_entries"] == []
-
-
-def test_ddp_buckets_noted_as_the_python_kernels_annotate_them() -> None:
-    for result in run_ranks(native_cases.ddp_steps, 2):
-        python, noted = result["python"], result["native"]
-        buckets = [e for e in python if e["api"] == "c10d.allreduce_"]
-        assert len(buckets) >= 3 and result["noted"] == len(buckets)
-        assert _without_sites(noted) == _without_sites(python)
-
-
-def test_disable_takes_the_native_kernels_off_and_enable_puts_them_back() -> None:
-    for result in run_ranks(native_cases.layer_state, 2):
-        assert result["on"] and not result["off"]
+def test_registered_only_while_asked_and_no_dispatch_key_touched() -> None:
+    for result in run_ranks(native_cases.observer_state, 2):
+        seen = result["seen"]
+        assert seen["idle"] == [False, [False, False, False]]
+        assert seen["record(python_api_only=True)"] == [False, [False, False, False]]
+        assert seen["record()"] == [True, [False, True, False]]
+        assert seen["capture"] == [[True, False, False], True]
+        assert seen["after"] == [False, [False, False, False]]
+        assert seen["record() with the agent off"] == [False, [False, False, False]]
         assert [e["api"] for e in result["first"]] == ["c10d.allreduce_"]
         assert _without_sites(result["again"]) == _without_sites(result["first"])
-        assert not result["included_after"]  # the key left as the thread had it
-        assert result["orphaned"] == [] and result["pending_after"] == 0
-        names = result["group_names"]
-        assert all(noted == real for noted, real in names) and len({n for n, _ in names}) == 3
+        assert result["orphaned"] == [] and seen["pending after"] == 0
+        assert seen["DeferredInit: a fallback, included"] == [False, False]
+        assert not seen["layer made"]
+
+
+def test_call_claimed_returns_raises_and_claims_only_during_the_call(built: Any) -> None:
+    module = native.load()
+    assert module is not None
+
+    def seen(*args: Any, **kwargs: Any) -> Any:
+        return args, kwargs, module.claimed()
+
+    sentinel = object()
+    assert module.call_claimed(seen, (1, sentinel), {"k": 2}) == ((1, sentinel), {"k": 2},
+                                                                  True)
+    assert module.call_claimed(seen, (), None) == ((), {}, True)
+    assert not module.claimed()
+
+    class Failure(Exception):
+        pass
+
+    def fails() -> None:
+        raise Failure("the collective's own error")
+
+    with pytest.raises(Failure, match="own error"):
+        module.call_claimed(fails, (), None)
+    assert not module.claimed()
+    with pytest.raises(TypeError, match="call_claimed"):
+        module.call_claimed(seen, [1], None)
 
 
 def test_not_loaded_when_turned_off_or_not_built(tmp_path, monkeypatch) -> None:
+    from autoannot import config
+
     assert native.built_path() is not None
-    monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
-    assert not native.enabled()
-    monkeypatch.setenv("AUTOANNOT_NATIVE", "1")
+    assert not config.from_environment({"AUTOANNOT_NATIVE": "0"}).native
     monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(tmp_path))
     assert native.built_path() is None  # another folder: nothing built there
+    assert native.load() is None
 
 
 def test_stand_ins_read_as_tensors() -> None:
@@ -162,57 +219,15 @@ def test_stand_ins_read_as_tensors() -> None:
     assert plan.derive((*stand_ins, group), {}) == plan.derive((*tensors, group), {})
 
 
-def test_call_excluded_returns_raises_and_excludes_both_keys_only_during_the_call(
-        monkeypatch) -> None:
-    import torch
-
-    monkeypatch.setattr(native, "_loaded", [])  # (this process may have looked before the build)
-    module = native.load()
-    assert module is not None
-    keys = tuple(map(torch._C._dispatch_key_parse, ("DeferredInit", "TESTING_ONLY_GenericWrapper")))
-
-    def excluded() -> tuple[bool, ...]:
-        return tuple(torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in keys)
-
-    def seen(*args: Any, **kwargs: Any) -> Any:
-        return args, kwargs, excluded()
-
-    sentinel = object()
-    assert module.call_excluded(seen, (1, sentinel), {"k": 2}) == ((1, sentinel), {"k": 2},
-                                                                  (True, True))
-    assert module.call_excluded(seen, (), None) == ((), {}, (True, True))
-    assert excluded() == (False, False)  # left as the thread had it
-
-    class Failure(Exception):
-        pass
-
-    def fails() -> None:
-        raise Failure("the collective's own error")
-
-    with pytest.raises(Failure, match="own error"):
-        module.call_excluded(fails, (), None)
-    assert excluded() == (False, False)
-    torch._C._dispatch_tls_set_dispatch_key_excluded(keys[0], True)  # already excluded: kept
-    try:
-        module.call_excluded(seen, (), None)
-        assert excluded() == (True, False)
-    finally:
-        torch._C._dispatch_tls_set_dispatch_key_excluded(keys[0], False)
-    with pytest.raises(TypeError, match="call_excluded"):
-        module.call_excluded(seen, [1], None)
-
-
 def test_build_native_cli_exit_codes_and_doctor(tmp_path, built) -> None:
-    import subprocess
-    import sys
-
     env = dict(os.environ)
     done = subprocess.run([sys.executable, "-m", "autoannot", "build-native"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == str(built)  # built: nothing to do
     doctor = subprocess.run([sys.executable, "-m", "autoannot", "doctor"], env=env,
                             capture_output=True, text=True, timeout=600)
-    assert f"native kernel: built ({built})" in doctor.stdout
+    assert f"native observer: built ({built})" in doctor.stdout
+    assert "annotated by the native observer" in doctor.stdout
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     failed = subprocess.run([sys.executable, "-m", "autoannot", "build-native"],
@@ -223,4 +238,4 @@ def test_build_native_cli_exit_codes_and_doctor(tmp_path, built) -> None:
     off = subprocess.run([sys.executable, "-m", "autoannot", "doctor"],
                          env={**env, "AUTOANNOT_NATIVE": "0"}, capture_output=True, text=True,
                          timeout=600)
-    assert "native kernel: off (AUTOANNOT_NATIVE=0)" in off.stdout
+    assert "native observer: off (AUTOANNOT_NATIVE=0)" in off.stdout

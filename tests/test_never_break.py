@@ -146,6 +146,8 @@ def test_a_launch_whose_context_cannot_be_entered_is_still_recorded(fake_world, 
     """Entering the annotation context fails (torch's mark_kernels, a capture listener): the
     collective runs once, as the same launch (nothing below annotates it again), and the open
     recorders still get it."""
+    import agent_hooks as hooks
+
     from autoannot import wrappers
     from autoannot.annotation import AnnotationContext
 
@@ -157,8 +159,8 @@ def test_a_launch_whose_context_cannot_be_entered_is_still_recorded(fake_world, 
     ctx = Unenterable("all_reduce", {"name": "all_reduce"}, {"Rank": 0})
     with autoannot.record(dispatcher=True) as records, warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        result = wrappers._run_annotated("all_reduce", ctx, lambda t: calls.append(t) or 7,
-                                         (torch.ones(1),), {})
+        result = wrappers._run_annotated(hooks.AGENT.state, "all_reduce", ctx,
+                                         lambda t: calls.append(t) or 7, (torch.ones(1),), {})
         dist.all_reduce(torch.ones(2))
     assert result == 7 and len(calls) == 1
     assert [r.api for r in records] == ["all_reduce", "all_reduce"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,7 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 import wrapt
 
 import autoannot
-from autoannot import collectives, patching
+from autoannot import collectives
 
 ROWS = [row for row in collectives.COLLECTIVES
         if row.module not in collectives.OP_MODULES and hasattr(sys.modules[row.module], row.api)]
@@ -53,7 +54,7 @@ def test_enable_wraps_every_namespace_and_disable_restores_identity(fake_world) 
     for (module, api), original in before.items():
         for namespace in homes[(module, api)]:
             assert sys.modules[namespace].__dict__[api] is original, (namespace, api)
-    assert not patching.installed()
+    assert not hooks.AGENT.installed()
 
 
 def test_enable_disable_cycles_never_double_wrap(fake_world) -> None:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,11 +26,10 @@ def a_branch_on_one_rank(rank: int, world: int, out: str) -> int:
     fourth. Recorded (AUTOANNOT_RECORD's file). Returns the line of that extra call."""
     import autoannot
     from autoannot.journal import Journal
-    from autoannot.state import STATE
 
     autoannot.enable()
     journal = Journal(f"{out}/rank{rank}.jsonl")
-    STATE.open_journal(journal)
+    hooks.AGENT.state.open_journal(journal)
     t = torch.ones(8)
     solo = dist.new_group([1])  # every rank takes part in creating it
     extra = 0
@@ -38,7 +38,7 @@ def a_branch_on_one_rank(rank: int, world: int, out: str) -> int:
             extra = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
             dist.all_gather_into_tensor(torch.empty(8), t, group=solo)
         dist.all_reduce(t)
-    STATE.close_journal(journal)
+    hooks.AGENT.state.close_journal(journal)
     journal.close()
     autoannot.disable()
     return extra
@@ -91,22 +91,21 @@ def capture_with_verify(rank: int, world: int, diverge: bool) -> dict[str, Any]:
     with AUTOANNOT_VERIFY=1; where ``diverge``, rank 1's ledger gets a third collective before
     the capture ends (as a rank-dependent branch would have captured)."""
     import autoannot
-    from autoannot import capture
 
     os.environ["AUTOANNOT_VERIFY"] = "1"
     autoannot.enable()
-    capture.IDENTITY = capture.CaptureIdentity(capture.ByThread())
+    hooks.AGENT.captures.by_thread()
     graph = type("Graph", (), {})()
-    capture._capture_begin(lambda: None, graph, (), {})
+    hooks.begin_capture(lambda: None, graph, (), {})
     t = torch.ones(4)
     dist.all_reduce(t)
     dist.all_reduce(t)
-    ledger = capture.LEDGERS[graph._autoannot_graph]
+    ledger = hooks.LEDGERS[graph._autoannot_graph]
     if diverge and rank == 1:
         ledger.entries.append({**ledger.entries[0], "annotation": {
             **ledger.entries[0]["annotation"], "In msg nelems": 99, "Out msg nelems": 99}})
     try:
-        capture._capture_end(lambda: None, graph, (), {})
+        hooks.end_capture(lambda: None, graph, (), {})
         outcome = "captured"
     except sequences.SequenceMismatch as exc:
         outcome = str(exc)

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,11 +27,10 @@ def a_step_with_a_late_rank(rank: int, world: int, out: str) -> int:
 
     import autoannot
     from autoannot.journal import Journal
-    from autoannot.state import STATE
 
     autoannot.enable()
     journal = Journal(f"{out}/rank{rank}.jsonl")
-    STATE.open_journal(journal)
+    hooks.AGENT.state.open_journal(journal)
     t = torch.ones(1 << 14)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         dist.barrier()  # the ranks start profiling at different moments: in step from here
@@ -40,7 +40,7 @@ def a_step_with_a_late_rank(rank: int, world: int, out: str) -> int:
             line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
             dist.all_reduce(t)
     prof.export_chrome_trace(f"{out}/rank{rank}.json")
-    STATE.close_journal(journal)
+    hooks.AGENT.state.close_journal(journal)
     journal.close()
     autoannot.disable()
     return line

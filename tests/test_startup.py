@@ -105,15 +105,15 @@ def test_cli_run_sets_the_environment(tmp_path: Path) -> None:
 NESTED = textwrap.dedent("""
     import os, subprocess, sys
     import torch, torch.distributed as dist
-    from autoannot import patching
+    from autoannot.instrumentation import INSTRUMENTATION as AGENT
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)
     dist.all_reduce(torch.ones(2))
     wrapped = dist.all_reduce.__wrapped__
-    layer = patching.INSTRUMENTATION.dispatcher
+    layer = AGENT.layer
     kernels = [layer] * layer.registrations
-    owners = [(id(p.owner), p.name) for p in patching.installed() if hasattr(p, "owner")]
+    owners = [(id(p.owner), p.name) for p in AGENT.installed() if hasattr(p, "owner")]
     print(os.getpid(), type(wrapped).__name__, len(kernels), len(owners) == len(set(owners)))
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -10,14 +10,15 @@ import json
 import shutil
 from pathlib import Path
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
 
 import autoannot
-from autoannot import capture, features
+from autoannot import features
 from autoannot import vocabulary as V
-from autoannot.state import STATE
+from autoannot.ledgers import Ledger
 from autoannot.traces import annotate as tracetool
 from autoannot.traces import ledger as ledgers
 
@@ -68,12 +69,12 @@ def test_mark_kernels_is_entered_exactly_when_it_would_record(
                         raising=False)
     dist.all_reduce(torch.ones(4))
     assert entered == []  # no capture: torch's context is never entered
-    STATE.capture_started()  # what CUDAGraph.capture_begin's wrapper does
+    hooks.AGENT.state.capture_started()  # what CUDAGraph.capture_begin's wrapper does
     try:
         with autoannot.record() as records:
             dist.all_reduce(torch.ones(4))
     finally:
-        STATE.capture_ended()
+        hooks.AGENT.state.capture_ended()
     expected = [records[0].annotation] if annotations_on and tools_id else []
     assert entered == expected
 
@@ -88,7 +89,9 @@ def test_capture_turns_torchs_annotations_on_where_they_work(agent, monkeypatch,
                         raising=False)
     assert graphs.graph(None, stream="s")._enable_annotations == tools_id
     assert not graphs.graph(None, stream="s", enable_annotations=False)._enable_annotations
-    monkeypatch.setenv("AUTOANNOT_TORCH_ANNOTATIONS", "0")
+    monkeypatch.setenv("AUTOANNOT_TORCH_ANNOTATIONS", "0")  # read when the agent is enabled
+    autoannot.disable()
+    autoannot.enable()
     assert not graphs.graph(None, stream="s")._enable_annotations
 
 
@@ -111,7 +114,7 @@ def test_exported_trace_gets_a_ledger_with_torchs_annotation_map(
         merge(tools_id, {"name": "x"})
     else:
         monkeypatch.setitem(API.state._kernel_annotations, tools_id, [{"name": "x"}])
-    monkeypatch.setitem(capture.LEDGERS, "autoannot.graph.test", capture.Ledger("g"))
+    monkeypatch.setitem(hooks.LEDGERS, "autoannot.graph.test", Ledger("g"))
     try:
         with torch.profiler.profile() as prof:
             torch.ones(3).sum()

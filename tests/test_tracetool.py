@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import agent_hooks as hooks
 import pytest
 import verify_traces as verify
 
@@ -197,10 +198,10 @@ def test_traces_annotated_inside_the_job_match_eager(figures) -> None:
 def test_export_hook_annotates_in_place_on_the_cpu(agent, monkeypatch, tmp_path: Path) -> None:
     import torch
 
-    from autoannot import capture
+    from autoannot.ledgers import Ledger
 
-    ledger = capture.Ledger("autoannot.graph.cpu")
-    monkeypatch.setitem(capture.LEDGERS, ledger.name, ledger)
+    ledger = Ledger("autoannot.graph.cpu")
+    monkeypatch.setitem(hooks.LEDGERS, ledger.name, ledger)
     monkeypatch.setenv("AUTOANNOT_ANNOTATE_ON_EXPORT", "1")
     with torch.profiler.profile() as prof:
         torch.ones(3).sum()

@@ -13,13 +13,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import agent_hooks as hooks
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import autoannot
-from autoannot import capture, diagnostics, groups
+from autoannot import diagnostics, groups
 from autoannot import vocabulary as V
 
 
@@ -81,14 +82,14 @@ def test_calls_that_broke_under_warnings_as_errors(fake_world, name: str, demand
                 got = _result(call())
             entries = [r.annotation for r in records]
         else:  # a capture in progress (CPU-simulated): the launch goes to the graph's ledger
-            monkeypatch.setattr(capture, "IDENTITY", capture.CaptureIdentity(capture.ByThread()))
+            monkeypatch.setattr(hooks.AGENT.captures, "identity", hooks.by_thread())
             graph = type("Graph", (), {})()
-            capture._capture_begin(lambda: None, graph, (), {})
+            hooks.begin_capture(lambda: None, graph, (), {})
             try:
                 got = _result(call())
             finally:
-                capture._capture_end(lambda: None, graph, (), {})
-            entries = [e["annotation"] for e in capture.LEDGERS[graph._autoannot_graph].entries]
+                hooks.end_capture(lambda: None, graph, (), {})
+            entries = [e["annotation"] for e in hooks.LEDGERS[graph._autoannot_graph].entries]
     finally:
         autoannot.disable()
     assert got == expected  # returned, not raised; nothing lost

@@ -1,18 +1,12 @@
-"""The optional native kernel: c10d launches in a CUDA-graph capture noted in C++.
-
-Torch calling a Python kernel costs ~10 us a launch, ~50 us on autograd's threads, whatever
-the kernel does (measured on 2 x H200: a whole DDP step captured 1.16x slower with a
-pass-through Python kernel on its 24 bucket all-reduces). ``kernel.cpp`` notes such launches
-in C++ while a capture is in progress; the Python layer derives their annotations from the
-notes when the capture ends (``notes_to_entries``), with the rules every other launch goes
-through (``metadata.Plan``). The Python API's proxies hand it their captured launches
-(``handoff_wrapper``: a C wrapper that keeps the proxy's label and call site for the note).
+"""The optional native observer (``observer.cpp``): collective launches seen through torch's
+RecordFunction callbacks, in C++.
 
 It is compiled against the torch it runs with (a torch extension: a C++ ABI per torch build),
 once, by ``autoannot build-native`` (``torch.utils.cpp_extension``: a C++ compiler and ninja),
 into ``AUTOANNOT_NATIVE_DIR`` (default ``~/.cache/autoannot/native``), one folder per torch
 version, Python and source. The agent loads it where it is built for this torch and
-``AUTOANNOT_NATIVE`` is not off; never builds it on its own (a build takes a minute).
+``AUTOANNOT_NATIVE`` is not off; it never builds it on its own (a build takes a minute).
+``autoannot.observer`` drives it.
 """
 
 from __future__ import annotations
@@ -24,14 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).with_name("kernel.cpp")
-_loaded: list[Any] = []  # [module or None], once looked for
+SOURCE = Path(__file__).with_name("observer.cpp")
+#: -DNDEBUG: torch's headers declare some classes (RecordFunction) with other members without
+#: it; an extension must see them as torch's release build was compiled.
+CFLAGS = ["-O2", "-DNDEBUG"]
 
 
 def _tag() -> str:
     import torch
 
-    digest = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
     tag = f"torch{torch.__version__}_{sys.implementation.cache_tag}_{digest}"
     return "".join(c if c.isalnum() else "_" for c in tag)  # a C identifier
 
@@ -54,53 +50,35 @@ def built_path() -> Path | None:
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile the kernel for this torch (a minute; a second time: nothing to do)."""
+    """Compile the observer for this torch (a minute; a second time: nothing to do)."""
     from torch.utils import cpp_extension
 
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(name=module_name(), sources=[str(SOURCE)], build_directory=str(directory),
-                       extra_cflags=["-O2"], verbose=verbose, is_python_module=True)
+                       extra_cflags=CFLAGS, verbose=verbose, is_python_module=True)
     path = built_path()
     if path is None:
         raise RuntimeError(f"the build left no module in {directory}")
     return path
 
 
-def enabled() -> bool:
-    from autoannot import config
-
-    return config.flag("AUTOANNOT_NATIVE", True)
+_loaded: dict[str, Any] = {}  # path -> the module (a module is loaded once a process)
 
 
 def load() -> Any:
-    """The native module where it is built for this torch and not turned off; else None
-    (looked for once a process)."""
-    if _loaded:
-        return _loaded[0]
-    module = None
-    try:
-        path = built_path() if enabled() else None
-        if path is not None:
-            name = module_name()
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            from autoannot import recorder  # the proxies' call sites, as Python finds them
-
-            module.set_site_resolver(recorder.SITES, recorder.site_from)
-    except Exception as exc:  # the Python kernels annotate these launches instead
-        from autoannot import diagnostics
-
-        diagnostics.warn_once("native kernel", "loading", exc)
-        module = None
-    _loaded[:] = [module]
+    """The native module where it is built for this torch; else None. Raises what loading it
+    raises."""
+    path = built_path()
+    if path is None:
+        return None
+    module = _loaded.get(str(path))
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name(), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _loaded[str(path)] = module
     return module
-
-
-def loaded() -> Any:
-    """The module if ``load()`` found it (None otherwise, or before)."""
-    return _loaded[0] if _loaded else None
 
 
 class TensorFacts:

@@ -131,7 +131,7 @@ def worker(rank: int, world: int, out_dir: str, port: int) -> None:
     for call in calls:
         funcol.wait_tensor(call())
     torch.cuda.synchronize()
-    with autoannot.record(dispatcher=True) as records, profile(activities=ACTIVITIES) as cplx:
+    with autoannot.record() as records, profile(activities=ACTIVITIES) as cplx:
         for call in calls:
             funcol.wait_tensor(call())
         torch.cuda.synchronize()

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+import agent_hooks as hooks
 from harness import launch_on_gpus
 
 CALLS, ROUNDS = 500, 10
@@ -60,7 +61,6 @@ def idle_cost(rank: int) -> dict[str, Any]:
     import wrapt
 
     import autoannot
-    from autoannot.state import STATE
 
     ops = torch.ops._c10d_functional
     pg = dist.group.WORLD
@@ -90,7 +90,7 @@ def idle_cost(rank: int) -> dict[str, Any]:
             graphs.append(capture_once(x))  # agent on: the dispatcher layer held, released
             graphs[-1].replay()
             if mode == "on":
-                demand_seen.append(STATE.demand)
+                demand_seen.append(hooks.AGENT.state.demand)
             for name, call in calls.items():
                 samples[name][mode].append(per_call_us(call))
     stop.set()
@@ -110,29 +110,28 @@ def ledgers_over_a_long_job(rank: int) -> dict[str, Any]:
     import gc
 
     import autoannot
-    from autoannot import capture
 
     autoannot.enable()
     x = torch.ones(256, device=f"cuda:{rank}")
-    start = len(capture.LEDGERS)
+    start = len(hooks.LEDGERS)
     graph = capture_once(x)
     for _ in range(1000):
         graph.reset()
         with torch.cuda.graph(graph):
             dist.all_reduce(x)
-    after_resets = len(capture.LEDGERS) - start
+    after_resets = len(hooks.LEDGERS) - start
     for _ in range(300):
         other = capture_once(x)
         other.replay()
         del other
     gc.collect()
-    kept = len(capture.LEDGERS) - start
-    live = graph._autoannot_graph in capture.LEDGERS and len(
-        capture.LEDGERS[graph._autoannot_graph].entries) == 1
+    kept = len(hooks.LEDGERS) - start
+    live = graph._autoannot_graph in hooks.LEDGERS and len(
+        hooks.LEDGERS[graph._autoannot_graph].entries) == 1
     autoannot.disable()
     return {"captures": 1301, "ledgers kept after 1,000 resets": after_resets,
             "ledgers kept after 300 more graphs freed": kept, "live graph's ledger": live,
-            "bound": capture.Ledgers.KEEP_RETIRED + 1}
+            "bound": hooks.LEDGERS.KEEP_RETIRED + 1}
 
 
 def compiled_then_captured(rank: int) -> dict[str, Any]:

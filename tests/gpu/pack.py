@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
 import verify_traces
 
-KEEP = ("report_rank", "footprint_rank", "meta.json", ".autoannot", "run_output", ".log",
+KEEP = ("report_rank", "footprint_rank", "meta.json", ".autoannot", "run_output", ".log", "checks_",
         ".txt", "full_rank", "results_")
 TRIMMED = ("eager_", "graph_", "inline_", "complex_")
 

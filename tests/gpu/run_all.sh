@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Every GPU check and the GPU benchmark in one go, on a 2-GPU machine; results packed into
-# OUT/results.tgz (traces trimmed for committing under tests/data/gpu/).
+# Every GPU check and the GPU benchmark in one go; results packed into OUT/results.tgz (traces
+# trimmed for committing under tests/data/gpu/). The steps of two ranks need 2 GPUs; on one,
+# run STEPS="native observer_checks" and the benchmarks with WORLD=1.
 #
 #     bash tests/gpu/run_all.sh OUT
 #
 # Each step runs in its own processes under a time limit (a hang costs that step only) and
 # prints how long it took; steps that would end after DEADLINE seconds (default 540) are
-# skipped, most needed first. STEPS (default "native patterns gpu_graph gpu_capture
-# graph_replay compile_graphs footprint"; native: build the native kernel first, NATIVE=0: run
-# without it) and
+# skipped, most needed first. STEPS (default "native observer_checks patterns gpu_graph
+# gpu_capture graph_replay compile_graphs footprint"; native: build the native observer first,
+# NATIVE=0: run without it) and
 # PATTERNS_TO_RUN choose a part. The exit status is the number of steps that failed or skipped.
 set -u
 OUT=${1:?usage: run_all.sh OUT}
@@ -39,10 +40,11 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
-want() { [[ " ${STEPS:-native patterns gpu_graph gpu_capture graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
+want() { [[ " ${STEPS:-native observer_checks patterns gpu_graph gpu_capture graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
 
-# The native kernel, built first (every later step then runs with it: C++-origin launches and
-# the Python API's captured ones noted in C++); NATIVE=0 runs everything on the Python path.
+# The native observer, built first (every later step then runs with it: launches below the
+# Python API seen through torch's RecordFunction callbacks, captured ones noted in C++);
+# NATIVE=0 runs everything on the Python layer.
 export AUTOANNOT_NATIVE_DIR=${AUTOANNOT_NATIVE_DIR:-/tmp/autoannot-native}
 if [ "${NATIVE:-1}" = 0 ]; then
   export AUTOANNOT_NATIVE=0
@@ -53,7 +55,14 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python -c "import torch, wrapt; print('torch', torch.__version__, 'nccl',
   '.'.join(map(str, torch.cuda.nccl.version())), 'wrapt', wrapt.__version__)" | tee -a "$OUT/device.txt"
-PYTHONPATH=. python -m autoannot doctor 2>/dev/null | grep "native kernel" | tee -a "$OUT/device.txt"
+PYTHONPATH=. python -m autoannot doctor 2>/dev/null | grep "native observer" | tee -a "$OUT/device.txt"
+if want observer_checks; then  # one GPU: the ledger against torch's record_param_comms
+  mkdir -p "$OUT/observer"
+  step observer_checks 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. \
+    python tests/gpu/observer_checks.py "$OUT/observer/checks_${NATIVE_NAME:-native}.json"
+  step observer_checks_python 120 env AUTOANNOT=1 AUTOANNOT_NATIVE=0 \
+    PYTHONPATH=autoannot/_hook:. python tests/gpu/observer_checks.py "$OUT/observer/checks_python.json"
+fi
 if want patterns; then
   for pattern in ${PATTERNS_TO_RUN:-ddp graphed compiled mixed threads inference}; do
     step "pattern_$pattern" 120 env PATTERNS=$pattern DUMP_AFTER=110 \

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+import agent_hooks as hooks
 from harness import launch_on_gpus
 
 REPLAYS = 3
@@ -346,7 +347,6 @@ PATTERNS: dict[str, Callable[..., list[int] | None]] = {
 def worker(rank: int, world: int, out_dir: str, port: int) -> None:
     import faulthandler
 
-    from autoannot import capture
 
     if os.environ.get("DUMP_AFTER"):
         faulthandler.dump_traceback_later(float(os.environ["DUMP_AFTER"]), exit=True)
@@ -356,21 +356,21 @@ def worker(rank: int, world: int, out_dir: str, port: int) -> None:
                             device_id=torch.device("cuda", rank))
     tp = dist.new_group(list(range(world)), group_desc="tp")
     if os.environ.get("CAPTURE_IDENTITY") == "capture-id":
-        capture.IDENTITY = capture.CaptureIdentity(capture.ByCaptureId())
+        hooks.AGENT.captures.identity = hooks.identity(hooks.capture_identity.ByCaptureId())
     selected = os.environ.get("PATTERNS", ",".join(PATTERNS)).split(",")
     for name in selected:
         folder = Path(out_dir) / name
         folder.mkdir(parents=True, exist_ok=True)
-        before = set(capture.LEDGERS)
+        before = set(hooks.LEDGERS)
         report: dict[str, Any] = {"rank": rank, "torch": torch.__version__}
         print(f"rank {rank}: {name}", flush=True)
         try:
             report["sizes"] = PATTERNS[name](rank, folder, tp)
-            report["ledgers"] = {graph: [entry["api"] for entry in capture.LEDGERS[graph].entries]
-                                 for graph in capture.LEDGERS if graph not in before}
+            report["ledgers"] = {graph: [entry["api"] for entry in hooks.LEDGERS[graph].entries]
+                                 for graph in hooks.LEDGERS if graph not in before}
         except Exception:
             report["error"] = traceback.format_exc()
-        report["capture_identity"] = capture.IDENTITY.how
+        report["capture_identity"] = hooks.AGENT.captures.identity.how
         (folder / f"report_rank{rank}.json").write_text(json.dumps(report, indent=1))
         print(f"rank {rank}: {name} {'failed' if 'error' in report else 'done'}", flush=True)
         torch.cuda.synchronize()

@@ -1,0 +1,221 @@
+"""The agent's one owner: ``Instrumentation`` holds the configuration (read when it is
+enabled), the state the wrappers read, the patches in place and their proxies, the launch
+observers and the capture ledgers; ``enable()``/``disable()`` are thin functions over the one
+instance (the shape of an OpenTelemetry instrumentor's instrument/uninstrument).
+
+The parts below it never import it: they are handed the instance (``agent``) and read what they
+need from it. Importing this module imports neither torch nor wrapt: when torch.distributed is
+not imported yet, ``enable()`` registers post-import hooks and instruments it as soon as it is.
+"""
+
+from __future__ import annotations
+
+from autoannot import config, importhook, locks, patching
+from autoannot.state import State
+
+TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+_UNSET = object()
+
+
+class Instrumentation:
+    """What the agent puts in a process, owned in one place. See the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = locks.renewed(self, "_lock", reentrant=True)
+        self.config = config.Config()  # read from the environment by enable()
+        self.state = State()
+        self.patches: list[patching.Patch] = []
+        self.proxies = patching.ProxyCache()
+        #: The native observer (``observer.NativeObserver``) once torch is loaded, where it is
+        #: built and allowed; else None.
+        self.observer: Any = None
+        self._captures: Any = None
+        self._layer: Any = _UNSET  # the Python layer (``dispatch.DispatcherLayer``), once made
+        self._native_module: Any = _UNSET
+
+    def __repr__(self) -> str:
+        return (f"Instrumentation(live={self.state.live}, patches={len(self.patches)}, "
+                f"observer={self.observer!r}, layer={self.layer!r})")
+
+    @property
+    def captures(self) -> Any:
+        """``cudagraphs.Captures``: the ledgers and what a capture's begin and end do."""
+        captures = self._captures
+        if captures is None:
+            from autoannot import cudagraphs
+
+            with self._lock:
+                if self._captures is None:
+                    self._captures = cudagraphs.Captures(self)
+                captures = self._captures
+        return captures
+
+    @property
+    def layer(self) -> Any:
+        """The Python layer if it was made (None otherwise)."""
+        return None if self._layer is _UNSET else self._layer
+
+    def native_module(self) -> Any:
+        """The native observer's module where it is built for this torch and allowed (looked
+        for once a process); None otherwise."""
+        if self._native_module is _UNSET:
+            module = None
+            if self.config.native and self.config.ops:
+                from autoannot import native
+
+                try:
+                    module = native.load()
+                except Exception as exc:  # the Python layer annotates these launches instead
+                    from autoannot import diagnostics
+
+                    diagnostics.warn_once("native observer", "loading", exc)
+            self._native_module = module
+        return self._native_module
+
+    def python_layer(self) -> Any:
+        """The Python layer (dispatcher kernels on a borrowed key), where no native observer
+        sees launches below the Python API; made at the first need, None where it cannot be."""
+        if self.observer is not None:
+            return None
+        with self._lock:
+            if self._layer is _UNSET:
+                import sys
+
+                if "torch" not in sys.modules:  # (torch is not loaded yet: nothing to hold)
+                    return None
+                from autoannot import dispatch
+
+                self._layer = dispatch.create(self)
+            return self._layer
+
+    # instrument / uninstrument -------------------------------------------------------------
+
+    def enable(self) -> None:
+        """Wrap every collective now, or as soon as torch.distributed is imported. Idempotent."""
+        with self._lock:
+            if self.state.live:
+                return
+            self.config = config.from_environment()
+            self.state.set_live(True)
+            importhook.when_imported("autoannot.proxies",
+                                     lambda module: module.install_partial_reducer(
+                                         self.proxies.get))
+            for name in _HOOKED:
+                importhook.when_imported(name, self._on_import)
+
+    def disable(self) -> None:
+        """Restore every original object. A proxy someone else wrapped over stays in their
+        chain, as a pass-through. Idempotent."""
+        with self._lock:
+            if not self.state.live:
+                return
+            self.state.set_live(False)
+            for patch in reversed(self.patches):
+                _guarded(patch.undo, "restoring", patch)
+            self.patches.clear()
+            _guarded(lambda: patching.unbind_proxies_everywhere(self.proxies),
+                     "restoring module bindings", "disable")
+            layer = self.layer
+            if layer is not None:
+                _guarded(layer.retire, "removing", "dispatcher kernels")
+            import sys
+
+            if "autoannot.proxies" in sys.modules:
+                from autoannot import proxies
+
+                _guarded(proxies.remove_partial_reducer, "removing", "functools.partial pickling")
+
+    def installed(self) -> list[patching.Patch]:
+        """The patches in place now (for tests and ``autoannot doctor``)."""
+        with self._lock:
+            return list(self.patches)
+
+    def _on_import(self, module: ModuleType) -> None:
+        with self._lock:
+            if not self.state.live:
+                return
+            try:
+                self.patches.extend(_HOOKED[module.__name__](self, module))
+            except Exception as exc:  # never break the import of torch
+                from autoannot import diagnostics
+
+                diagnostics.warn_once(module.__name__, "instrumenting", exc)
+
+    def _on_torch(self, torch: ModuleType) -> list[patching.Patch]:
+        """Once torch has finished importing: the launch observers."""
+        if self.observer is None and self.native_module() is not None:
+            from autoannot import observer
+
+            self.observer = observer.create(self)
+            if self.observer is not None:
+                self.state.set_exclusion((None, None, self.observer.module.call_claimed))
+                self.state.add_listener(self.observer.demand_changed)
+        layer = self.python_layer()
+        if layer is not None:
+            layer.retired = False  # on again: its kernels stay
+            if self.state.journals:  # AUTOANNOT_RECORD: the thread importing torch, for good
+                layer.hold()
+        return []
+
+
+def _install_collectives(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
+    return patching.install_module(module, agent)
+
+
+def _install_graphs(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
+    from autoannot import cudagraphs
+
+    return cudagraphs.install(module, agent)
+
+
+def _install_export(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
+    from autoannot import export
+
+    return export.install(module, agent)
+
+
+#: Modules whose import instruments something, and what: ``install(agent, module)`` -> the
+#: patches it made.
+_HOOKED = {
+    # the launch observers: once torch has finished importing (torch.distributed may be
+    # imported halfway through it)
+    "torch": Instrumentation._on_torch,
+    "torch.distributed.distributed_c10d": _install_collectives,
+    "torch.distributed._functional_collectives": _install_collectives,
+    "torch.cuda.graphs": _install_graphs,  # captures, replays, ledgers
+    "torch.profiler.profiler": _install_export,  # ledger files next to exported traces
+}
+
+
+def _guarded(step: Any, what: str, subject: Any) -> None:
+    """Run one step of ``disable()``; a failure is said once and the other steps still run."""
+    try:
+        step()
+    except Exception as exc:
+        from autoannot import diagnostics
+
+        diagnostics.warn_once(str(subject), what, exc)
+
+
+#: The agent of this process.
+INSTRUMENTATION = Instrumentation()
+
+
+def enable() -> None:
+    """Wrap every collective now, or as soon as torch.distributed is imported. Idempotent and
+    thread-safe."""
+    INSTRUMENTATION.enable()
+
+
+def disable() -> None:
+    """Restore every original object, by identity. Idempotent and thread-safe."""
+    INSTRUMENTATION.disable()
+
+
+def is_enabled() -> bool:
+    """Whether the agent is on (collectives are patched as soon as their module is imported)."""
+    return INSTRUMENTATION.state.live

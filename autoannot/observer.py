@@ -1,0 +1,227 @@
+"""The native observer as the agent drives it: launches no proxy sees (DDP's reducer, autograd's
+threads, compiled code, C++), seen through torch's RecordFunction callbacks (see
+``native/observer.cpp``).
+
+* In a capture it notes launches in C++ (the process group's Work range and torch's own record
+  of the launch, ``ParamCommsDebugInfo``: no operator pays anything); they join the graph's
+  ledger when the capture ends (``capture_ended``).
+* While a recorder or journal is open it asks for every operator (their RecordFunction, with
+  inputs) and calls ``_told`` with each launch: records and journal lines at once.
+
+A launch is described by torch's record of it (the eager fields, exact by construction) or,
+where the process group makes none (gloo), by its operator's arguments, which the table derives
+(``metadata.Plan``); each kind of launch is derived once.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+from autoannot import collectives, diagnostics, features, groups, metadata, native, sites
+from autoannot.records import enter, new_record
+
+
+class Derived(NamedTuple):
+    """What a kind of launch gets, derived once."""
+
+    label: str
+    annotation: dict[str, Any]
+    kernels: tuple[str, ...]
+    cpu_only: dict[str, Any]
+    launch: metadata.Launch
+
+
+class _Op(NamedTuple):
+    row: collectives.Collective
+    plan: metadata.Plan | None
+    keyword_only: tuple[str, ...]
+    read: list[int]  # positions of the arguments its metadata is read from
+
+
+#: Kinds kept before Python lets go of them (and the observer forgets its own).
+CACHE_SIZE = 4096
+
+
+def _ops() -> dict[str, _Op]:
+    """``"c10d::allreduce_"`` -> its row, plan and argument positions, for every op of the
+    table this torch has (``c10d::`` and ``_c10d_functional::``)."""
+    import torch
+
+    ops = {}
+    for row in collectives.COLLECTIVES:
+        if row.module not in collectives.OP_MODULES:
+            continue
+        namespace = getattr(torch.ops, "c10d" if row.module == collectives.PG_OPS
+                            else "_c10d_functional")
+        try:
+            op = getattr(namespace, row.api).default
+        except AttributeError:  # not in this torch
+            continue
+        arguments = [arg.name for arg in op._schema.arguments]
+        read = {row.group_param, row.inputs, row.outputs, *row.root_params, *row.split_params}
+        keyword_only = tuple(arg.name for arg in op._schema.arguments if arg.kwarg_only)
+        ops[op.name()] = _Op(row, metadata.Plan(row, op), keyword_only,
+                             [i for i, name in enumerate(arguments) if name in read])
+    return ops
+
+
+def _collective_ops(ops: dict[str, _Op]) -> dict[str, str]:
+    """Each eager collective name -> the ``c10d::`` op that launches it (a launch seen only by
+    its process group's record is labelled by it)."""
+    found: dict[str, str] = {}
+    for name, op in ops.items():
+        if op.row.module == collectives.PG_OPS and op.row.eager_name:
+            found.setdefault(op.row.eager_name, name)
+    return found
+
+
+class NativeObserver:
+    """The native module, told what the agent's state asks for, and what it sees turned into
+    ledger entries and records. ``agent``: the ``Instrumentation`` (its ``state``)."""
+
+    def __init__(self, module: Any, agent: Any) -> None:
+        self.module = module
+        self.agent = agent
+        self.order = module.order  # launches noted so far (read with no call)
+        self._ops = _ops()
+        self._kinds: dict[Any, Derived | None] = {}
+        module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
+                           _collective_ops(self._ops))
+        module.set_site_resolver(sites.SITES, sites.site_from)
+        module.set_listener(self._told)
+        # a group gone: its address may be reused, launches described by it get new kinds
+        groups.on_group_gone(module.forget_kinds)
+
+    def __repr__(self) -> str:
+        return f"NativeObserver({len(self._ops)} ops, registered={self.module.registered()})"
+
+    # what the agent's state asks for ------------------------------------------------------
+
+    def demand_changed(self, state: Any) -> None:
+        """(``State`` listener, under its lock) Register the callback while a capture, a
+        recorder that wants launches no proxy sees, or a journal is open; hand the proxies'
+        captured launches to it while captures are the only demand."""
+        live = state.live
+        capturing = live and state.captures > 0
+        recording = live and any(not r.python_api_only for r in state.recorders)
+        journaling = live and bool(state.journals)
+        self.module.set_demand(capturing, recording, journaling)
+        self.module.set_handoff(
+            capturing and not state.recorders and not state.journals and not state.blocks
+            and features.mark_kernels(self.agent.config.mark_kernels) is None)
+
+    def stop(self) -> None:
+        self.module.set_demand(False, False, False)
+        self.module.set_handoff(False)
+
+    # captures ----------------------------------------------------------------------------
+
+    def capture_began(self) -> int | None:
+        """A capture begins on this thread: the id its launches are noted by (None: this
+        thread's stream is in no capture the driver knows of)."""
+        self.module.forget_streams()  # (a stream it knew may be in this capture now)
+        return self.module.current_capture()
+
+    def capture_ended(self, capture: int, last: bool) -> list[tuple]:
+        """The launches noted in a capture, as a ledger's ``(api, annotation, kernels, call
+        site, order)``; ``last``: no other capture is in progress (notes no ledger will claim,
+        from a capture begun without the agent's wrappers, are let go)."""
+        module = self.module
+        module.forget_streams()  # (the streams of this capture are in none now)
+        launched = []
+        for order, op, kind, described, label, site in module.drain(capture):
+            derived = self._derived(op, kind, described)
+            if derived is None:
+                continue
+            annotation = derived.annotation
+            if label is not None and label != derived.label:  # a proxy's launch, handed off
+                annotation = self._relabeled(kind, label, derived)
+            launched.append((label or derived.label, annotation, derived.kernels,
+                             sites.NATIVE_CALLER if site is None else site, order))
+        if last:
+            module.drain(-1)
+        if len(self._kinds) >= CACHE_SIZE and module.forget_kinds(if_idle=True):
+            self._kinds.clear()  # (no note waits for a kind: the observer knows them anew)
+        return launched
+
+    # recorders and journals --------------------------------------------------------------
+
+    def _told(self, when: int, op: str, kind: int, described: Any, site: str | None,
+              label: str | None) -> bool:
+        """(Called by the observer, with the GIL) A launch entered (0: to the journals) or
+        returned (1: to the recorders). True: its kind is known here from now on."""
+        derived = self._derived(op, kind, described)
+        if derived is None:
+            return False
+        state = self.agent.state
+        if site is None:  # the Python code that called into C++ (none on autograd's threads)
+            site = sites.site_from(sys._getframe(0).f_back)
+        annotation = derived.annotation
+        if label is not None and label != derived.label:
+            annotation = self._relabeled(kind, label, derived)
+        record = new_record(label or derived.label, annotation, site, derived.cpu_only)
+        if when == 0:
+            enter(state, record)
+        else:
+            for recording in state.recorders:
+                if not recording.python_api_only:
+                    recording.append(record)
+        return bool(kind)
+
+    # deriving ----------------------------------------------------------------------------
+
+    def _derived(self, op: str, kind: int, described: Any) -> Derived | None:
+        """A kind of launch, derived once (``described``: how the observer describes it the
+        first time; None after). None where it cannot be derived (said once)."""
+        if kind and described is None:
+            return self._kinds.get(kind)
+        known = self._ops.get(op)
+        row = known.row if known is not None else None
+        label = row.label if row is not None else op.replace("::", ".")
+        try:
+            if described is None:
+                raise LookupError(f"{op}: no description of this launch")
+            how, what = described
+            if how == "fields":
+                launch = metadata.launch_of_record(what, row)
+            else:
+                if known is None or known.plan is None:
+                    raise LookupError(f"{op} is not in the table")
+                args = [native.stand_in(value) for value in what]
+                split = len(args) - len(known.keyword_only)
+                launch = known.plan.derive(
+                    tuple(args[:split]), dict(zip(known.keyword_only, args[split:], strict=True)))
+            derived: Derived | None = Derived(
+                label, metadata.annotation_of(label, launch), launch.kernels,
+                metadata.cpu_only_args(launch), launch)
+        except Exception as exc:  # this launch goes unannotated
+            diagnostics.warn_once(label, "deriving the collective metadata", exc)
+            derived = None
+        if kind:
+            self._kinds[kind] = derived
+        return derived
+
+    def _relabeled(self, kind: int, label: str, derived: Derived) -> dict[str, Any]:
+        """The annotation of a kind named by a proxy's label (once per kind and label)."""
+        key = (kind, label)
+        found = self._kinds.get(key) if kind else None
+        if found is None:
+            found = derived._replace(label=label, annotation=metadata.annotation_of(
+                label, derived.launch))
+            if kind:
+                self._kinds[key] = found
+        return found.annotation
+
+
+def create(agent: Any) -> NativeObserver | None:
+    """The observer where it is built for this torch and ``AUTOANNOT_NATIVE`` is on; else None
+    (a failure to load it is said once)."""
+    if not agent.config.native:
+        return None
+    try:
+        module = native.load()
+        return None if module is None else NativeObserver(module, agent)
+    except Exception as exc:  # the Python layer annotates these launches instead
+        diagnostics.warn_once("native observer", "loading", exc)
+        return None

@@ -1,0 +1,42 @@
+"""The agent's parts as the tests reach them: the one ``Instrumentation`` and what its
+``CUDAGraph`` wrappers do, called on stand-in graphs (no CUDA here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoannot import capture_identity, cudagraphs
+from autoannot.instrumentation import INSTRUMENTATION as AGENT
+
+LEDGERS = AGENT.captures.ledgers
+
+
+def _hook(name: str) -> Any:
+    return cudagraphs._wrappers(AGENT.captures)[name]
+
+
+def begin_capture(begin: Any, graph: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """What ``CUDAGraph.capture_begin``'s wrapper does, around ``begin``."""
+    return _hook("capture_begin")(begin, graph, args, kwargs or {})
+
+
+def end_capture(end: Any, graph: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    return _hook("capture_end")(end, graph, args, kwargs or {})
+
+
+def replay(run: Any, graph: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    return _hook("replay")(run, graph, args, kwargs or {})
+
+
+def identity(way: Any) -> capture_identity.CaptureIdentity:
+    """A capture identity asking ``way`` (ledgers and capturing threads: the agent's)."""
+    captures = AGENT.captures
+    return capture_identity.CaptureIdentity(captures.ledgers, captures.capturing, way)
+
+
+def by_thread() -> capture_identity.CaptureIdentity:
+    return identity(capture_identity.ByThread(AGENT.captures.capturing))
+
+
+def ledger(graph: Any) -> Any:
+    return LEDGERS[graph._autoannot_graph]

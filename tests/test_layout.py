@@ -1,0 +1,124 @@
+"""The shape of the runtime: its modules import one another in layers (no cycle, counting the
+imports made inside functions), none rebinds another's globals, none finds our own parts
+through ``sys.modules`` or ``importlib``, and one object owns what the agent puts in a
+process."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autoannot"
+#: The command-line tools and their trace readers: not loaded into an instrumented process.
+TOOLS = ("autoannot.traces", "autoannot.cli", "autoannot.__main__", "autoannot.doctor")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Our modules ``path`` imports, at its top or inside its functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {name for name in found if name in modules and name != "autoannot"}
+
+
+def _runtime() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) for name, path in modules.items()
+            if not name.startswith(TOOLS)}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in graph:
+                continue
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_among_the_runtime_modules() -> None:
+    graph = _runtime()
+    assert len(graph) > 20
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_owner_is_imported_by_nothing_below_it() -> None:
+    """Only the public API and the start-up path import the owner: every other part is handed
+    the ``Instrumentation``."""
+    importers = {name for name, imports in _runtime().items()
+                 if "autoannot.instrumentation" in imports}
+    assert importers == {"autoannot._startup", "autoannot.recorder", "autoannot.helper",
+                         "autoannot.pytest_plugin", "autoannot.testing"}
+
+
+def test_no_module_finds_our_parts_by_name_or_rebinds_another_modules_globals() -> None:
+    modules = _modules()
+    offences = []
+    for name, path in modules.items():
+        if name.startswith(TOOLS):
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = {alias.asname or alias.name.rsplit(".", 1)[-1]
+                   for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)
+                   for alias in node.names
+                   if (getattr(node, "module", None) or alias.name).startswith("autoannot")}
+        for node in ast.walk(tree):
+            text = ast.unparse(node) if isinstance(node, ast.Call | ast.Subscript) else ""
+            if "sys.modules" in text and "autoannot" in text:
+                offences.append(f"{name}: {text}")
+            if "import_module" in text and "autoannot" in text:
+                offences.append(f"{name}: {text}")
+            if isinstance(node, ast.Assign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                            and target.value.id in aliases):
+                        offences.append(f"{name}: {ast.unparse(target)} = ...")
+    assert offences == []
