@@ -198,15 +198,30 @@ def as_nccl(rank: int, world: int) -> dict[str, Any]:
         body()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         body()
+    from autoannot.journal import Journal
+
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
+        journal = Journal(os.path.join(folder, "records.jsonl"))  # AUTOANNOT_RECORD's file
+        hooks.AGENT.state.open_journal(journal)
+        journal_registered = module.demand(), module.registered()
+        try:
+            body()
+        finally:
+            hooks.AGENT.state.close_journal(journal)
+            journal.close()
+        with open(journal.path) as f:
+            lines = [json.loads(line) for line in f]
     torch_records = [e["args"] for e in sorted(events, key=lambda e: e["ts"])
                      if e.get("name") == "record_param_comms"]
     return {"noted": noted, "recorded": [{"api": r.api, "annotation": r.annotation,
                                           "param_comms": r.param_comms} for r in records],
+            "journal": [{"api": line["api"], "param_comms": line["param_comms"],
+                         "call_site": line["call_site"]} for line in lines],
+            "journal_registered": journal_registered,
             "torch": [{k: v for k, v in a.items() if k in V.KERNEL_KEYS + V.CPU_ONLY_KEYS}
                       for a in torch_records]}
 

@@ -108,6 +108,10 @@ def test_noted_launches_read_as_torch_records_them() -> None:
         assert record["param_comms"] == torch_record
         assert record["annotation"] == entry["annotation"]
         assert entry["call_site"] == sites.NATIVE_CALLER
+    # AUTOANNOT_RECORD's file: each launch as it is entered, the Work ranges alone asked for
+    assert result["journal_registered"] == [[False, False, True], True]
+    assert [line["param_comms"] for line in result["journal"]] == expected
+    assert [line["api"] for line in result["journal"]] == [e["api"] for e in result["noted"]]
     ranks = [e[V.PG_RANKS] for e in expected]
     assert ranks[:3] == ["[2, 4, 6, 8]", "[]", "[]"]  # rebuilt from start and stride
     assert ranks[5].endswith(", ..., 39]")

@@ -52,6 +52,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -554,14 +555,16 @@ void tell_python(int when, const Launch& launch, const Kind* kind) {
   }
 }
 
-// A launch in a capture, noted where only its process group's record of it is seen (the
-// Work's range: the callback asks for no operator, see update_registration()).
-void note_from_work() {
+// A launch seen through its process group's Work range alone (the callback asks for no
+// operator, see update_registration()): noted where it goes into a capture, told to the
+// journals (it is entered: the process group launches it next).
+void work_seen() {
   if (t_claimed > 0) {
     return;
   }
-  uint64_t capture = current_capture();
-  if (capture == 0) {
+  uint64_t capture = g_capturing.load(std::memory_order_relaxed) ? current_capture() : 0;
+  bool journaling = g_journaling.load(std::memory_order_relaxed);
+  if (capture == 0 && !journaling) {
     return;
   }
   Launch launch;
@@ -573,6 +576,15 @@ void note_from_work() {
   launch.op = found != g_ops.end() ? found->second : g_unknown_op;
   std::shared_ptr<Kind> kind = kind_of(launch);
   Pending& pending = t_pending;
+  if (journaling) {
+    launch.label = pending.label;
+    launch.site = pending.site;
+    tell_python(0, launch, kind.get());
+    launch.label = launch.site = nullptr;  // (still the pending ones: not owned here)
+  }
+  if (capture == 0) {
+    return;
+  }
   Note note{0, capture, launch.op, kind, pending.label, pending.site};
   pending.label = pending.site = nullptr;
   {
@@ -593,8 +605,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       if (!launch.ignored && !launch.fields) {
         launch.fields = param_comms_fields();
       }
-    } else if (g_capturing.load(std::memory_order_relaxed)) {
-      note_from_work();
+    } else if (g_capturing.load(std::memory_order_relaxed) ||
+               g_journaling.load(std::memory_order_relaxed)) {
+      work_seen();
     }
     return nullptr;
   }
@@ -721,13 +734,14 @@ void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* context) {
 
 // Register the callback while something asks for launches, remove it after (under g_mutex).
 //
-// Captures alone ask only for the process groups' Work ranges (USER_SCOPE): no operator pays
-// anything, and a launch is noted from torch's record of it (ProcessGroupNCCL). Recorders and
-// journals (and tests: set_capture_inputs) ask for the operators too, with their inputs: every
-// operator then makes a RecordFunction while the callback is registered.
+// Captures and journals ask only for the process groups' Work ranges (USER_SCOPE): no operator
+// pays anything, and a launch is described by torch's record of it (ProcessGroupNCCL).
+// Recorders (and tests: set_capture_inputs) ask for the operators too, with their inputs:
+// every operator then makes a RecordFunction while the callback is registered (but in the
+// calls a proxy claims, see call_claimed).
 void update_registration() {
   bool wanted = g_capturing.load() || g_recording.load() || g_journaling.load();
-  bool operators = g_inputs || g_recording.load() || g_journaling.load();
+  bool operators = g_inputs || g_recording.load();
   if (g_registered && (!wanted || operators != g_registered_operators)) {
     at::removeCallback(g_handle);
     g_registered = false;
@@ -842,6 +856,23 @@ bool forget_kinds(bool if_idle) {
   return true;
 }
 
+// Whether this observer is the only callback operators would run on this thread now.
+bool only_observer() {
+  if (!g_registered_operators) {
+    return false;  // (operators make no RecordFunction for it anyway)
+  }
+  auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+  if (!callbacks.has_value()) {
+    return false;
+  }
+  for (const auto& pair : callbacks->callbacks_) {
+    if (pair.start_ != &on_start) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // call_claimed(function, args, kwargs): function(*args, **kwargs), the launches in it left to
 // the caller (a proxy that annotates its own launch).
 PyObject* call_claimed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
@@ -850,7 +881,15 @@ PyObject* call_claimed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
     return nullptr;
   }
   ++t_claimed;
+  // Where this callback is the only one asking for operators (no profiler, no other
+  // observer), the operators of the claimed call make no RecordFunction at all: it is the
+  // proxy's launch, nothing here would look at them.
+  std::optional<at::RecordFunctionGuard> quiet;
+  if (only_observer()) {
+    quiet.emplace(false);
+  }
   PyObject* result = PyObject_Call(args[0], args[1], args[2] == Py_None ? nullptr : args[2]);
+  quiet.reset();
   --t_claimed;
   return result;
 }
