@@ -548,7 +548,9 @@ void tell_python(int when, const Launch& launch, const Kind* kind) {
     py::object answer = py::reinterpret_borrow<py::object>(g_listener)(
         when, launch.op->name, id, what, site, label);
     if (kind != nullptr && answer.ptr() == Py_True) {  // Python keeps it by its id
-      const_cast<Kind*>(kind)->given.store(true);
+      Kind* known = const_cast<Kind*>(kind);
+      known->given.store(true);
+      known->args.clear();  // (its group let go; the launch under way still holds it)
     }
   } catch (py::error_already_set& error) {
     error.discard_as_unraisable("autoannot's native observer: listener");
@@ -687,6 +689,8 @@ void give_back(Launch& launch) {
   }
 }
 
+void finish(Launch& launch);
+
 void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* context) {
   if (context == nullptr) {
     return;
@@ -695,6 +699,13 @@ void on_end(const at::RecordFunction& /*fn*/, at::ObserverContext* context) {
   if (--launch.depth > 0 || launch.ignored) {
     return;
   }
+  finish(launch);
+  launch.args.clear();  // (no group held past its launch)
+  launch.fields.reset();
+}
+
+// The end of a launch's outermost operator: noted, told, or given back to its proxy.
+void finish(Launch& launch) {
   if (std::uncaught_exceptions() > launch.uncaught) {  // it raised: it launched nothing
     give_back(launch);
     return;
@@ -810,6 +821,7 @@ py::list drain(int64_t capture) {
   };
   py::list out;
   std::vector<std::shared_ptr<Kind>> unknown;  // new kinds of notes let go: not known after
+  std::vector<std::vector<Arg>> dropped;  // what kinds described themselves by, Python's now
   for (auto& entry : taken) {
     py::object label = handed(entry.label), site = handed(entry.site);
     entry.label = entry.site = nullptr;
@@ -823,8 +835,9 @@ py::list drain(int64_t capture) {
     py::object what = py::none();
     if (kind->id == 0 || !kind->given.exchange(true)) {
       what = described(kind->args, kind->fields.get());
-      if (kind->id != 0) {
-        kind->args.clear();  // (its group let go)
+      if (kind->id != 0) {  // (its group let go, below)
+        dropped.push_back(std::move(kind->args));
+        kind->args.clear();
       }
     }
     out.append(py::make_tuple(entry.seq, entry.op->name, kind->id, what, label, site));
@@ -837,6 +850,13 @@ py::list drain(int64_t capture) {
         g_kinds.erase(found);
       }
     }
+  }
+  {  // notes and kinds let go here may hold the last reference to a group gone meanwhile:
+     // its destructor joins its threads, which may want the GIL
+    py::gil_scoped_release released;
+    taken.clear();
+    unknown.clear();
+    dropped.clear();
   }
   return out;
 }
@@ -852,6 +872,10 @@ bool forget_kinds(bool if_idle) {
       return false;
     }
     forgotten.swap(g_kinds);
+  }
+  if (PyGILState_Check()) {  // (a kind may hold the last reference to the group gone: its
+    py::gil_scoped_release released;  // destructor joins threads that may want the GIL)
+    forgotten.clear();
   }
   return true;
 }
