@@ -261,16 +261,17 @@ def no_python_caller(rank: int, world: int) -> dict[str, Any]:
 
     _start()
     pg = dist.group.WORLD
-    done: list[Any] = []
     with autoannot.record() as records:
         # the thread runs pg.allreduce itself (C calls C): no Python frame on it
         _thread.start_new_thread(pg.allreduce, ([torch.ones(3)],))
-        pg.allreduce([torch.ones(4)]).wait()  # (the peer's launches meet in order)
         deadline = time.monotonic() + 30
-        while len(records) < 2 and time.monotonic() < deadline:
+        while not records and time.monotonic() < deadline:
             time.sleep(0.01)
-        done.append(len(records))
-    return {"records": [(r.api, r.annotation[V.IN_NELEMS], r.call_site) for r in records]}
+    pg.barrier().wait()  # (after the thread's launch on every rank: the same order)
+    with autoannot.record() as from_python:
+        pg.allreduce([torch.ones(4)]).wait()
+    return {"records": [(r.api, r.annotation[V.IN_NELEMS], r.call_site)
+                        for r in [*records, *from_python]]}
 
 
 def group_lifetime(rank: int, world: int) -> dict[str, Any]:
@@ -310,7 +311,14 @@ def group_lifetime(rank: int, world: int) -> dict[str, Any]:
         pg.allreduce([torch.ones(3)]).wait()  # a new kind, the same metadata
 
     across = _captured(11, body)
+    # a recorder's launch on a group: its kind lets the group go once Python knows it
+    third = dist.new_group(list(range(world)))
+    with autoannot.record():
+        third.allreduce([torch.ones(5)]).wait()
+    holding_after_record = module.kinds_holding_arguments()
+    dist.destroy_process_group(third)
     return {"base": base, "with_group": with_group, "after": after, "kinds": kinds,
+            "holding_after_record": holding_after_record,
             "kinds_after": kinds_after, "entries": [e["api"] for e in entries],
             "across": [(e["api"], e["annotation"][V.PG_NAME], e["annotation"][V.IN_NELEMS])
                        for e in across],

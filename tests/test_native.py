@@ -134,9 +134,10 @@ def test_a_launch_from_a_thread_with_no_python_frame_is_recorded() -> None:
     where a plain record() got none of DDP's buckets (the listener looked for a caller frame
     that such a thread does not have)."""
     for result in run_ranks(native_cases.no_python_caller, 2):
-        assert sorted(tuple(r) for r in result["records"])[0] == (
-            "c10d.allreduce_", 3, sites.NO_PYTHON_CALLER)
-        assert len(result["records"]) == 2
+        (from_cpp, from_python) = (tuple(r) for r in result["records"])
+        assert from_cpp == ("c10d.allreduce_", 3, sites.NO_PYTHON_CALLER)
+        assert from_python[:2] == ("c10d.allreduce_", 4)
+        assert from_python[2].rsplit(":", 1)[0].endswith("native_cases.py")
 
 
 def test_a_destroyed_group_whose_launches_were_noted_is_freed() -> None:
@@ -145,6 +146,7 @@ def test_a_destroyed_group_whose_launches_were_noted_is_freed() -> None:
         assert result["with_group"] > result["base"]  # gloo's threads for the new group
         assert result["after"] == result["base"]  # gone with it: nothing of ours held it
         assert result["kinds_after"] == 0
+        assert result["holding_after_record"] == 0  # (it held the group: a hang at its death)
         world = result["world_name"]
         assert [tuple(e) for e in result["across"]] == [("c10d.allreduce_", world, 3)] * 2
 
