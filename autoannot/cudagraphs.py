@@ -173,8 +173,9 @@ def _profiler_running() -> bool:
     return kind is not None and getattr(kind(), "name", "NONE") != "NONE"
 
 
-def _wrappers(captures: Captures) -> dict[str, Any]:
-    """wrapt wrappers of ``CUDAGraph``'s methods, reporting to ``captures``."""
+def capture_hooks(captures: Captures) -> dict[str, Any]:
+    """wrapt wrappers of ``CUDAGraph``'s methods, reporting to ``captures`` (what ``install``
+    puts on the class; the stand-in capture and the tests call them on stand-in graphs)."""
 
     def capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
@@ -237,7 +238,7 @@ def install(graphs: ModuleType, agent: Any) -> list[Patch]:
     reporting to ``agent.captures``."""
     patches: list[Patch] = []
     graph_class = getattr(graphs, "CUDAGraph", None)
-    for name, wrapper in _wrappers(agent.captures).items():
+    for name, wrapper in capture_hooks(agent.captures).items():
         patches += wrap_attribute(graph_class, name, wrapper, agent.proxies)
     context_class = getattr(graphs, "graph", None)
     init = getattr(context_class, "__init__", None)

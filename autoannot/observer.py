@@ -111,10 +111,6 @@ class NativeObserver:
             capturing and not state.recorders and not state.journals and not state.blocks
             and features.mark_kernels(self.agent.config.mark_kernels) is None)
 
-    def stop(self) -> None:
-        self.module.set_demand(False, False, False)
-        self.module.set_handoff(False)
-
     # captures ----------------------------------------------------------------------------
 
     def capture_began(self) -> int | None:

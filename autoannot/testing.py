@@ -21,7 +21,7 @@ def stand_in(test_capture: int = 0, agent: Any = None) -> Iterator[Any]:
     if module is not None:
         module.set_test_capture(test_capture)
     graph = type("Graph", (), {})()
-    hooks = cudagraphs._wrappers(agent.captures)
+    hooks = cudagraphs.capture_hooks(agent.captures)
     hooks["capture_begin"](lambda: None, graph, (), {})
     try:
         yield graph

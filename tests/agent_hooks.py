@@ -12,7 +12,7 @@ LEDGERS = AGENT.captures.ledgers
 
 
 def _hook(name: str) -> Any:
-    return cudagraphs._wrappers(AGENT.captures)[name]
+    return cudagraphs.capture_hooks(AGENT.captures)[name]
 
 
 def begin_capture(begin: Any, graph: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -119,27 +119,28 @@ def main(out: str) -> None:
         return took * 1e3
 
     modes = {"off": None, "work": False, "operators": True}
+
+    def switch(operators: bool | None) -> None:
+        """Off (None), or registered for captures asking for operators or not."""
+        if operators is None:
+            module.set_demand(False, False, False)
+        else:
+            module.set_capture_inputs(operators)
+            module.set_demand(True, False, False)
+
     times = {m: [] for m in modes}
     for _ in range(3):
         capture_once()
     for _ in range(12):
         for mode, operators in modes.items():
-            if operators is None:
-                module.set_demand(False, False, False)
-            else:
-                module.set_capture_inputs(operators)
-                module.set_demand(True, False, False)
+            switch(operators)
             times[mode].append(capture_once())
     module.set_demand(False, False, False)
     result["capture_ms"] = {m: statistics.median(t) for m, t in times.items()}
     eager = {m: [] for m in modes}
     for _ in range(12):
         for mode, operators in modes.items():
-            if operators is None:
-                module.set_demand(False, False, False)
-            else:
-                module.set_capture_inputs(operators)
-                module.set_demand(True, False, False)
+            switch(operators)
             torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(3):
