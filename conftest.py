@@ -12,6 +12,16 @@ sys.path.insert(0, str(Path(__file__).parent / "tests"))
 FIGURES: dict[str, str] = {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """No native observer unless a test asks for one (``native_build``): a module built for
+    this source under the user's cache would otherwise change which layer every test runs
+    (the tests of the Python layer among them)."""
+    import os
+    import tempfile
+
+    os.environ["AUTOANNOT_NATIVE_DIR"] = tempfile.mkdtemp(prefix="autoannot-no-native-")
+
+
 @pytest.fixture(scope="session")
 def figures() -> dict[str, str]:
     """Tests put the counts they establish here; they are printed at the end of the run."""

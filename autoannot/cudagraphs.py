@@ -9,9 +9,10 @@ no toolsId support needed.
   ledger, in launch order (``Captures.note``; the native observer's notes join when the capture
   ends). A launch is tied to its capture by the capture itself, not by the thread that made it
   (``capture_identity``).
-* ``CUDAGraph.replay`` is wrapped: while the profiler runs, each replay of a graph with a ledger
-  runs inside ``record_function("autoannot.replay:<graph>")``, so the trace tool can tell which
-  graph each ``cudaGraphLaunch`` launched.
+* ``CUDAGraph.replay`` is wrapped while a profiler records (``ReplayMarking``: put on and taken
+  off at the profiler's start and stop, so a replay with no profiler runs torch's own method):
+  each replay of a graph with a ledger runs inside ``record_function("autoannot.replay:<graph>")``,
+  so the trace tool can tell which graph each ``cudaGraphLaunch`` launched.
 * Where torch's own path works (``mark_kernels`` + ``cudaGraphNodeGetToolsId``), every
   ``torch.cuda.graph`` capture gets ``enable_annotations=True`` unless the user said otherwise or
   ``AUTOANNOT_TORCH_ANNOTATIONS=0``.
@@ -51,6 +52,8 @@ class Captures:
         self.capturing = Capturing()
         self.identity = CaptureIdentity(self.ledgers, self.capturing)
         self._numbers = itertools.count()
+        #: The replay wrappers switched on and off by the profiler's notices (copy-on-write).
+        self.replay_switches: list[Any] = []
 
     def by_thread(self) -> None:
         """Tie a launch to the capture begun on its own thread (tests with no CUDA: a CUDA
@@ -210,6 +213,81 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
     return {"capture_begin": capture_begin, "capture_end": capture_end, "replay": replay}
 
 
+class SwitchedPatch(Patch):
+    """A patch put on and taken off while the agent is on (``switch``); undone by identity."""
+
+    __slots__ = ()
+
+    def switch(self, on: bool) -> None:
+        current = self.current()
+        if on and current is self.original:
+            setattr(self.owner, self.name, self.replacement)
+        elif not on and current is self.replacement:
+            setattr(self.owner, self.name, self.original)
+
+    def undo(self) -> bool:
+        restored = self.current() is self.replacement
+        self.switch(False)
+        return restored
+
+
+#: Kineto's on-demand tracing (dynolog) starts a profiler with no Python call: with it
+#: configured, replays stay wrapped for the whole process.
+ON_DEMAND_SETTING = "KINETO_USE_DAEMON"
+
+
+def profiler_notices() -> ModuleType | None:
+    """The module whose ``_run_on_profiler_start``/``_run_on_profiler_stop`` torch's profilers
+    call at each start and stop (``torch.autograd.profiler``: it keeps its fast
+    ``_is_profiler_enabled`` flag by them); None where this torch has none or on-demand
+    tracing is configured (a profiler may start with no notice)."""
+    import os
+    import sys
+
+    if os.environ.get(ON_DEMAND_SETTING, "") not in ("", "0"):
+        return None
+    module = sys.modules.get("torch.autograd.profiler")
+    if module is None or not all(callable(getattr(module, name, None)) for name in
+                                 ("_run_on_profiler_start", "_run_on_profiler_stop")):
+        return None
+    return module
+
+
+def mark_replays_while_profiling(graph_class: Any, replay: Any, agent: Any) -> list[Patch]:
+    """Put ``replay`` (the marker's wrapper) over ``graph_class.replay`` only while a profiler
+    records: on at the profiler's start notice, off at its stop (``agent.captures``' switches);
+    for the whole process where there is no notice (``profiler_notices``)."""
+    notices = profiler_notices()
+    if notices is None:
+        return wrap_attribute(graph_class, "replay", replay, agent.proxies)
+    original = graph_class.__dict__.get("replay") if graph_class is not None else None
+    if original is None or agent.proxies.is_proxy(original):
+        return []
+    proxy = agent.proxies.get(original) or agent.proxies.put(
+        original, wrapt.FunctionWrapper(original, replay))
+    switched = SwitchedPatch(graph_class, "replay", original, proxy)
+    captures = agent.captures
+    captures.replay_switches = [*(s for s in captures.replay_switches
+                                  if (s.owner, s.name) != (graph_class, "replay")), switched]
+
+    def notice(on: bool) -> Any:
+        def noticed(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            result = wrapped(*args, **kwargs)
+            if agent.state.live:
+                for switch in captures.replay_switches:
+                    switch.switch(on)
+            return result
+
+        return noticed
+
+    patches: list[Patch] = [switched]
+    patches += wrap_attribute(notices, "_run_on_profiler_start", notice(True), agent.proxies)
+    patches += wrap_attribute(notices, "_run_on_profiler_stop", notice(False), agent.proxies)
+    if getattr(notices, "_is_profiler_enabled", False):  # one records now
+        switched.switch(True)
+    return patches
+
+
 def _graph_init(agent: Any) -> Any:
     """``torch.cuda.graph(...)``'s wrapper: torch's own annotations on where they work."""
 
@@ -234,12 +312,14 @@ def wrap_attribute(owner: Any, name: str, wrapper: Any, proxies: Any) -> list[Pa
 
 
 def install(graphs: ModuleType, agent: Any) -> list[Patch]:
-    """Wrap ``graphs.CUDAGraph``'s capture and replay methods and ``graphs.graph.__init__``,
-    reporting to ``agent.captures``."""
+    """Wrap ``graphs.CUDAGraph``'s capture methods (and its replay while a profiler records)
+    and ``graphs.graph.__init__``, reporting to ``agent.captures``."""
     patches: list[Patch] = []
     graph_class = getattr(graphs, "CUDAGraph", None)
-    for name, wrapper in capture_hooks(agent.captures).items():
-        patches += wrap_attribute(graph_class, name, wrapper, agent.proxies)
+    hooks = capture_hooks(agent.captures)
+    for name in ("capture_begin", "capture_end"):
+        patches += wrap_attribute(graph_class, name, hooks[name], agent.proxies)
+    patches += mark_replays_while_profiling(graph_class, hooks["replay"], agent)
     context_class = getattr(graphs, "graph", None)
     init = getattr(context_class, "__init__", None)
     if init is not None and "enable_annotations" in _parameters(init):

@@ -4,6 +4,7 @@ its graph lives (and for the last graphs retired)."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 from autoannot import locks
@@ -11,7 +12,8 @@ from autoannot import locks
 
 class _Lock:
     def __init__(self) -> None:
-        self.lock = locks.renewed(self, "lock")
+        # reentrant: a graph freed while it is held (a collection) retires its ledger
+        self.lock = locks.renewed(self, "lock", reentrant=True)
 
 
 _LOCK = _Lock()  # (renewed in a forked child)
@@ -63,18 +65,22 @@ class Ledgers:
     def __init__(self) -> None:
         self.live: dict[str, Ledger] = {}
         self.retired: dict[str, Ledger] = {}
+        #: A weak reference to each live graph, by its ledger's name: its callback retires the
+        #: ledger when the graph is freed (a plain reference: ``weakref.finalize`` costs a
+        #: capture several times as much).
+        self._graphs: dict[str, Any] = {}
 
     def add(self, ledger: Ledger, graph: Any) -> None:
-        import weakref
-
+        name = ledger.name
         with _LOCK.lock:
-            self.live[ledger.name] = ledger
+            self.live[name] = ledger
         # A graph class without weak references: its ledger is retired at its next capture.
         with contextlib.suppress(TypeError):
-            weakref.finalize(graph, self.retire, ledger.name)
+            self._graphs[name] = weakref.ref(graph, lambda _, name=name: self.retire(name))
 
     def retire(self, name: str) -> None:
         with _LOCK.lock:
+            self._graphs.pop(name, None)
             ledger = self.live.pop(name, None)
             if ledger is None:
                 return

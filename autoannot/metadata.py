@@ -142,6 +142,57 @@ class Plan:
         self.key_of = _compile_key(self.row, self._positions)
         return self.key_of(args, kwargs)
 
+    def key_fields(self) -> list[KeyField] | None:
+        """The facts ``key_of`` reads (see ``key_fields``)."""
+        return key_fields(self.row, self._positions)
+
+
+class KeyField(NamedTuple):
+    """One fact of a launch key, read from one argument: ``what`` is ``"group"`` (its id,
+    ``None`` the default group), ``"tensor"`` (its dtype and/or element count; a list of one
+    tensor: that tensor; any other type: no key), ``"root"`` (an int or None, else no key) or
+    ``"none"`` (given at all: no key). ``position``: where a call can pass it positionally
+    (-1: by keyword only; -2: the row has no such parameter, it reads None)."""
+
+    what: str
+    name: str | None
+    position: int
+    default: Any
+    dtype: bool = False
+    numel: bool = False
+    first: bool = False  # the tensor whose device says whether the call launches (meta: none)
+
+
+def key_fields(row: Collective, positions: dict[str, tuple[int, Any]]
+               ) -> list[KeyField] | None:
+    """The facts ``key_of`` reads, in key order; None where the row is never keyed (its
+    split sizes come from its tensors). The Python ``key_of`` is generated from them, and the
+    native observer's C wrapper reads the same (see ``native/observer.cpp``)."""
+    if row.splits in (Splits.NUMELS, Splits.EQUAL_IF_NONE):
+        return None
+
+    def field(what: str, name: str | None, **flags: Any) -> KeyField:
+        if name is None:
+            return KeyField(what, None, -2, None, **flags)
+        if name not in positions:
+            return KeyField(what, name, -1, None, **flags)
+        position, default = positions[name]
+        return KeyField(what, name, position, default, **flags)
+
+    fields = [field("group", row.group_param)]
+    if row.inputs is not None:
+        fields.append(field("tensor", row.inputs, dtype=True, numel=True, first=True))
+    if row.outputs is not None:
+        counted = row.sizes in (Sizes.SCATTER, Sizes.IN_OUT) or row.inputs is None
+        dtype = (row.dtype_from == "output" or row.inputs is None
+                 or (counted and row.complex_as_real))  # a complex output counts twice
+        fields.append(field("tensor", row.outputs, dtype=dtype, numel=counted,
+                            first=row.inputs is None))
+    fields += [field("root", name) for name in row.root_params]
+    if row.splits is Splits.GIVEN:
+        fields += [field("none", name) for name in row.split_params]
+    return fields
+
 
 def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable:
     """One function generated for the row: the call's launch key, read straight from its
@@ -154,77 +205,73 @@ def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Call
     ``groups.id_keyed`` caches forget their keys when a group they may name is gone."""
     import torch
 
+    fields = key_fields(row, positions)
+    if fields is None:
+        return lambda args, kwargs: None
     namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_Parameter": torch.nn.Parameter,
                                  "_LISTS": (list, tuple),
                                  "_resolve": _RESOLVERS[row.group_arg], "_id": id, "_int": int}
     lines = ["def key_of(args, kwargs):", "    n = len(args)"]
-
-    def read(local: str, name: str | None) -> None:
-        if name is None:
+    parts = []
+    for i, field in enumerate(fields):
+        local = f"v{i}"
+        if field.position == -2:
             lines.append(f"    {local} = None")
-        elif name not in positions:
-            lines.append(f"    {local} = kwargs.get({name!r})")
+        elif field.position == -1:
+            lines.append(f"    {local} = kwargs.get({field.name!r})")
         else:
-            position, default = positions[name]
-            namespace[f"_D_{local}"] = default
-            lines.append(f"    {local} = kwargs[{name!r}] if {name!r} in kwargs else "
-                         f"args[{position}] if n > {position} else _D_{local}")
-
-    def tensor(local: str, name: str, first: bool) -> None:
-        """Read a tensor parameter (a list of one: its tensor); ``first``: the tensor whose
-        device says whether the call launches anything (``derive`` looks at that one)."""
-        read(local, name)
-        lines.append(f"    kind = type({local})")
-        lines.append("    if kind is not _Tensor:")
-        lines.append(f"        if kind in _LISTS and len({local}) == 1:")
-        lines.append(f"            {local} = {local}[0]")
-        lines.append(f"            kind = type({local})")
-        lines.append("        if kind is not _Tensor and kind is not _Parameter:")
-        lines.append("            return None")
-        if first:
-            lines.append(f"    if {local}.is_meta:")
-            lines.append("        return None")
-
-    if row.splits in (Splits.NUMELS, Splits.EQUAL_IF_NONE):
-        return lambda args, kwargs: None
-    read("group", row.group_param)
-    if row.group_arg is GroupArg.C10D:
-        world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
-        lines.append("    if group is None:")
-        if world is not None and hasattr(world, "_default_pg"):  # torch's state, read directly
-            namespace["_world"] = world
-            lines.append("        group = _world._default_pg")
-            lines.append("        if group is None:")
-            lines.append("            group = _resolve(None)")
-        else:
-            lines.append("        group = _resolve(None)")
-    else:
-        lines.append("    group = _resolve(group)")
-    parts = ["_id(group)"]
-    if row.inputs is not None:
-        tensor("t_in", row.inputs, first=True)
-        parts += ["t_in.dtype", "t_in.numel()"]
-    if row.outputs is not None:
-        tensor("t_out", row.outputs, first=row.inputs is None)
-        counted = row.sizes in (Sizes.SCATTER, Sizes.IN_OUT) or row.inputs is None
-        if row.dtype_from == "output" or row.inputs is None or (
-                counted and row.complex_as_real):  # a complex output counts twice
-            parts.append("t_out.dtype")
-        if counted:
-            parts.append("t_out.numel()")
-    for i, name in enumerate(row.root_params):
-        read(f"root{i}", name)
-        lines.append(f"    if root{i} is not None and type(root{i}) is not _int:")
-        lines.append("        return None")
-        parts.append(f"root{i}")
-    if row.splits is Splits.GIVEN:
-        for i, name in enumerate(row.split_params):
-            read(f"split{i}", name)
-            lines.append(f"    if split{i} is not None:")
-            lines.append("        return None")
+            namespace[f"_D_{local}"] = field.default
+            lines.append(f"    {local} = kwargs[{field.name!r}] if {field.name!r} in kwargs "
+                         f"else args[{field.position}] if n > {field.position} else _D_{local}")
+        if field.what == "group":
+            lines += _group_lines(row, local, namespace)
+            parts.append(f"_id({local})")
+        elif field.what == "tensor":
+            lines += [f"    kind = type({local})",
+                      "    if kind is not _Tensor:",
+                      f"        if kind in _LISTS and len({local}) == 1:",
+                      f"            {local} = {local}[0]",
+                      f"            kind = type({local})",
+                      "        if kind is not _Tensor and kind is not _Parameter:",
+                      "            return None"]
+            if field.first:
+                lines += [f"    if {local}.is_meta:", "        return None"]
+            if field.dtype:
+                parts.append(f"{local}.dtype")
+            if field.numel:
+                parts.append(f"{local}.numel()")
+        elif field.what == "root":
+            lines += [f"    if {local} is not None and type({local}) is not _int:",
+                      "        return None"]
+            parts.append(local)
+        else:  # "none"
+            lines += [f"    if {local} is not None:", "        return None"]
     lines.append(f"    return ({', '.join(parts)},)")
     exec(compile("\n".join(lines), f"<autoannot key of {row.label}>", "exec"), namespace)
     return namespace["key_of"]
+
+
+def _group_lines(row: Collective, local: str, namespace: dict[str, Any]) -> list[str]:
+    """Resolve the group read into ``local`` (None: the default group, read from torch's
+    state directly where it can be)."""
+    if row.group_arg is not GroupArg.C10D:
+        return [f"    {local} = _resolve({local})"]
+    lines = [f"    if {local} is None:"]
+    world = default_group_holder()
+    if world is not None:
+        namespace["_world"] = world
+        lines += [f"        {local} = _world._default_pg",
+                  f"        if {local} is None:",
+                  f"            {local} = _resolve(None)"]
+    else:
+        lines.append(f"        {local} = _resolve(None)")
+    return lines
+
+
+def default_group_holder() -> Any:
+    """torch's ``_world`` (its ``_default_pg`` is the default group), where c10d keeps one."""
+    world = getattr(sys.modules.get("torch.distributed.distributed_c10d"), "_world", None)
+    return world if world is not None and hasattr(world, "_default_pg") else None
 
 
 def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable:

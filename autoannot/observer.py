@@ -92,6 +92,7 @@ class NativeObserver:
         module.set_listener(self._told)
         # a group gone: its address may be reused, launches described by it get new kinds
         groups.on_group_gone(module.forget_kinds)
+        groups.on_group_gone(module.forget_handed)  # (the proxies' C wrappers key by group id)
 
     def __repr__(self) -> str:
         return f"NativeObserver({len(self._ops)} ops, registered={self.module.registered()})"
@@ -127,6 +128,10 @@ class NativeObserver:
         module.forget_streams()  # (the streams of this capture are in none now)
         launched = []
         for order, op, kind, described, label, site in module.drain(capture):
+            if op is None:  # keyed and noted by a proxy's C wrapper: what the proxy derived
+                launched.append((label, described.annotation, described.launch.kernels, site,
+                                 order))
+                continue
             derived = self._derived(op, kind, described)
             if derived is None:
                 continue

@@ -99,7 +99,7 @@ def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
     if proxy is not None:
         return proxy
     wrapper = wrappers.WRAPPER_FACTORIES[row.role](row, plan, agent)
-    wrapper = _handing_off(row, wrapper, agent)
+    wrapper = _handing_off(row, plan, wrapper, agent)
     # The fast path: wrapt's C code asks ``enabled`` (a C-level callable, no Python frame) and,
     # while nothing wants annotations, calls the original itself. The wrapper never runs, so
     # no frame of ours sits between the caller and torch (warnings keep their stack levels).
@@ -109,10 +109,12 @@ def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
                                                                enabled=enabled))
 
 
-def _handing_off(row: Any, wrapper: Any, agent: Any) -> Any:
+def _handing_off(row: Any, plan: Any, wrapper: Any, agent: Any) -> Any:
     """A ``torch.distributed`` launch's wrapper, as the native observer's C function where it
-    is built: in a capture it hands the launch to the observer (label and call site kept, no
-    Python frame of ours), else it calls ``wrapper`` (see autoannot.native)."""
+    is built: in a capture it notes the launch itself where the call's arguments make a key
+    (``plan.key_fields()``; what ``wrapper.known_of`` derived for it, once per key), or hands
+    it to the observer (label and call site kept); no Python frame of ours either way. Else it
+    calls ``wrapper`` (see native/observer.cpp)."""
     from autoannot import collectives
     from autoannot.collectives import Role
 
@@ -121,7 +123,19 @@ def _handing_off(row: Any, wrapper: Any, agent: Any) -> Any:
     module = agent.native_module()
     if module is None:
         return wrapper
-    return module.handoff_wrapper(wrapper, row.label, wrapper.note_in_capture)
+    fields = plan.key_fields() if row.group_arg is collectives.GroupArg.C10D else None
+    return module.handoff_wrapper(wrapper, row.label, wrapper.note_in_capture,
+                                  wrapper.known_of, fields, _key_context)
+
+
+def _key_context() -> tuple[Any, Any, Any]:
+    """What the native wrappers key calls by, asked at their first keyed call (they are made
+    while torch imports): c10d's ``_world`` (None: absent), ``torch.Tensor``, ``Parameter``."""
+    import torch
+
+    from autoannot import metadata
+
+    return metadata.default_group_holder(), torch.Tensor, torch.nn.Parameter
 
 
 def _wraps(obj: Any, original: Any) -> bool:

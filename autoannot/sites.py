@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any
 
 _OWN_PREFIX = os.path.dirname(os.path.abspath(__file__))  # autoannot's own files
@@ -21,16 +22,18 @@ class _Places:
     unittest: no collective is written there), but packages installed inside its folder."""
 
     def __init__(self) -> None:
-        import sysconfig
-
         import torch
         import wrapt
 
         roots = [os.path.dirname(m.__file__) + os.sep for m in (torch, wrapt) if m.__file__]
         self.libraries = (*roots, _OWN_PREFIX + os.sep)
         self.tests = (os.path.join(os.path.dirname(torch.__file__ or ""), "testing") + os.sep,)
-        paths = sysconfig.get_paths()
-        self.stdlib = tuple({paths[name] + os.sep for name in ("stdlib", "platstdlib")})
+        # The standard library's folders: where ``os`` and ``threading`` are (``sysconfig``
+        # says the same, after ~2 ms of reading the build's configuration, on a first capture).
+        self.stdlib = tuple({os.path.dirname(os.path.realpath(m.__file__)) + os.sep
+                             for m in (os, threading) if m.__file__}
+                            | {os.path.dirname(m.__file__) + os.sep
+                               for m in (os, threading) if m.__file__})
 
     def is_library(self, filename: str) -> bool:
         if filename.startswith(self.tests):

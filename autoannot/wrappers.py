@@ -245,7 +245,19 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
             return
         _note_in_ledger(note_in_ledger, label, known, site)
 
+    def known_of(args: tuple, kwargs: dict) -> Known | None:
+        """What a launch is annotated with, for the native observer's C wrapper, which keys
+        calls as ``plan.key_of`` does and asks once per key; None where nothing is derived
+        (the wrapper then runs, and says why)."""
+        try:
+            key = plan.key_of(args, kwargs)
+            known = by_key.get(key)
+            return known if known is not None else learn(args, kwargs, key)
+        except Exception:
+            return None
+
     wrapper.note_in_capture = note_in_capture  # type: ignore[attr-defined]
+    wrapper.known_of = known_of  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -8,7 +8,9 @@ agent off and on, alternately, ROUNDS times; each time the agent is turned off o
 capture warms up (with the agent just on, it registers the dispatcher kernels again: a job
 does that once), then one is timed (wall clock, synchronized), then REPLAYS replays of it
 (CUDA events), with no profiler running. The first capture with the agent on is also reported
-alone (kernels registered, cold caches).
+alone (kernels registered, cold caches). First captures of a process, agent off and on, are
+measured in processes of their own (``gpu_first_capture.py``: one GPU, a 1-rank group, 100
+all-reduces), alternating FIRST_ROUNDS times, before the ranks start.
 Prints a table and a final JSON line (rank 0's medians); writes the JSON to OUT.json.
 """
 
@@ -19,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,9 +29,33 @@ import torch.distributed as dist
 import autoannot
 
 COLLECTIVES, ROUNDS, REPLAYS = 100, 7, 200
+FIRST_ROUNDS = int(os.environ.get("FIRST_ROUNDS", "3"))
 
 
-def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
+def first_captures(rounds: int) -> dict[str, float]:
+    """Medians of a process's first capture, agent off and on, each in its own process."""
+    import socket
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    taken: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            done = subprocess.run([sys.executable, os.path.join(here, "gpu_first_capture.py"),
+                                   mode], env={**os.environ, "PORT": str(port)},
+                                  capture_output=True, text=True, check=True)
+            taken[mode].append(json.loads(done.stdout.strip().splitlines()[-1])
+                               ["first_capture_ms"])
+    off, on = statistics.median(taken["off"]), statistics.median(taken["on"])
+    return {"first_capture_ms_off": round(off, 3), "first_capture_ms_on": round(on, 3),
+            "first_capture_added_ms": round(on - off, 3), "first_capture_samples": taken}
+
+
+def worker(rank: int, world: int, port: int, out_path: str | None,
+           first: dict[str, Any]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
@@ -76,6 +103,29 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
             torch.cuda.synchronize()
             samples[mode]["replay_us"].append(begin.elapsed_time(end) * 1e3 / REPLAYS)
             del graph
+    # Replays while torch's profiler records (CPU and CUDA activities): the marker's cost.
+    profiled: dict[str, list[float]] = {"agent off": [], "agent on": []}
+    markers: dict[str, int] = {}
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    for _ in range(3):
+        for mode in ("agent off", "agent on"):
+            (autoannot.enable if mode == "agent on" else autoannot.disable)()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                body()
+            graph.replay()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=activities) as prof:
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(REPLAYS // 4):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+            profiled[mode].append(begin.elapsed_time(end) * 1e3 / (REPLAYS // 4))
+            markers[mode] = sum(1 for e in prof.events() if e.name.startswith("autoannot.replay:"))
+            del graph
     autoannot.disable()
     if rank == 0 and os.environ.get("PROFILE_CAPTURE"):  # where a capture's added time goes
         import cProfile
@@ -111,9 +161,14 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
             "replay_us_on": round(medians["agent on"]["replay_us"], 2),
             "replay_on_over_off": round(medians["agent on"]["replay_us"]
                                         / medians["agent off"]["replay_us"], 3),
+            "replay_us_off_profiled": round(statistics.median(profiled["agent off"]), 2),
+            "replay_us_on_profiled": round(statistics.median(profiled["agent on"]), 2),
+            "replay_markers_profiled": {"replays": REPLAYS // 4, **markers},
+            **first,
             "samples": samples,
         }
-        print(json.dumps({k: v for k, v in summary.items() if k != "samples"}))
+        print(json.dumps({k: v for k, v in summary.items()
+                          if k not in ("samples", "first_capture_samples")}))
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(summary, f, indent=1)
@@ -131,7 +186,8 @@ def main() -> int:
         port = s.getsockname()[1]
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
     world = int(os.environ.get("WORLD", min(2, torch.cuda.device_count())))  # 1: one GPU
-    torch.multiprocessing.spawn(worker, args=(world, port, out_path), nprocs=world)
+    first = first_captures(FIRST_ROUNDS) if FIRST_ROUNDS > 0 else {}
+    torch.multiprocessing.spawn(worker, args=(world, port, out_path, first), nprocs=world)
     return 0
 
 

@@ -282,6 +282,54 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def replay_added_us(calls: int, repeats: int) -> dict[str, float]:
+    """What one ``CUDAGraph.replay()`` call costs added, agent on over off: a stand-in graph
+    class (no CUDA here; its replay does nothing) instrumented as torch's is
+    (``cudagraphs.install``), its graph captured; with no profiler, and with torch's profiler
+    recording (CPU). Best of interleaved samples (us)."""
+    import types
+
+    from autoannot import cudagraphs
+
+    class CUDAGraph:
+        def capture_begin(self) -> None:
+            pass
+
+        def capture_end(self) -> None:
+            pass
+
+        def replay(self) -> None:
+            pass
+
+    module = types.ModuleType("stand_in_graphs")
+    module.CUDAGraph = CUDAGraph  # type: ignore[attr-defined]
+    graph = CUDAGraph()
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for profiling in (False, True):
+            for mode in ("off", "on"):
+                patches = []
+                if mode == "on":
+                    autoannot.enable()
+                    AGENT.captures.by_thread()
+                    patches = cudagraphs.install(module, AGENT)
+                    graph.capture_begin()
+                    graph.capture_end()
+                context = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                           if profiling else contextlib.nullcontext())
+                with context:
+                    took = per_call_us(graph.replay, calls)
+                for patch in reversed(patches):
+                    patch.undo()
+                autoannot.disable()
+                samples.setdefault(f"{mode}{', profiler' if profiling else ''}", []).append(took)
+    best = {mode: min(values) for mode, values in samples.items()}
+    return {"replay_us_off": round(best["off"], 3),
+            "replay_added_us": round(best["on"] - best["off"], 3),
+            "replay_profiler_us_off": round(best["off, profiler"], 3),
+            "replay_profiler_added_us": round(best["on, profiler"] - best["off, profiler"], 3)}
+
+
 def run(worlds: list[int], gloo: bool, calls: int, repeats: int,
         progress: bool = True) -> list[dict[str, Any]]:
     rows = []

@@ -159,6 +159,61 @@ def work_ranges_only(rank: int, world: int) -> dict[str, Any]:
             "demand_in_capture": list(_demand_in(module, 11))}
 
 
+def keyed_by_proxies(rank: int, world: int) -> dict[str, Any]:
+    """Python-API launches in a capture, keyed and noted by their proxies' C wrappers (no
+    Python frame, no Work range): each gets what the table derives for that very call, across
+    dtypes, sizes, the default group (as None and named), a subgroup, roots, keyword and
+    positional arguments and a Parameter; a call that raises is not noted; what the wrappers
+    keep goes with a group that is gone."""
+    import gc
+    import inspect
+
+    from autoannot.helper import describe_call
+
+    module = _start(inputs=False)
+    pg = dist.group.WORLD
+    sub = dist.new_group(list(range(world)), group_desc="sub")
+    calls = [
+        (dist.all_reduce, (torch.ones(4),), {}),
+        (dist.all_reduce, (torch.ones(4, dtype=torch.float16),), {}),
+        (dist.all_reduce, (torch.ones(5),), {"group": pg}),
+        (dist.all_reduce, (torch.ones(4),), {"group": sub}),
+        (dist.all_reduce, (torch.ones(4), dist.ReduceOp.MAX, sub), {}),
+        (dist.all_reduce, (torch.nn.Parameter(torch.ones(3), requires_grad=False),), {}),
+        (dist.broadcast, (torch.ones(3), 0), {}),
+        (dist.broadcast, (torch.ones(3), 1), {}),
+        (dist.broadcast, (torch.ones(3),), {"src": 1, "group": sub}),
+        (dist.all_gather_into_tensor, (torch.zeros(4 * world), torch.ones(4)), {}),
+        (dist.reduce_scatter_tensor, (torch.zeros(2), torch.ones(2 * world)), {}),
+        (dist.reduce, (torch.ones(6, dtype=torch.int64), 1), {}),
+    ]
+    expected = [[f.__name__, describe_call(f, *a, **k)] for f, a, k in calls]
+
+    def body() -> None:
+        for function, args, kwargs in calls:
+            function(*args, **kwargs)  # (CALL_LINE)
+        with contextlib.suppress(ValueError, RuntimeError, TypeError):
+            dist.all_reduce(torch.ones(4), op="no such op")  # raises before any launch
+
+    source, first = inspect.getsourcelines(body)
+    line = first + next(i for i, text in enumerate(source) if "(CALL_LINE)" in text)
+    before = module.noted()
+    first_time = _captured(11, body)
+    again = _captured(11, body)  # from what the wrappers kept
+    noted = module.noted() - before
+    kept = module.handed_known()
+    dist.destroy_process_group(sub)
+    calls.clear()
+    del sub, body
+    gc.collect()
+    return {"expected": expected, "noted": noted, "kept": kept,
+            "kept_after_group_gone": module.handed_known(),
+            "first": [[e["api"], e["annotation"]] for e in first_time],
+            "again": [[e["api"], e["annotation"]] for e in again],
+            "sites": sorted({e["call_site"] for e in first_time + again}),
+            "call_line": f"{__file__}:{line}"}
+
+
 def _demand_in(module: Any, test_capture: int) -> tuple[Any, bool]:
     with testing.stand_in(test_capture):
         return module.demand(), module.registered()

@@ -82,12 +82,22 @@ def test_python_api_launches_handed_off_read_as_the_proxies_annotate_them() -> N
 
 def test_a_capture_asks_for_no_operator_and_gloo_records_nothing() -> None:
     for result in run_ranks(native_cases.work_ranges_only, 2):
-        # the Python API's launches, noted by their proxies after the call; the C++-origin
-        # one goes unnoted (gloo makes no record of it: see the README's limits)
+        # the Python API's launches, keyed and noted by their proxies' C wrappers; the
+        # C++-origin one goes unnoted (gloo makes no record of it: see the README's limits)
         assert [e["api"] for e in result["entries"]] == ["all_reduce", "broadcast"]
-        assert result["noted"] == 0
+        assert result["noted"] == 2
         (capturing, recording, journaling), registered = result["demand_in_capture"]
         assert capturing and not recording and not journaling and registered
+
+
+def test_python_api_launches_keyed_in_c_get_what_the_table_derives_for_the_call() -> None:
+    for result in run_ranks(native_cases.keyed_by_proxies, 2):
+        assert result["first"] == result["expected"]  # the call that raised: not noted
+        assert result["again"] == result["expected"]  # (from what the wrappers kept)
+        assert result["noted"] == 2 * len(result["expected"])
+        assert result["sites"] == [result["call_line"]]  # the user's line
+        assert result["kept"] == len(result["expected"]) - 1  # (MAX and SUM on sub: one key)
+        assert result["kept_after_group_gone"] == 0
 
 
 def test_noted_launches_read_as_torch_records_them() -> None:

@@ -24,8 +24,12 @@
 // The Python API's proxies annotate their own launches: around such a call the proxy marks
 // the thread "claimed" (call_claimed), and the observer leaves that launch to it. In a capture
 // a proxy can instead hand its launch to the observer (handoff_wrapper: a C function wrapt
-// calls, no Python frame): it keeps (label, line) for the thread while the call runs and the
-// note made below takes them.
+// calls, no Python frame): where the call's arguments make a key (the facts the proxy's
+// key_of reads: group, tensors' dtypes and sizes, roots), the C wrapper notes the launch itself
+// with what the proxy derived for that key (once per key) and runs the call with RecordFunction
+// off where no other callback listens: a Python-API launch in a capture pays neither the
+// process group's Work range nor a Python frame. Otherwise it keeps (label, line) for the
+// thread while the call runs and the note made below takes them.
 
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
@@ -34,6 +38,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
@@ -110,6 +115,9 @@ struct Note {
   // drain()); null for a C++-origin launch.
   PyObject* label = nullptr;
   PyObject* site = nullptr;
+  // A launch its proxy's C wrapper keyed and noted itself (op and kind null): what the proxy
+  // derived for its key (owned; taken by drain()).
+  PyObject* known = nullptr;
 };
 
 // The launch under way on this thread: its outermost observed operator.
@@ -824,7 +832,14 @@ py::list drain(int64_t capture) {
   std::vector<std::vector<Arg>> dropped;  // what kinds described themselves by, Python's now
   for (auto& entry : taken) {
     py::object label = handed(entry.label), site = handed(entry.site);
-    entry.label = entry.site = nullptr;
+    py::object known = handed(entry.known);
+    entry.label = entry.site = entry.known = nullptr;
+    if (entry.op == nullptr) {  // noted by a proxy's C wrapper: its Known
+      if (capture >= 0) {
+        out.append(py::make_tuple(entry.seq, py::none(), 0, known, label, site));
+      }
+      continue;
+    }
     Kind* kind = entry.kind.get();
     if (capture < 0) {
       if (kind != nullptr && kind->id != 0 && !kind->given.load()) {
@@ -959,8 +974,252 @@ PyObject* caller_site() {
   return PyObject_CallOneArg(g_site_from, from);
 }
 
-// handoff_wrapper's call: self is (python_wrapper, label, note_in_capture); args are wrapt's
-// (wrapped, instance, args, kwargs).
+// ---------------------------------------------------------------------------------------------
+// A proxy's own launches, keyed in C (see metadata.key_fields: the same facts, the same order)
+
+// One fact of a launch key, read from one argument.
+struct KeyField {
+  enum What : uint8_t { kGroup, kTensor, kRoot, kNone } what = kGroup;
+  PyObject* name = nullptr;  // (owned) its keyword, or null
+  Py_ssize_t position = -2;  // -1: by keyword only; -2: the row has no such parameter
+  PyObject* fallback = nullptr;  // (owned) its default
+  bool dtype = false, numel = false, first = false;
+};
+
+// One proxy's C wrapper: how it keys a call, and what its proxy derived for each key.
+struct Handed {
+  std::vector<KeyField> fields;
+  bool keyed = false;  // its row keys calls (else: the observer's Work-range note)
+  // (owned) () -> (c10d's _world or None, torch.Tensor, torch.nn.Parameter): asked at the first
+  // call keyed (the wrapper is made while torch is still importing)
+  PyObject* key_context = nullptr;
+  bool resolved = false;
+  PyObject* world = nullptr;  // (owned) c10d's _world: its _default_pg is the default group
+  PyObject* tensor_type = nullptr;  // (owned) torch.Tensor
+  PyObject* parameter_type = nullptr;  // (owned) torch.nn.Parameter
+  std::unordered_map<std::string, PyObject*> known;  // key -> the proxy's Known (owned)
+};
+
+// Keyed launches run with RecordFunction off (nobody else listening), for tests and probes.
+std::atomic<uint64_t> g_quiet_calls{0};
+
+// Every proxy's C wrapper (they live as long as the process: proxies are cached).
+std::vector<Handed*>& g_handed = *new std::vector<Handed*>();
+
+// What a call passes for `field` (borrowed), or null with an error set.
+PyObject* argument_of(const KeyField& field, PyObject* args, PyObject* kwargs) {
+  if (field.position == -2) {
+    return Py_None;
+  }
+  if (kwargs != nullptr && field.name != nullptr) {
+    PyObject* given = PyDict_GetItemWithError(kwargs, field.name);
+    if (given != nullptr || PyErr_Occurred()) {
+      return given;
+    }
+  }
+  if (field.position >= 0) {
+    return PyTuple_GET_SIZE(args) > field.position ? PyTuple_GET_ITEM(args, field.position)
+                                                   : field.fallback;
+  }
+  return Py_None;
+}
+
+// The call's launch key (as the proxy's key_of makes it); false where it makes none.
+bool key_of_call(const Handed& handed, PyObject* args, PyObject* kwargs, std::string& key) {
+  key.clear();
+  auto put = [&key](int64_t value) {
+    key.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  };
+  for (const KeyField& field : handed.fields) {
+    PyObject* value = argument_of(field, args, kwargs);
+    if (value == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    switch (field.what) {
+      case KeyField::kGroup: {
+        if (value != Py_None) {
+          put(reinterpret_cast<intptr_t>(value));
+          break;
+        }
+        if (handed.world == nullptr) {
+          return false;
+        }
+        static PyObject* const default_pg = PyUnicode_InternFromString("_default_pg");
+        PyObject* group = PyObject_GetAttr(handed.world, default_pg);
+        if (group == nullptr) {
+          PyErr_Clear();
+          return false;
+        }
+        bool none = group == Py_None;
+        put(reinterpret_cast<intptr_t>(group));  // (torch's world holds it)
+        Py_DECREF(group);
+        if (none) {
+          return false;
+        }
+        break;
+      }
+      case KeyField::kTensor: {
+        PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(value));
+        if (type != handed.tensor_type) {
+          if ((PyList_CheckExact(value) || PyTuple_CheckExact(value)) &&
+              PySequence_Fast_GET_SIZE(value) == 1) {
+            value = PySequence_Fast_GET_ITEM(value, 0);
+            type = reinterpret_cast<PyObject*>(Py_TYPE(value));
+          }
+          if (type != handed.tensor_type && type != handed.parameter_type) {
+            return false;
+          }
+        }
+        const at::Tensor& tensor = THPVariable_Unpack(value);
+        if (field.first && tensor.is_meta()) {
+          return false;
+        }
+        if (field.dtype) {
+          put(static_cast<int64_t>(tensor.scalar_type()));
+        }
+        if (field.numel) {
+          put(tensor.numel());
+        }
+        break;
+      }
+      case KeyField::kRoot: {
+        if (value == Py_None) {
+          put(0);
+          put(0);
+          break;
+        }
+        if (!PyLong_CheckExact(value)) {
+          return false;
+        }
+        long long root = PyLong_AsLongLong(value);
+        if (root == -1 && PyErr_Occurred()) {
+          PyErr_Clear();
+          return false;
+        }
+        put(1);
+        put(root);
+        break;
+      }
+      case KeyField::kNone:
+        if (value != Py_None) {
+          return false;
+        }
+        break;
+    }
+  }
+  return true;
+}
+
+// Let go of what every proxy's wrapper knows (a group gone: its id may be taken again). GIL.
+void forget_handed() {
+  for (Handed* handed : g_handed) {
+    std::unordered_map<std::string, PyObject*> known;
+    known.swap(handed->known);
+    for (auto& entry : known) {
+      Py_DECREF(entry.second);
+    }
+  }
+}
+
+// Whether no callback but this observer's would see an operator's or a Work's range on this
+// thread now (no profiler, no other observer).
+bool alone_in(at::RecordScope scope) {
+  auto callbacks = at::getStepCallbacksUnlessEmpty(scope);
+  if (!callbacks.has_value()) {
+    return true;
+  }
+  for (const auto& pair : callbacks->callbacks_) {
+    if (pair.start_ != &on_start) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The proxy's Known for this call (borrowed), derived by `known_of(args, kwargs)` the first
+// time its key is seen; null where the call makes no key or the proxy derives nothing.
+PyObject* known_for(Handed& handed, PyObject* known_of, PyObject* args, PyObject* kwargs) {
+  if (!handed.resolved) {
+    PyObject* context = PyObject_CallNoArgs(handed.key_context);
+    if (context == nullptr || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 3) {
+      PyErr_Clear();
+      Py_XDECREF(context);
+      handed.keyed = false;  // (the Python wrapper annotates this proxy's launches)
+      return nullptr;
+    }
+    PyObject* world = PyTuple_GET_ITEM(context, 0);
+    handed.world = world == Py_None ? nullptr : (Py_INCREF(world), world);
+    handed.tensor_type = (Py_INCREF(PyTuple_GET_ITEM(context, 1)), PyTuple_GET_ITEM(context, 1));
+    handed.parameter_type =
+        (Py_INCREF(PyTuple_GET_ITEM(context, 2)), PyTuple_GET_ITEM(context, 2));
+    Py_DECREF(context);
+    handed.resolved = true;
+  }
+  thread_local std::string key;
+  if (!key_of_call(handed, args, kwargs, key)) {
+    return nullptr;
+  }
+  auto found = handed.known.find(key);
+  if (found != handed.known.end()) {
+    return found->second;
+  }
+  PyObject* keywords = kwargs != nullptr ? (Py_INCREF(kwargs), kwargs) : PyDict_New();
+  if (keywords == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* known = PyObject_CallFunctionObjArgs(known_of, args, keywords, nullptr);
+  Py_DECREF(keywords);
+  if (known == nullptr || known == Py_None) {  // (the Python wrapper says why, if anything)
+    PyErr_Clear();
+    Py_XDECREF(known);
+    return nullptr;
+  }
+  if (handed.known.size() >= 4096) {
+    for (auto& entry : handed.known) {
+      Py_DECREF(entry.second);
+    }
+    handed.known.clear();
+  }
+  handed.known.emplace(key, known);
+  return known;
+}
+
+// A keyed launch in a capture: the call, claimed (RecordFunction off where nobody else
+// listens), then noted with its proxy's Known. New reference, or null with the call's error.
+PyObject* call_and_note(PyObject* wrapped, PyObject* args, PyObject* kwargs, PyObject* label,
+                        PyObject* known, PyObject* site, uint64_t capture) {
+  std::optional<at::RecordFunctionGuard> quiet;
+  if (alone_in(at::RecordScope::FUNCTION) && alone_in(at::RecordScope::USER_SCOPE)) {
+    quiet.emplace(false);
+    g_quiet_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  Pending& pending = t_pending;
+  pending = Pending{true, nullptr, nullptr};
+  ++t_claimed;
+  PyObject* result = PyObject_Call(wrapped, args, kwargs);
+  --t_claimed;
+  pending = Pending{};
+  quiet.reset();
+  if (result == nullptr) {  // it raised: it launched nothing
+    Py_DECREF(site);
+    return nullptr;
+  }
+  Py_INCREF(label);
+  Py_INCREF(known);
+  Note note{0, capture, nullptr, nullptr, label, site, known};
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    note.seq = g_seq.fetch_add(1) + 1;
+    g_notes.push_back(std::move(note));
+  }
+  g_noted.fetch_add(1, std::memory_order_relaxed);
+  return result;
+}
+
+// handoff_wrapper's call: self is (python_wrapper, label, note_in_capture, known_of, handed);
+// args are wrapt's (wrapped, instance, args, kwargs).
 PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
   PyObject* python_wrapper = PyTuple_GET_ITEM(self, 0);
   if (count != 4 || !PyTuple_Check(args[2]) || (args[3] != Py_None && !PyDict_Check(args[3]))) {
@@ -972,10 +1231,26 @@ PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) 
   if (pending.active) {  // inside a handed-off call: its launch
     return PyObject_Call(wrapped, args[2], kwargs);
   }
+  uint64_t capture = 0;
   if (!g_handoff.load(std::memory_order_relaxed) || g_sites == nullptr || t_claimed > 0 ||
-      current_capture() == 0) {
+      (capture = current_capture()) == 0) {
     return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
   }
+  auto* handed = static_cast<Handed*>(PyCapsule_GetPointer(PyTuple_GET_ITEM(self, 4), nullptr));
+  if (handed != nullptr && handed->keyed) {
+    PyObject* known = known_for(*handed, PyTuple_GET_ITEM(self, 3), args[2], kwargs);
+    if (known == nullptr) {  // no key, or nothing derived: the Python wrapper annotates it
+      return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
+    }
+    PyObject* site = caller_site();
+    if (site == nullptr) {
+      PyErr_Clear();
+      return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
+    }
+    return call_and_note(wrapped, args[2], kwargs, PyTuple_GET_ITEM(self, 1), known, site,
+                         capture);
+  }
+  PyErr_Clear();  // (no capsule: the Work range's note, below)
   PyObject* site = caller_site();
   if (site == nullptr) {  // the Python wrapper annotates it (and says why, if it fails too)
     PyErr_Clear();
@@ -1076,12 +1351,50 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
   m.def("handoff_wrapper", [](py::object python_wrapper, py::str label,
-                              py::object note_in_capture) {
-    py::tuple self = py::make_tuple(python_wrapper, label, note_in_capture);
+                              py::object note_in_capture, py::object known_of,
+                              py::object fields, py::object key_context) {
+    auto* handed = new Handed();  // (never freed: the proxy is kept for the process)
+    if (!fields.is_none() && !known_of.is_none()) {
+      static const std::unordered_map<std::string, KeyField::What> whats{
+          {"group", KeyField::kGroup}, {"tensor", KeyField::kTensor},
+          {"root", KeyField::kRoot}, {"none", KeyField::kNone}};
+      for (py::handle item : fields) {  // metadata.KeyField
+        KeyField field;
+        field.what = whats.at(item.attr("what").cast<std::string>());
+        py::object name = item.attr("name");
+        field.name = name.is_none() ? nullptr : name.inc_ref().ptr();
+        field.position = item.attr("position").cast<Py_ssize_t>();
+        field.fallback = py::object(item.attr("default")).release().ptr();
+        field.dtype = item.attr("dtype").cast<bool>();
+        field.numel = item.attr("numel").cast<bool>();
+        field.first = item.attr("first").cast<bool>();
+        handed->fields.push_back(field);
+      }
+      handed->keyed = true;
+      handed->key_context = key_context.inc_ref().ptr();
+    }
+    g_handed.push_back(handed);
+    py::object capsule = py::reinterpret_steal<py::object>(PyCapsule_New(handed, nullptr,
+                                                                         nullptr));
+    py::tuple self = py::make_tuple(python_wrapper, label, note_in_capture, known_of, capsule);
     return py::reinterpret_steal<py::object>(
         PyCFunction_NewEx(&g_handoff_call, self.ptr(), nullptr));
-  }, "wrapt's wrapper for a Python-API collective: hands its launches in a capture to the "
-     "observer, else calls python_wrapper");
+  }, "wrapt's wrapper for a Python-API collective: in a capture it notes its launches itself "
+     "(keyed by fields, derived by known_of once per key) or hands them to the observer; "
+     "else it calls python_wrapper");
+  m.def("forget_handed", &forget_handed, "the proxies' C wrappers let go of what they know");
+  m.def("quiet_calls", []() { return g_quiet_calls.load(); });
+  m.def("alone", []() {  // (tests, probes: whether only this observer listens now)
+    return py::make_tuple(alone_in(at::RecordScope::USER_SCOPE),
+                          alone_in(at::RecordScope::FUNCTION));
+  });
+  m.def("handed_known", []() {  // (tests: what the proxies' C wrappers keep)
+    size_t known = 0;
+    for (Handed* handed : g_handed) {
+      known += handed->known.size();
+    }
+    return known;
+  });
   m.def("set_handoff", [](bool on) { g_handoff.store(on); });
   m.def("handoff", []() { return g_handoff.load(); });
   m.def("set_site_resolver", [](py::dict sites, py::object site_from) {

@@ -71,7 +71,7 @@ if want patterns; then
   step patterns_verify 60 env PYTHONPATH=. python tests/gpu/training_patterns.py verify "$OUT/patterns"
   cp "$OUT/patterns_verify.log" "$OUT/patterns/run_output.txt"
 fi
-want gpu_graph && step gpu_graph 120 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
+want gpu_graph && step gpu_graph 200 env PYTHONPATH=. python benchmarks/gpu_graph.py "$OUT/results_gpu_graph.json"
 want gpu_capture && step gpu_capture 240 env PYTHONPATH=. python benchmarks/gpu_capture.py "$OUT/results_gpu_capture.json"
 want graph_replay && step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
 want compile_graphs && step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
