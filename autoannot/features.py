@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -30,13 +29,19 @@ def _import(name: str) -> ModuleType | None:
         return None
 
 
-@dataclass(frozen=True)
 class GraphAnnotations:
     """torch's graph-annotation pieces, each looked up (at call time: a patch of torch's module
-    is seen) in the module of this torch that has it."""
+    is seen) in the module of this torch that has it. (A plain class: a dataclass costs ~2 ms
+    to define, at a first capture.)"""
 
-    api: ModuleType  # the module ``mark_kernels`` is taken from (public where it exists)
-    state: ModuleType  # the module whose globals hold the state (private where it exists)
+    __slots__ = ("api", "state")
+
+    def __init__(self, api: ModuleType, state: ModuleType) -> None:
+        self.api = api  # the module ``mark_kernels`` is taken from (public where it exists)
+        self.state = state  # the module whose globals hold the state (private where it exists)
+
+    def __repr__(self) -> str:
+        return f"GraphAnnotations(api={self.api.__name__}, state={self.state.__name__})"
 
     @property
     def where(self) -> str:

@@ -154,6 +154,10 @@ class Instrumentation:
             if self.observer is not None:
                 self.state.set_exclusion((None, None, self.observer.module.call_claimed))
                 self.state.add_listener(self.observer.demand_changed)
+        if getattr(getattr(torch, "version", None), "cuda", None) is not None:
+            from autoannot import features  # (a CUDA build: found now, not at a first capture)
+
+            features.graph_annotations()
         layer = self.python_layer()
         if layer is not None:
             layer.retired = False  # on again: its kernels stay

@@ -37,6 +37,7 @@ from typing import Any
 
 ROUNDS, MEASURED, PROCESS_ROUNDS, REPLAYS, EAGER_STEPS = 20, 3, 2, 20, 3
 ROUNDS = int(os.environ.get("ROUNDS", ROUNDS))
+PROCESS_ROUNDS = int(os.environ.get("PROCESS_ROUNDS", PROCESS_ROUNDS))
 #: Ranks (GPUs); ``WORLD=1``: one GPU, a 1-rank NCCL group (NCCL launches no kernel for most
 #: of its collectives, torch's CPU path and the agent's run as on more).
 WORLD = int(os.environ.get("WORLD", "2"))
