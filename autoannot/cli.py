@@ -29,6 +29,7 @@ from typing import Any
 import autoannot
 
 HOOK_DIR = Path(__file__).parent / "_hook"
+FORCE_HELP = "write over an output file autoannot did not write (by default refused)"
 DONE, INCOMPLETE, BAD_INPUT = 0, 1, 2
 
 
@@ -94,7 +95,10 @@ def _annotate_plan(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     """The traces to read and the outputs to write; TraceError for a plan that cannot be."""
     from autoannot.traces import files, paths
 
-    traces = paths.expand(args.traces)
+    skipped: list[str] = []
+    traces = paths.expand(args.traces, skipped=skipped)
+    for note in skipped:
+        _say("annotate", note)
     for trace in traces:
         marker = files.annotated_from(trace)
         if marker is not None:
@@ -107,7 +111,8 @@ def _annotate_plan(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
         if not Path(args.ledger).is_file():
             raise files.TraceError(f"{args.ledger}: no such ledger file")
     outputs = paths.plan_outputs(traces, args.output, args.format)
-    _check_written([*traces, *([Path(args.ledger)] if args.ledger else [])], outputs)
+    _check_written([*traces, *([Path(args.ledger)] if args.ledger else [])], outputs,
+                   args.force)
     return traces, outputs
 
 
@@ -135,8 +140,14 @@ def _annotate(args: argparse.Namespace) -> int:
     jobs = [(trace, out, ledger, args.lanes, args.force)
             for trace, out in zip(traces, outputs, strict=True)]
     reports, status = [], DONE
-    results = parallel.map_files(annotate.annotate_job, jobs, args.jobs, show=not args.quiet,
-                                 name=lambda job: job[0], outcome=_outcome)
+    results = list(parallel.map_files(annotate.annotate_job, jobs, args.jobs,
+                                      show=not args.quiet, name=lambda job: job[0],
+                                      outcome=_outcome))
+    from autoannot.traces import outputs as written
+
+    written.remember([job[1] for job, result in zip(jobs, results, strict=True)  # (a JSON
+                      if "report" in result and job[1].suffix == ".pftrace"],  # trace carries
+                     "annotate")  # its marker)
     for (trace, out, *_), result in zip(jobs, results, strict=True):
         if "error" in result:
             _say("annotate", result["error"])
@@ -169,11 +180,14 @@ def _annotate(args: argparse.Namespace) -> int:
     return status
 
 
-def _check_written(inputs: list[Path], outputs: list[Path]) -> None:
-    """Refuse outputs that are inputs; create their folders (TraceError otherwise)."""
+def _check_written(inputs: list[Path], outputs: list[Path], force: bool) -> None:
+    """Refuse outputs that are inputs, ledgers' names or files autoannot did not write (unless
+    ``force``); create their folders (TraceError otherwise)."""
+    from autoannot.traces import outputs as written
     from autoannot.traces import paths
 
     paths.check_outputs(inputs, outputs)
+    written.check_replaceable(outputs, force)
     for out in outputs:
         paths.make_parent(out)
 
@@ -194,8 +208,11 @@ def _summary(args: argparse.Namespace) -> int:
     if wrong:
         return _bad_input("summary", wrong)
     try:
-        traces = paths.expand(args.traces, skip_outputs=False)
-        _check_written(traces, outputs)
+        skipped: list[str] = []
+        traces = paths.expand(args.traces, skip_outputs=False, skipped=skipped)
+        _check_written(traces, outputs, args.force)
+        for note in skipped:
+            _say("summary", note)
         result = summary.summarize(traces, progress=not args.quiet, jobs=args.jobs)
     except files.TraceError as exc:
         return _bad_input("summary", str(exc))
@@ -209,15 +226,18 @@ def _summary(args: argparse.Namespace) -> int:
             print(summary.format_table(result.rows))
         if result.cpu_rows:
             print(summary.format_cpu_table(result.cpu_rows))
+    from autoannot.traces import outputs as written
+
+    rows = result.rows + result.cpu_rows
     try:
-        rows = result.rows + result.cpu_rows
-        for out in outputs:
-            if out.suffix == ".csv":
-                summary.write_csv(result.rows or result.cpu_rows, out)
-            else:
-                files.atomic_write_text(out, json.dumps(rows, indent=1))
+        written.write_all({out: (lambda tmp: summary.write_csv(result.rows or result.cpu_rows,
+                                                               tmp))
+                           if out.suffix == ".csv" else
+                           (lambda tmp: files.atomic_write_text(tmp, json.dumps(rows, indent=1)))
+                           for out in outputs}, "summary")
     except OSError as exc:
-        return _bad_input("summary", f"{exc.filename}: cannot write: {exc.strerror}")
+        return _bad_input("summary", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
+                          "written)")
     return DONE if result.rows or result.cpu_rows else INCOMPLETE
 
 
@@ -250,8 +270,11 @@ def _skew(args: argparse.Namespace) -> int:
         return _bad_input("skew", wrong)
     try:
         named, records = _split_records(args.inputs)
-        traces = paths.expand(named, skip_outputs=True) if named else []
-        _check_written([*traces, *records], outputs)
+        skipped: list[str] = []
+        traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
+        for note in skipped:
+            _say("skew", note)
+        _check_written([*traces, *records], outputs, args.force)
         analysis = skew.analyze_files(traces, records, jobs=args.jobs, progress=not args.quiet)
     except FileNotFoundError as exc:
         return _bad_input("skew", f"{exc.args[0]}: no such file")
@@ -267,11 +290,16 @@ def _skew(args: argparse.Namespace) -> int:
                           "problems": analysis.problems, "notes": analysis.notes}, indent=1))
     else:
         print(skew.format_report(analysis, args.top))
+    from autoannot.traces import outputs as written
+
     try:
-        for out in outputs:
-            (skew.write_csv if out.suffix == ".csv" else skew.write_json)(analysis, out)
+        written.write_all({out: (lambda tmp, write=(skew.write_csv if out.suffix == ".csv"
+                                                     else skew.write_json):
+                                 write(analysis, tmp))
+                           for out in outputs}, "skew")
     except OSError as exc:
-        return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror}")
+        return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
+                          "written)")
     if not analysis.instances:
         _say("skew", "no collective instance across ranks in these inputs")
         return INCOMPLETE
@@ -291,7 +319,7 @@ def _check(args: argparse.Namespace) -> int:
                     or p.suffix == ".jsonl"))
                 if not found:
                     try:
-                        found = paths.expand([argument], skip_outputs=True)
+                        found = paths.expand([argument], skip_outputs=False)
                     except files.TraceError:
                         return _bad_input("check", f"{argument}: a folder with no ledger "
                                           "(*.autoannot), record file (*.jsonl) or trace")
@@ -324,14 +352,21 @@ def _plot(args: argparse.Namespace) -> int:
     if output.suffix not in (".png", ".svg", ".pdf"):
         return _bad_input("plot", f"-o {output}: name it .png, .svg or .pdf")
     try:
-        traces = paths.expand(args.traces, skip_outputs=False)
-        _check_written(traces, [output])
+        skipped: list[str] = []
+        traces = paths.expand(args.traces, skip_outputs=False, skipped=skipped)
+        _check_written(traces, [output], args.force)
+        for note in skipped:
+            _say("plot", note)
     except files.TraceError as exc:
         return _bad_input("plot", str(exc))
+    from autoannot.traces import outputs as written
     from autoannot.traces import plot  # matplotlib itself is imported when drawing
 
+    drawn: dict[str, Any] = {}
     try:
-        drawn = plot.plot(traces, output, args.title)
+        written.write_all({output: lambda tmp: drawn.update(plot.plot(traces, tmp, args.title,
+                                                                      output.suffix))},
+                          "plot")
     except ImportError:
         return _bad_input("plot", "needs matplotlib: pip install matplotlib")
     except plot.NothingToDraw as exc:
@@ -395,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the ledger file, when it is not next to the (single) trace")
     annotate.add_argument("--force", action="store_true",
                           help="use a ledger that does not belong to the trace (another rank "
-                          "or process, other graphs)")
+                          "or process, other graphs), and write over outputs autoannot did not "
+                          "write")
     annotate.add_argument("--lanes", action="store_true",
                           help="move each annotated kernel to its process group's lane (one row "
                                "per group in a viewer; stream-based analyses then change)")
@@ -410,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     summ.add_argument("traces", nargs="+", metavar="TRACE", help=traces_help)
     summ.add_argument("-o", "--output", metavar="FILE", action="append",
                       help="also write the rows to FILE (.json or .csv; may be repeated)")
+    summ.add_argument("--force", action="store_true", help=FORCE_HELP)
     common(summ, "traces read")
     summ.set_defaults(func=_summary)
     skew_ = sub.add_parser(
@@ -425,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     skew_.add_argument("-o", "--output", metavar="FILE", action="append",
                        help="write one row per instance to FILE (.json; .csv: one row per "
                        "instance and rank); may be repeated")
+    skew_.add_argument("--force", action="store_true", help=FORCE_HELP)
     skew_.add_argument("--top", type=int, default=10, metavar="N",
                        help="instances listed, by skew (default 10)")
     skew_.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
@@ -449,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", required=True, metavar="PNG",
                       help="the picture (.png, .svg or .pdf)")
     plot.add_argument("--title", help="the picture's title")
+    plot.add_argument("--force", action="store_true", help=FORCE_HELP)
     plot.set_defaults(func=_plot)
     doc = sub.add_parser("doctor", help="versions, the annotation path, what is missing",
                          description="What this machine has, which annotation path the agent "

@@ -86,6 +86,7 @@ class NativeObserver:
         self.order = module.order  # launches noted so far (read with no call)
         self._ops = _ops()
         self._kinds: dict[Any, Derived | None] = {}
+        self._needs_operators: bool | None = None
         module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
                            _collective_ops(self._ops))
         module.set_site_resolver(sites.SITES, sites.site_from)
@@ -105,12 +106,23 @@ class NativeObserver:
         captured launches to it while captures are the only demand."""
         live = state.live
         capturing = live and state.captures > 0
-        recording = live and any(not r.python_api_only for r in state.recorders)
         journaling = live and bool(state.journals)
+        recording = live and (any(not r.python_api_only for r in state.recorders)
+                              or (journaling and self._journal_needs_operators()))
         self.module.set_demand(capturing, recording, journaling)
         self.module.set_handoff(
             capturing and not state.recorders and not state.journals and not state.blocks
             and features.mark_kernels(self.agent.config.mark_kernels) is None)
+
+    def _journal_needs_operators(self) -> bool:
+        """Whether a journal asks for every operator, as a recorder does: where this torch has
+        no NCCL (a CPU build: its groups are gloo's, which make no record of a launch for the
+        Work ranges to read, so C++-origin launches such as a backward's would go unwritten)."""
+        if self._needs_operators is None:
+            import torch.distributed as dist
+
+            self._needs_operators = not dist.is_nccl_available()
+        return self._needs_operators
 
     # captures ----------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ def test_truncated_malformed_and_empty_traces(folder: Path, capsys) -> None:
         bad = folder / f"{name}.json"
         bad.write_text(content)
         shutil.copy(folder / "graph_rank0.autoannot", folder / f"{name}.autoannot")
-        fails(["annotate", str(bad), "-o", str(out)], capsys, str(bad))
+        fails(["annotate", str(bad), "-o", str(out), "--force"], capsys, str(bad))
         assert out.read_text() == "keep me"  # never overwritten by a failed run
     assert not list(folder.glob(".autoannot-*"))  # no temporary file left behind
 

@@ -19,7 +19,7 @@ import pytest
 from cpu_traces import gloo_traces
 
 from autoannot import cli
-from autoannot.traces import files
+from autoannot.traces import files, outputs
 
 DATA = Path(__file__).parent / "data" / "gpu"
 GRAPHS = DATA / "graphs"
@@ -245,14 +245,14 @@ def test_7_options_and_environment(tmp_path: Path, capsys) -> None:
     assert cli.main(["annotate", *traces, "-o", str(tmp_path / "both/"), "--format", "pftrace",
                      "-q"]) == 0
     assert sorted(p.name for p in (tmp_path / "both").iterdir()) == [
-        "graph_rank0.pftrace", "graph_rank1.pftrace"]
+        outputs.SIDECAR, "graph_rank0.pftrace", "graph_rank1.pftrace"]  # (what wrote them)
     deep = tmp_path / "new" / "deeper"  # missing folders are made for every output
     assert cli.main(["annotate", traces[0], "-o", str(deep / "a.json.gz")]) == 0
     assert cli.main(["summary", str(GRAPHS / "eager_rank0.json"), "-q", "-o",
                      str(deep / "s.csv")]) == 0
     pytest.importorskip("matplotlib")
     assert cli.main(["plot", str(GRAPHS / "eager_rank0.json"), "-o", str(deep / "t.png")]) == 0
-    assert {p.name for p in deep.iterdir()} == {"a.json.gz", "s.csv", "t.png"}
+    assert {p.name for p in deep.iterdir()} == {"a.json.gz", "s.csv", "t.png", outputs.SIDECAR}
 
 
 def test_7_run_takes_a_double_dash() -> None:

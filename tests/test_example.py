@@ -7,12 +7,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "tensor_parallel.py"
 
 
-def test_example_prints_the_annotations_of_every_collective() -> None:
+@pytest.mark.parametrize("layer", ["python layer", "native observer"])
+def test_example_prints_the_annotations_of_every_collective(layer: str, request) -> None:
+    """With either observer below the Python API: the backward's all-gather (a C++-origin
+    launch on gloo, which makes no record of it) is in the record file too."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
     env["AUTOANNOT"] = "1"
+    if layer == "native observer":
+        env["AUTOANNOT_NATIVE_DIR"] = str(request.getfixturevalue("native_build").parents[1])
+    else:
+        env["AUTOANNOT_NATIVE"] = "0"
     done = subprocess.run([sys.executable, str(EXAMPLE)], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr

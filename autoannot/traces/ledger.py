@@ -58,6 +58,10 @@ def load(path: Path) -> dict[str, Any]:
         raise TraceError(f"{path}: not a readable autoannot ledger ({exc})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise TraceError(f"{path}: not an autoannot ledger (no \"format\": \"{FORMAT}\")")
+    version = document.get("version", VERSION)
+    if version != VERSION:
+        raise TraceError(f"{path}: a ledger of version {version!r}; this autoannot reads "
+                         f"version {VERSION} (a newer autoannot wrote it?)")
     return document
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autoannot.traces.files import TraceError, is_annotated_output
+from autoannot.traces.files import TraceError, _head_text, annotated_from, is_annotated_output
 
 TRACE_ENDINGS = (".json", ".json.gz")
 LEDGER_ENDINGS = (".autoannot", ".autoannot.json")
@@ -28,18 +28,56 @@ def is_trace_name(path: Path) -> bool:
     return name.endswith(TRACE_ENDINGS) and not name.endswith(LEDGER_ENDINGS)
 
 
-def expand(arguments: list[str], skip_outputs: bool = True) -> list[Path]:
+def looks_like_trace(path: Path) -> bool:
+    """Whether a file's head has a trace's event list (a framework's ``metrics.json`` has
+    none)."""
+    try:
+        return '"traceEvents"' in _head_text(path)
+    except (OSError, EOFError, UnicodeDecodeError):
+        return False
+
+
+def _in_folder(folder: Path, skip_outputs: bool, skipped: list[str] | None) -> list[Path]:
+    """The traces of a folder: not the files autoannot's other commands wrote there (rows,
+    pictures), not files that are no trace (each named in ``skipped``); annotated outputs
+    left out where ``skip_outputs``, else taken instead of the raw traces they came from."""
+    from autoannot.traces import outputs
+
+    own = outputs.listed_outputs(folder)
+    inside = []
+    for p in sorted(p for p in folder.iterdir() if p.is_file() and is_trace_name(p)):
+        by = own.get(p.name)
+        if by is not None and by != "annotate":
+            reason = f"written by autoannot {by}"
+        elif not looks_like_trace(p):
+            reason = "not a trace (no traceEvents)"
+        else:
+            inside.append(p)
+            continue
+        if skipped is not None:
+            skipped.append(f"skipped {p}: {reason}")
+    if skip_outputs:
+        return [p for p in inside if not is_annotated_output(p)]
+    sources = set()
+    for p in inside:
+        marker = annotated_from(p)
+        if marker is not None and marker.get("from"):
+            sources.add(Path(str(marker["from"])).name)
+    return [p for p in inside if is_annotated_output(p) or p.name not in sources]
+
+
+def expand(arguments: list[str], skip_outputs: bool = True,
+           skipped: list[str] | None = None) -> list[Path]:
     """The trace files the arguments name: files as given, folders as the traces in them
-    (sorted; ledgers left out, and autoannot's annotated outputs where ``skip_outputs``).
-    Raises TraceError for a path that does not exist, a folder with no trace, or a trace
-    given twice."""
+    (sorted; ledgers, other commands' outputs and files that are no trace left out — named in
+    ``skipped`` —, and autoannot's annotated outputs where ``skip_outputs``, else preferred to
+    the raw traces they came from). Raises TraceError for a path that does not exist, a folder
+    with no trace, or a trace given twice."""
     found: list[Path] = []
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
-            inside = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p))
-            if skip_outputs:
-                inside = [p for p in inside if not is_annotated_output(p)]
+            inside = _in_folder(path, skip_outputs, skipped)
             if not inside:
                 raise TraceError(f"{path}: a folder with no trace in it (*.json, *.json.gz)")
             found.extend(inside)

@@ -82,7 +82,8 @@ def _waits(paths: list[Path], ranks: list[int]) -> dict[tuple[int, float], float
     return waits
 
 
-def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str, Any]:
+def plot(paths: list[Path], output: Path, title: str | None = None,
+         kind: str | None = None) -> dict[str, Any]:
     """Draw the timeline; returns what was drawn (ranks, lanes, kernels)."""
     import matplotlib
 
@@ -143,7 +144,7 @@ def plot(paths: list[Path], output: Path, title: str | None = None) -> dict[str,
     import io
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=output.suffix.lstrip(".") or "png")
+    fig.savefig(buffer, format=(kind or output.suffix).lstrip(".") or "png")
     plt.close(fig)
     files.atomic_write_bytes(output, buffer.getvalue())
     return {"ranks": len(ranks), "lanes": len(rows), "kernels": drawn}

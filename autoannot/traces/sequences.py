@@ -16,6 +16,7 @@ with the others' before the first replay can hang.
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,7 @@ def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
     sequences: Sequences = defaultdict(dict)
     ranks: set[int] = set()
     traces = 0
+    given = {os.path.realpath(p) for p in paths}
     for path in paths:
         if path.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX)):
             ranks.add(from_ledger(path, sequences))
@@ -169,8 +171,25 @@ def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
         else:
             ranks.add(from_trace(path, traces, sequences))
             traces += 1
+            beside = ledger_of_trace(path)  # its graphs, as annotate reads them
+            if beside is not None and os.path.realpath(beside) not in given:
+                given.add(os.path.realpath(beside))
+                from_ledger(beside, sequences)
     divergences, compared = compare(sequences)
     return divergences, compared, len(ranks)
+
+
+def ledger_of_trace(path: Path) -> Path | None:
+    """The ledger of a trace: beside it, or (an annotated output) the one it was annotated
+    from, where it still is."""
+    from autoannot.traces import ledger
+
+    found = ledger.find(path)
+    if found is not None:
+        return found
+    marker = files.annotated_from(path)
+    named = marker.get("ledger") if marker else None
+    return Path(named) if isinstance(named, str) and Path(named).is_file() else None
 
 
 # --- in the job ----------------------------------------------------------------------------------

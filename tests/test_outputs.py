@@ -1,0 +1,142 @@
+"""Issue 28: the tools never write over a file they did not make, write nothing when they exit
+2, and the README's flow works end to end on the folders they write (real committed 2 x H200
+traces and ledgers, copied; every input's bytes checked after)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from autoannot import cli
+from autoannot.traces import ledger, outputs
+
+GRAPHS = Path(__file__).parent / "data" / "gpu" / "graphs"
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    """Two ranks' graphed traces and ledgers, and a framework's metrics file beside them."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for rank in range(2):
+        for ending in (".json", ".autoannot"):
+            shutil.copy(GRAPHS / f"graph_rank{rank}{ending}", folder / f"graph_rank{rank}{ending}")
+    (folder / "metrics.json").write_text(json.dumps({"loss": [1.0, 0.5], "step": 2}))
+    return folder
+
+
+def test_o_never_writes_over_a_file_autoannot_did_not_write(job: Path, capsys) -> None:
+    raw0 = (job / "graph_rank0.json").read_bytes()
+    assert cli.main(["annotate", "-q", str(job / "graph_rank1.json"), "-o",
+                     str(job / "graph_rank0.json")]) == 2
+    assert "autoannot did not write it" in capsys.readouterr().err
+    assert (job / "graph_rank0.json").read_bytes() == raw0  # rank 0's raw trace is still there
+    # a ledger's name is never an output
+    assert cli.main(["annotate", "-q", str(job / "graph_rank0.json"), "-o",
+                     str(job / "graph_rank0.autoannot.json")]) == 2
+    assert not (job / "graph_rank0.autoannot.json").exists()
+    # --force replaces it, and the file is then autoannot's (the next run needs no --force)
+    assert cli.main(["annotate", "-q", "--force", str(job / "graph_rank1.json"), "-o",
+                     str(job / "out.json")]) == 0
+    assert cli.main(["annotate", "-q", str(job / "graph_rank1.json"), "-o",
+                     str(job / "out.json")]) == 0
+
+
+@pytest.mark.parametrize("command", ["summary", "skew"])
+def test_row_files_replace_only_their_own(job: Path, command: str, capsys) -> None:
+    users = job / "rows.json"
+    users.write_text("my own notes\n")
+    assert cli.main([command, "-q", str(job), "-o", str(users)]) == 2
+    assert users.read_text() == "my own notes\n"
+    mine = job / "mine.json"
+    assert cli.main([command, "-q", str(job), "-o", str(mine)]) in (0, 1)
+    assert outputs.written_by_autoannot(mine) == command
+    first = mine.read_bytes()
+    assert cli.main([command, "-q", str(job), "-o", str(mine)]) in (0, 1)  # its own: replaced
+    assert mine.read_bytes() == first
+    mine.write_text("edited by hand\n")  # changed since: no longer autoannot's
+    assert cli.main([command, "-q", str(job), "-o", str(mine)]) == 2
+    capsys.readouterr()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_nothing_is_written_when_one_output_cannot_be(job: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        assert cli.main(["summary", "-q", str(job), "-o", str(tmp_path / "ok.csv"), "-o",
+                         str(locked / "r.json")]) == 2
+    finally:
+        locked.chmod(stat.S_IRWXU)
+    assert not (tmp_path / "ok.csv").exists()
+
+
+def test_nothing_is_written_when_a_later_output_fails(job: Path, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    """(Also as root: the second output's write fails after the first was made.)"""
+    from autoannot.traces import summary
+
+    def broken(rows: list, path: Path) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    (job / "metrics.json").unlink()  # (only traces: the command gets as far as writing)
+    monkeypatch.setattr(summary, "write_csv", broken)
+    assert cli.main(["summary", "-q", str(job), "-o", str(tmp_path / "ok.json"), "-o",
+                     str(tmp_path / "full.csv")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]  # no temporary left either
+    assert cli.main(["summary", "-q", str(job), "-o", str(tmp_path / "ok.json")]) in (0, 1)
+    assert (tmp_path / "ok.json").exists()  # (what failed above was the second output alone)
+
+
+def test_the_newcomer_flow_twice_on_the_folders_it_writes(job: Path, tmp_path: Path,
+                                                          capsys) -> None:
+    before = _digests(job)
+    out = tmp_path / "out"
+    for _ in range(2):
+        assert cli.main(["annotate", "-q", str(job), "-o", f"{out}/"]) == 0
+        said = capsys.readouterr().err
+        assert "skipped" in said and "metrics.json" in said  # named once, not read
+        assert cli.main(["summary", "-q", str(out), "-o", str(out / "rows.json"), "-o",
+                         str(out / "rows.csv")]) == 0
+        assert cli.main(["skew", "-q", str(out), "-o", str(out / "skew.json")]) == 0
+        assert cli.main(["check", str(out)]) == 0
+        assert "0 diverge" in capsys.readouterr().out
+        assert cli.main(["summary", "-q", str(out)]) == 0  # the row files are not traces
+        assert cli.main(["plot", str(out), "-o", str(out / "timeline.png")]) == 0
+        capsys.readouterr()
+    assert _digests(job) == before  # no input changed
+
+
+def test_check_reads_the_ledgers_beside_the_traces(job: Path, capsys) -> None:
+    """Two ranks whose graph captured a 1024- against a 2048-element all-reduce: given the
+    traces alone, the ledgers beside them say so."""
+    document = json.loads((job / "graph_rank1.autoannot").read_text())
+    graph = next(iter(document["graphs"].values()))
+    entry = next(e for e in graph if e["annotation"].get("Collective name") == "allreduce")
+    entry["annotation"]["In msg nelems"] = entry["annotation"]["In msg nelems"] * 2 + 1
+    (job / "graph_rank1.autoannot").write_text(json.dumps(document))
+    assert cli.main(["check", str(job / "graph_rank0.json"), str(job / "graph_rank1.json")]) == 1
+    assert "DIVERGES" in capsys.readouterr().out
+
+
+def test_a_ledger_of_an_unknown_version_is_refused_by_name(job: Path, capsys) -> None:
+    document = json.loads((job / "graph_rank0.autoannot").read_text())
+    document["version"] = 99
+    (job / "graph_rank0.autoannot").write_text(json.dumps(document))
+    assert cli.main(["annotate", "-q", str(job / "graph_rank0.json"), "-o",
+                     str(job / "a.json")]) == 2
+    assert "version 99" in capsys.readouterr().err
+    with pytest.raises(Exception, match="version 99"):
+        ledger.load(job / "graph_rank0.autoannot")
