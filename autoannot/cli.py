@@ -275,7 +275,8 @@ def _skew(args: argparse.Namespace) -> int:
         for note in skipped:
             _say("skew", note)
         _check_written([*traces, *records], outputs, args.force)
-        analysis = skew.analyze_files(traces, records, jobs=args.jobs, progress=not args.quiet)
+        analysis = skew.analyze_files(traces, records, jobs=args.jobs, progress=not args.quiet,
+                                      run=args.run)
     except FileNotFoundError as exc:
         return _bad_input("skew", f"{exc.args[0]}: no such file")
     except files.TraceError as exc:
@@ -463,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write one row per instance to FILE (.json; .csv: one row per "
                        "instance and rank); may be repeated")
     skew_.add_argument("--force", action="store_true", help=FORCE_HELP)
+    skew_.add_argument("--run", metavar="RUN", help="the run of the job to line up, where "
+                       "record files hold several (they name each)")
     skew_.add_argument("--top", type=int, default=10, metavar="N",
                        help="instances listed, by skew (default 10)")
     skew_.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")

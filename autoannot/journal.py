@@ -9,19 +9,24 @@ collective starts.
 
 A line::
 
-    {"rank": 0, "pid": 4242, "monotonic_ns": 81630154123, "group": "0", "seq": 17,
-     "api": "all_reduce", "call_site": "/job/train.py:88",
-     "annotation": {...}, "param_comms": {...}}
+    {"rank": 0, "pid": 4242, "run": "20261201T143000-1f3a9c2e", "monotonic_ns": 81630154123,
+     "wall_ns": 1796135400123456789, "group": "0", "seq": 17, "api": "all_reduce",
+     "call_site": "/job/train.py:88", "annotation": {...}, "param_comms": {...}}
 
 ``rank``: the process's rank (torch.distributed's when initialized, else ``RANK``, else null);
+``run``: the job's run, the same on every rank of one run of a job and different for the next
+(see ``run_identity``): the tools never put two runs side by side;
 ``monotonic_ns``: ``time.monotonic_ns()`` (one clock for all processes of a host);
+``wall_ns``: ``time.time_ns()`` at the same moment (the wall clock: a trace's own time base);
 ``group``: the process group's name ("Process Group Name"; "" for point-to-point blocks);
 ``seq``: how many launches this process entered on that group before this one (0, 1, ...):
 the same collective has the same ``seq`` on every member rank; ``annotation``: what the
 annotation context was given; ``param_comms``: the eager ``record_param_comms`` op's args.
 
 ``{rank}``, ``{pid}`` and ``{host}`` in the path are filled in when the first line is
-written. A missing folder is created, and that is said on stderr (a typo shows at once).
+written. A missing folder is created, and that is said on stderr (a typo shows at once). A file
+that exists is appended to: a second run of a job with the same path adds its lines, each
+carrying its run, and the tools read each run apart.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ class Journal:
         self._fd: int | None = None
         self._rank: int | None = None
         self._seq: dict[str, int] = {}
+        self._run = '""'  # (its JSON text, once the file is opened)
         #: (id(annotation), id(cpu_only)) -> (annotation, cpu_only, their JSON): the records
         #: of one distinct launch share those dicts (never mutated).
         self._texts: dict[tuple[int, int], tuple[Any, Any, str]] = {}
@@ -101,6 +107,7 @@ class Journal:
             os.makedirs(folder, exist_ok=True)
             sys.stderr.write(f"autoannot: created {folder} for AUTOANNOT_RECORD's file\n")
         self.path = path
+        self._run = _quote(run_identity(dist))
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         atexit.register(self.close)
         return fd
@@ -115,8 +122,9 @@ class Journal:
             seq = self._seq.get(group, 0)
             self._seq[group] = seq + 1
             rank = "null" if self._rank is None else self._rank
-            line = (f'{{"rank": {rank}, "pid": {os.getpid()}, '
-                    f'"monotonic_ns": {time.monotonic_ns()}, "group": {_quote(str(group))}, '
+            line = (f'{{"rank": {rank}, "pid": {os.getpid()}, "run": {self._run}, '
+                    f'"monotonic_ns": {time.monotonic_ns()}, "wall_ns": {time.time_ns()}, '
+                    f'"group": {_quote(str(group))}, '
                     f'"seq": {seq}, "api": {_quote(entry.api)}, '
                     f'"call_site": {_quote(entry.call_site)}, {self._text(entry)}')
             data = line.encode()
@@ -153,6 +161,32 @@ class Journal:
                 os.close(fd)
             except OSError:
                 pass
+
+
+#: The key under which the ranks of one run agree on its identity (the job's c10d store).
+RUN_KEY = "autoannot/run"
+
+
+def run_identity(dist: Any = None) -> str:
+    """The run this process belongs to, the same on every rank of one run of a job: torchrun's
+    ``TORCHELASTIC_RUN_ID`` where it names one; else the first of the ranks to ask writes its
+    own (start time and a random part) to the job's c10d store, and every rank reads that one;
+    else (no process group) this process's own (host, pid, start)."""
+    import socket
+
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if elastic and elastic != "none":
+        return f"torchelastic:{elastic}"
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    mine = f"{stamp}-{os.urandom(4).hex()}"
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            store = dist.distributed_c10d._get_default_store()
+            agreed = store.compare_set(RUN_KEY, "", mine)
+            return agreed.decode() if isinstance(agreed, bytes) else str(agreed)
+    except Exception:  # a store that cannot compare-and-set: this process's own, below
+        pass
+    return f"{socket.gethostname()}:{os.getpid()}:{mine}"
 
 
 def _quote(text: str) -> str:

@@ -138,3 +138,64 @@ def test_the_collective_that_hangs_is_in_the_file(tmp_path: Path, how: signal.Si
     assert [x["api"] for x in rank0] == expected
     assert [x["api"] for x in rank1] == expected[:2]
     assert rank0[2]["seq"] == 2 and rank0[2]["rank"] == 0
+
+
+TWO_RANK_JOB = textwrap.dedent("""
+    import sys, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    size = int(sys.argv[1])
+    for step in range(3):
+        if dist.get_rank() == 1 and step == 1:
+            time.sleep(0.05)
+        dist.all_reduce(torch.ones(size))
+        dist.broadcast(torch.ones(4), src=0)
+    dist.destroy_process_group()
+""")
+
+
+def _two_ranks(tmp_path: Path, record: str, size: int) -> None:
+    (tmp_path / "job2.py").write_text(TWO_RANK_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env.update(AUTOANNOT="1", AUTOANNOT_RECORD=record, MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, "job2.py", str(size)],
+                              env={**env, "RANK": str(rank)}, cwd=tmp_path,
+                              stderr=subprocess.PIPE) for rank in (0, 1)]
+    for r in ranks:
+        assert r.wait(timeout=240) == 0, r.stderr.read().decode()[-2000:]
+
+
+def test_two_runs_into_one_template_are_never_mixed(tmp_path: Path, capsys) -> None:
+    """A 2-rank gloo job run twice with the same AUTOANNOT_RECORD (the second run's all-reduce
+    twice the size): each line names its run, the same on both ranks; check compares each run
+    with itself (no divergence), skew refuses to line one run up against the other and names
+    both, and lines up either one when asked."""
+    from autoannot import cli
+
+    record = str(tmp_path / "rank{rank}.jsonl")
+    _two_ranks(tmp_path, record, 8)
+    _two_ranks(tmp_path, record, 16)
+    files = [tmp_path / "rank0.jsonl", tmp_path / "rank1.jsonl"]
+    lines = [[json.loads(x) for x in f.read_text().splitlines()] for f in files]
+    runs = [list(dict.fromkeys(x["run"] for x in rank)) for rank in lines]
+    assert len(runs[0]) == 2 and runs[0] == runs[1]  # two runs, agreed on by both ranks
+    assert all(isinstance(x["wall_ns"], int) for rank in lines for x in rank)
+    assert cli.main(["check", *map(str, files)]) == 0
+    assert "0 diverge" in capsys.readouterr().out
+    assert cli.main(["skew", "-q", *map(str, files)]) == 2
+    said = capsys.readouterr().err
+    assert runs[0][0] in said and runs[0][1] in said and "--run" in said
+    for run in runs[0]:
+        assert cli.main(["skew", "-q", "--json", "--run", run, *map(str, files)]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert len(report["instances"]) == 6  # one run's: 3 steps x 2 collectives
+    # rank 0's first run against rank 1's second: refused, both named
+    only = tmp_path / "split"
+    only.mkdir()
+    (only / "rank0.jsonl").write_text("".join(
+        json.dumps(x) + "\n" for x in lines[0] if x["run"] == runs[0][0]))
+    (only / "rank1.jsonl").write_text("".join(
+        json.dumps(x) + "\n" for x in lines[1] if x["run"] == runs[0][1]))
+    assert cli.main(["skew", "-q", str(only / "rank0.jsonl"), str(only / "rank1.jsonl")]) == 2
+    said = capsys.readouterr().err
+    assert runs[0][0] in said and runs[0][1] in said

@@ -79,8 +79,12 @@ def from_ledger(path: Path, sequences: Sequences) -> int:
 
 
 def from_records(path: Path, sequences: Sequences) -> int:
+    """A record file's eager sequences, per run of the job and group (runs never compared
+    with each other)."""
+    from autoannot.traces.runs import NO_RUN, run_of
+
     rank: int | None = None
-    per_group: dict[str, list[Step]] = defaultdict(list)
+    per_group: dict[tuple[str, str], list[Step]] = defaultdict(list)
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -94,11 +98,11 @@ def from_records(path: Path, sequences: Sequences) -> int:
             rank = int(entry["rank"])
         if V.COLLECTIVE_NAME in annotation:
             group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
-            per_group[group].append(step_of(annotation, entry.get("call_site")))
+            per_group[(run_of(entry), group)].append(step_of(annotation, entry.get("call_site")))
     if rank is None:
         raise files.TraceError(f"{path}: names no rank")
-    for group, steps in per_group.items():
-        sequences[("eager", group)][rank] = steps
+    for (run, group), steps in per_group.items():
+        sequences[("eager" if run == NO_RUN else f"eager, run {run}", group)][rank] = steps
     return rank
 
 

@@ -212,11 +212,12 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[tuple[str
     return rank, launches, gloo
 
 
-def record_launches(path: Path) -> tuple[int | None, list[Launch]]:
-    """A record file's rank and launches (entry times, call sites)."""
+def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]]]:
+    """A record file's rank and launches (entry times, call sites), per run of the job."""
+    from autoannot.traces.runs import run_of
     from autoannot.traces.summary import DTYPE_BYTES
 
-    launches: list[Launch] = []
+    by_run: dict[str, list[Launch]] = {}
     rank: int | None = None
     try:
         text = path.read_text(encoding="utf-8")
@@ -236,6 +237,7 @@ def record_launches(path: Path) -> tuple[int | None, list[Launch]]:
                 "written before autoannot 0.1 (no seq) cannot be lined up across ranks") from None
         if entry.get("rank") is not None:
             rank = int(entry["rank"])
+        launches = by_run.setdefault(run_of(entry), [])
         if V.COLLECTIVE_NAME not in annotation:
             continue  # point-to-point blocks: no collective instance
         dtype = str(annotation.get(V.DTYPE, "?"))
@@ -245,7 +247,7 @@ def record_launches(path: Path) -> tuple[int | None, list[Launch]]:
             str(annotation[V.COLLECTIVE_NAME]), nelems * DTYPE_BYTES.get(dtype, 0),
             int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
             entry.get("call_site"), str(annotation.get(V.PG_DESC, ""))))
-    return rank, launches
+    return rank, by_run
 
 
 #: gloo's profiler range name -> the "Collective name"s of launches that run as it.
@@ -444,10 +446,11 @@ def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
 
 
 def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
-                  progress: bool = False) -> Analysis:
+                  progress: bool = False, run: str | None = None) -> Analysis:
     """Read every trace (on ``jobs`` processes) and record file, join them per rank, and match
-    instances."""
-    from autoannot.traces import parallel
+    instances. Record files holding several runs of a job: ``run`` names the one to line up
+    (TraceError naming them all where it is None)."""
+    from autoannot.traces import parallel, runs
 
     problems: list[str] = []
     traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
@@ -460,8 +463,14 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
                                    "trace: give one trace per rank of one job")
         traced[rank] = (launches, gloo, path)
     recorded: dict[int, tuple[list[Launch], Path]] = {}
-    for path in records:
-        rank, launches = record_launches(path)
+    read_records = [(path, *record_launches(path)) for path in records]
+    found: dict[str, list[Path]] = {}
+    for path, _, by_run in read_records:
+        for name in by_run:
+            found.setdefault(name, []).append(path)
+    chosen = runs.choose(found, run)
+    for path, rank, by_run in read_records:
+        launches = by_run.get(chosen, []) if chosen is not None else []
         if rank is None:
             raise files.TraceError(f"{path}: names no rank (written before the process group "
                                    "was up, with no RANK set): cannot place it")
