@@ -218,14 +218,6 @@ def _summary(args: argparse.Namespace) -> int:
         return _bad_input("summary", str(exc))
     for note in result.notes:
         _say("summary", note)
-    if args.json:
-        print(json.dumps({"rows": result.rows, "cpu_rows": result.cpu_rows,
-                          "notes": result.notes}, indent=1))
-    else:
-        if result.rows:
-            print(summary.format_table(result.rows))
-        if result.cpu_rows:
-            print(summary.format_cpu_table(result.cpu_rows))
     from autoannot.traces import outputs as written
 
     rows = result.rows + result.cpu_rows
@@ -238,6 +230,14 @@ def _summary(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _bad_input("summary", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
                           "written)")
+    if args.json:  # (after the files: a reader that leaves early loses none of them)
+        print(json.dumps({"rows": result.rows, "cpu_rows": result.cpu_rows,
+                          "notes": result.notes}, indent=1))
+    else:
+        if result.rows:
+            print(summary.format_table(result.rows))
+        if result.cpu_rows:
+            print(summary.format_cpu_table(result.cpu_rows))
     return DONE if result.rows or result.cpu_rows else INCOMPLETE
 
 
@@ -285,12 +285,6 @@ def _skew(args: argparse.Namespace) -> int:
         _say("skew", f"one rank's inputs ({', '.join(map(str, [*traces, *records]))}): give "
              "every rank's trace or record file to line its collectives up")
         return INCOMPLETE
-    if args.json:
-        print(json.dumps({"instances": analysis.rows(), "ranks": analysis.per_rank(),
-                          "clocks": [c.__dict__ for c in analysis.clocks],
-                          "problems": analysis.problems, "notes": analysis.notes}, indent=1))
-    else:
-        print(skew.format_report(analysis, args.top))
     from autoannot.traces import outputs as written
 
     try:
@@ -301,6 +295,12 @@ def _skew(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
                           "written)")
+    if args.json:  # (after the files: a reader that leaves early loses none of them)
+        print(json.dumps({"instances": analysis.rows(), "ranks": analysis.per_rank(),
+                          "clocks": [c.__dict__ for c in analysis.clocks],
+                          "problems": analysis.problems, "notes": analysis.notes}, indent=1))
+    else:
+        print(skew.format_report(analysis, args.top))
     if not analysis.instances:
         _say("skew", "no collective instance across ranks in these inputs")
         return INCOMPLETE

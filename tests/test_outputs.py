@@ -140,3 +140,19 @@ def test_a_ledger_of_an_unknown_version_is_refused_by_name(job: Path, capsys) ->
     assert "version 99" in capsys.readouterr().err
     with pytest.raises(Exception, match="version 99"):
         ledger.load(job / "graph_rank0.autoannot")
+
+
+def test_the_summary_table_says_only_what_it_knows(job: Path, tmp_path: Path, capsys) -> None:
+    """No "held up by rank 0 (0.00 ms)" (a wait below what the table shows is no hold-up), and
+    a long group description is shortened, never the group's name in parentheses."""
+    from autoannot.traces.summary import _fit
+
+    out = tmp_path / "out"
+    assert cli.main(["annotate", "-q", str(job), "-o", f"{out}/"]) == 0
+    capsys.readouterr()
+    assert cli.main(["summary", "-q", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "held up by" in table and "(0.00 ms)" not in table
+    fitted = _fit("tensor_parallel_group_of_eight (12)", 22)
+    assert len(fitted) == 22 and fitted.endswith("(12)")
+    assert _fit("default_pg (0)", 22) == "default_pg (0)"

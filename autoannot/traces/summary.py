@@ -107,6 +107,23 @@ class Row:
         }
 
 
+#: Below this, the others' waiting on the rank that arrived last is not shown as a hold-up
+#: (the table rounds to 0.01 ms: "rank 0 (0.00 ms)" said nothing).
+HELD_UP_SHOWN_US = 10.0
+
+
+def _fit(group: str, width: int) -> str:
+    """A group's "description (name)" in ``width`` characters: the description shortened,
+    never the name in parentheses."""
+    if len(group) <= width:
+        return group
+    head, sep, name = group.rpartition(" (")
+    if not sep or len(name) + 2 > width - 2:
+        return group[: width - 1] + "~"
+    room = width - len(name) - 3
+    return f"{head[:room]}~ ({name}"
+
+
 def _held_up(instances: list[dict[str, Any]]) -> tuple[int | None, float | None]:
     """The rank that arrived last most often, and the time the others spent waiting in the
     instances it arrived last; (None, None) without instances or stragglers."""
@@ -322,10 +339,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         transfer = r["transfer_us_median"]
         time = f"{transfer:.1f}" if transfer is not None else f"{r['median_us_median']:.1f}*"
         skew = "-" if r["skew_us_median"] is None else f"{r['skew_us_median']:.1f}"
-        held = ("-" if r["held_up_by"] is None else
-                f"rank {r['held_up_by']} ({r['held_up_us'] / 1e3:.2f} ms)")
+        held = ("-" if r["held_up_by"] is None or (r["held_up_us"] or 0) < HELD_UP_SHOWN_US
+                else f"rank {r['held_up_by']} ({r['held_up_us'] / 1e3:.2f} ms)")
         lines.append(
-            f"{r['group'][:22]:22} {r['collective'][:32]:32} {r['dtype']:9} "
+            f"{_fit(r['group'], 22):22} {r['collective'][:32]:32} {r['dtype']:9} "
             f"{_size(r['size_bytes']):>10} {count:>7} {time:>11} {skew:>9} "
             f"{r['algbw_gbps']:10.2f} {r['busbw_gbps']:10.2f} {held:>20}")
     if any(r["transfer_us_median"] is None for r in rows):
