@@ -156,3 +156,26 @@ def test_the_summary_table_says_only_what_it_knows(job: Path, tmp_path: Path, ca
     fitted = _fit("tensor_parallel_group_of_eight (12)", 22)
     assert len(fitted) == 22 and fitted.endswith("(12)")
     assert _fit("default_pg (0)", 22) == "default_pg (0)"
+
+
+def test_a_ledger_that_disagrees_on_one_graph_annotates_the_others(job: Path, capsys) -> None:
+    """The same process's ledger, one graph's collectives cut short: that graph is left
+    unannotated and named, the other annotated, exit 1 (a ledger of another rank or process
+    is still refused whole)."""
+    document = json.loads((job / "graph_rank0.autoannot").read_text())
+    names = sorted(document["graphs"])
+    document["graphs"][names[1]] = document["graphs"][names[1]][:-1]
+    (job / "graph_rank0.autoannot").write_text(json.dumps(document))
+    out = job / "a.json"
+    assert cli.main(["annotate", "--json", "-q", str(job / "graph_rank0.json"), "-o",
+                     str(out)]) == 1
+    captured = capsys.readouterr()
+    (report,) = json.loads(captured.out)
+    assert f"{names[1]} left unannotated" in captured.err
+    assert 0 < report["kernels_annotated"] < report["graphed_nccl_kernels"]
+    annotated = json.loads(out.read_text())["traceEvents"]
+    assert any(e.get("args", {}).get("Collective name") for e in annotated
+               if e.get("cat") == "kernel")
+    assert cli.main(["annotate", "-q", str(job / "graph_rank0.json"), "--ledger",
+                     str(job / "graph_rank1.autoannot"), "-o", str(job / "b.json")]) == 2
+    assert not (job / "b.json").exists()

@@ -152,9 +152,11 @@ class Scan:
 
 
 def check_ledger(scan: Scan, ledger: dict[str, Any], trace: Trace,
-                 ledger_path: Path | str) -> list[str]:
-    """Why ``ledger`` does not belong to ``trace`` (another rank, another process, graphs it
-    does not list, replays with other kernel counts); empty when it does."""
+                 ledger_path: Path | str) -> tuple[list[str], dict[str, str]]:
+    """Whether ``ledger`` belongs to ``trace``: what says it is another's (another rank,
+    another process: a list of reasons, empty when it is this trace's), and the graphs it
+    disagrees on (graph -> why: the trace replays a graph it does not list, or with another
+    kernel count)."""
     problems = []
     rank = ledger.get("rank")
     trace_rank = trace.metadata().get("distributedInfo", {}).get("rank")
@@ -165,11 +167,11 @@ def check_ledger(scan: Scan, ledger: dict[str, Any], trace: Trace,
     if pid is not None and pids and pid not in pids:
         problems.append(f"the ledger was written by process {pid}, the trace's graphs were "
                         f"launched by process {', '.join(map(str, sorted(pids, key=str)))}")
+    disagree: dict[str, str] = {}
     graphs = ledger.get("graphs") or {}
-    unknown = sorted(scan.replayed_graphs() - set(graphs))
-    if graphs and unknown:  # (a ledger of toolsId maps alone names no graph)
-        problems.append(f"the trace replays {', '.join(unknown)}, which the ledger does not "
-                        "list")
+    if graphs:  # (a ledger of toolsId maps alone names no graph)
+        for graph in sorted(scan.replayed_graphs() - set(graphs)):
+            disagree[graph] = "the trace replays it, the ledger does not list it"
     counts: dict[str, set[int]] = defaultdict(set)
     for ts, launch_pid, tid, correlation in scan.launches:
         graph = _enclosing(scan.markers.get((launch_pid, tid), []), ts)
@@ -177,11 +179,11 @@ def check_ledger(scan: Scan, ledger: dict[str, Any], trace: Trace,
             counts[graph].add(len(scan.kernels.get(correlation, ())))
     for graph, seen in sorted(counts.items()):
         if len(graphs[graph]) not in seen:
-            problems.append(f"{graph} launches {'/'.join(map(str, sorted(seen)))} NCCL kernels "
-                            f"per replay, the ledger lists {len(graphs[graph])} collectives")
+            disagree[graph] = (f"it launches {'/'.join(map(str, sorted(seen)))} NCCL kernels "
+                               f"per replay, the ledger lists {len(graphs[graph])} collectives")
     if problems:
         problems.append(f"({ledger_path}; --force uses it anyway)")
-    return problems
+    return problems, disagree
 
 
 class Patches:
@@ -504,13 +506,21 @@ def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[
                 f"{Path(ledgers.ledger_path(trace_path)).name} next to it: export the trace "
                 "with the agent on (AUTOANNOT=1), or give the ledger with --ledger FILE")
         ledger = ledgers.load(ledger_file)
-    problems = check_ledger(scan, ledger, trace, ledger_file)
+    problems, disagree = check_ledger(scan, ledger, trace, ledger_file)
     if problems and not force:
         raise TraceError(f"{trace_path}: the ledger does not belong to this trace: "
                          + "; ".join(problems))
+    if disagree and not force:  # the rest is this trace's: those graphs alone stay as they are
+        ledger = {**ledger, "graphs": {name: entries for name, entries
+                                       in (ledger.get("graphs") or {}).items()
+                                       if name not in disagree}}
     report, patches = annotate(trace, ledger, lanes=lanes, scan=scan)
     if problems:
         report.notes.append("used a ledger that does not belong (--force): " + problems[0])
+    for graph, why in sorted(disagree.items()):
+        report.notes.append(f"{graph} left unannotated: {why} ({ledger_file}; --force uses "
+                            "it anyway)" if not force else
+                            f"{graph}: {why}; annotated anyway (--force)")
     if output.suffix == ".pftrace":
         from autoannot.traces import perfetto
 
