@@ -19,6 +19,7 @@ Exit codes: 0 done; 1 done, but something was left undone or there was nothing t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +82,10 @@ def _build_native(args: argparse.Namespace) -> int:
         if existing is not None:
             print(existing)
             return DONE
+        missing = native.missing_tools()
+        if missing:
+            _say("build-native", f"cannot build: {missing}")
+            return INCOMPLETE
         _say("build-native", f"compiling {native.SOURCE.name} for torch into {native.build_dir()}"
              " (under a minute)")
         print(native.build(verbose=args.verbose))
@@ -180,6 +185,18 @@ def _annotate(args: argparse.Namespace) -> int:
     return status
 
 
+#: Folders this command made for its outputs (taken away again, where empty, if it fails or is
+#: interrupted: a failed command leaves nothing behind).
+_CREATED: list[Path] = []
+
+
+def _remove_created() -> None:
+    for folder in sorted(_CREATED, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # (only where empty)
+    _CREATED.clear()
+
+
 def _check_written(inputs: list[Path], outputs: list[Path], force: bool) -> None:
     """Refuse outputs that are inputs, ledgers' names or files autoannot did not write (unless
     ``force``); create their folders (TraceError otherwise)."""
@@ -189,7 +206,7 @@ def _check_written(inputs: list[Path], outputs: list[Path], force: bool) -> None
     paths.check_outputs(inputs, outputs)
     written.check_replaceable(outputs, force)
     for out in outputs:
-        paths.make_parent(out)
+        _CREATED.extend(paths.make_parent(out))
 
 
 def _not_json_or_csv(outputs: list[Path]) -> str:
@@ -329,6 +346,12 @@ def _check(args: argparse.Namespace) -> int:
                 return _bad_input("check", f"{argument}: no such file or folder")
             else:
                 inputs.append(path)
+        seen: dict[str, Path] = {}
+        for path in inputs:
+            key = os.path.realpath(path)
+            if key in seen:
+                return _bad_input("check", f"{path}: given twice (also as {seen[key]})")
+            seen[key] = path
         divergences, compared, ranks = sequences.check_files(inputs)
     except files.TraceError as exc:
         return _bad_input("check", str(exc))
@@ -377,8 +400,11 @@ def _plot(args: argparse.Namespace) -> int:
         return _bad_input("plot", str(exc))
     except OSError as exc:
         return _bad_input("plot", f"{output}: cannot write: {exc.strerror}")
-    print(f"{output}: {drawn['ranks']} ranks, {drawn['lanes']} lanes, {drawn['kernels']} "
-          "kernels")
+    if args.json:
+        print(json.dumps({"output": str(output), **drawn}, indent=1))
+    else:
+        print(f"{output}: {drawn['ranks']} ranks, {drawn['lanes']} lanes, {drawn['kernels']} "
+              "kernels")
     return DONE
 
 
@@ -491,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the picture (.png, .svg or .pdf)")
     plot.add_argument("--title", help="the picture's title")
     plot.add_argument("--force", action="store_true", help=FORCE_HELP)
+    plot.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
+    plot.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     plot.set_defaults(func=_plot)
     doc = sub.add_parser("doctor", help="versions, the annotation path, what is missing",
                          description="What this machine has, which annotation path the agent "
@@ -525,11 +553,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
         return 2
+    _CREATED.clear()
     try:
-        return args.func(args)
+        status = args.func(args)
     except BrokenPipeError:  # `autoannot ... | head`: the reader left; leave quietly too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        _remove_created()
+        print(f"autoannot {args.subcommand}: interrupted (nothing half-written is left)",
+              file=sys.stderr)
+        return 130
+    if status == BAD_INPUT:
+        _remove_created()
+    return status
 
 
 if __name__ == "__main__":

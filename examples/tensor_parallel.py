@@ -74,10 +74,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as records:
         os.environ.setdefault("AUTOANNOT_RECORD", str(Path(records) / "rank{rank}.jsonl"))
         mp.spawn(worker, args=(world, free_port()), nprocs=world)
-        if os.environ.get("AUTOANNOT", "0") in ("", "0"):
+        template = os.environ["AUTOANNOT_RECORD"]
+        if not any(Path(template.format(rank=r, pid="*")).exists() for r in range(world)):
+            # (no record file: the agent was not on in the ranks, whatever AUTOANNOT says)
             print("Ran without the agent. Run with AUTOANNOT=1 to see the annotations.")
             return 0
-        template = os.environ["AUTOANNOT_RECORD"]
         for rank in range(world):
             path = Path(template.format(rank=rank, pid="*"))
             lines = path.read_text().splitlines() if path.exists() else []

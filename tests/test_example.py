@@ -34,3 +34,15 @@ def test_example_prints_the_annotations_of_every_collective(layer: str, request)
                         "funcol.reduce_scatter_tensor_autograd",
                         "_c10d_functional.all_gather_into_tensor", "all_reduce", "barrier"]
     assert '"Process Group Description": "tp"' in done.stdout
+
+
+def test_example_asks_the_agent_not_the_variable_whether_it_ran() -> None:
+    """``AUTOANNOT=no`` turns the agent off (its own reading of the flag): the example says it
+    ran without it, rather than "0 collectives annotated"."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env["AUTOANNOT"] = "no"
+    done = subprocess.run([sys.executable, str(EXAMPLE)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "Ran without the agent" in done.stdout
+    assert "collectives annotated" not in done.stdout

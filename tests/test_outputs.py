@@ -179,3 +179,48 @@ def test_a_ledger_that_disagrees_on_one_graph_annotates_the_others(job: Path, ca
     assert cli.main(["annotate", "-q", str(job / "graph_rank0.json"), "--ledger",
                      str(job / "graph_rank1.autoannot"), "-o", str(job / "b.json")]) == 2
     assert not (job / "b.json").exists()
+
+
+def test_summary_rows_name_what_they_hold(job: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert cli.main(["annotate", "-q", str(job), "-o", f"{out}/"]) == 0
+    capsys.readouterr()
+    assert cli.main(["summary", "-q", "--json", str(out)]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows
+    for row in rows:  # the median kernel time across ranks lies between the extremes
+        assert row["median_us_min"] <= row["median_us_median"] <= row["median_us_max"]
+        assert row["total_bytes_per_rank"] == row["size_bytes"] * row["count_max"]
+        assert "bytes_per_rank" not in row
+
+
+def test_smaller_points(job: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    trace = str(job / "graph_rank0.json")
+    # check A A is "given twice", as the other commands say
+    assert cli.main(["check", trace, trace]) == 2
+    assert "given twice" in capsys.readouterr().err
+    # plot takes --json and -q, as the docs promise
+    pytest.importorskip("matplotlib")
+    assert cli.main(["plot", "-q", "--json", trace, "-o", str(tmp_path / "t.png")]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] == 1
+    # a command that fails, or is interrupted, leaves no folder it made
+    assert cli.main(["annotate", "-q", str(job / "metrics.json"), "-o",
+                     str(tmp_path / "new" / "deep" / "a.json")]) == 2
+    assert not (tmp_path / "new").exists()
+    from autoannot.traces import parallel
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parallel, "map_files", interrupted)
+    assert cli.main(["annotate", "-q", trace, "-o", str(tmp_path / "gone" / "a.json")]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not (tmp_path / "gone").exists()
+
+
+def test_build_native_without_a_compiler_says_so(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no c++, g++, clang++ here
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(tmp_path / "native"))
+    assert cli.main(["build-native"]) == 1
+    assert "no C++ compiler" in capsys.readouterr().err

@@ -49,6 +49,25 @@ def built_path() -> Path | None:
     return None
 
 
+def missing_tools() -> str:
+    """What a build needs and this machine lacks ('' when nothing): a C++ compiler (``CXX``, or
+    ``c++``/``g++``/``clang++`` on the PATH) and ninja."""
+    import shutil
+
+    missing = []
+    compiler = os.environ.get("CXX") or "c++"
+    if not any(shutil.which(c) for c in (compiler, "c++", "g++", "clang++")):
+        missing.append("no C++ compiler (install g++ or clang, or set CXX)")
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+
+        if not is_ninja_available():
+            missing.append("no ninja (pip install ninja)")
+    except ImportError:
+        missing.append("no torch.utils.cpp_extension in this torch")
+    return "; ".join(missing)
+
+
 def build(verbose: bool = False) -> Path:
     """Compile the observer for this torch (a minute; a second time: nothing to do)."""
     from torch.utils import cpp_extension

@@ -158,10 +158,16 @@ def check_outputs(inputs: list[Path], outputs: list[Path]) -> None:
         written[key] = out
 
 
-def make_parent(path: Path) -> None:
-    """Create an output's folder (and its parents) where missing."""
+def make_parent(path: Path) -> list[Path]:
+    """Create an output's folder (and its parents) where missing; the folders made."""
+    made = []
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TraceError(f"{path}: cannot create its folder {path.parent}: "
                          f"{exc.strerror}") from None
+    return made

@@ -91,12 +91,13 @@ class Row:
             "group": key.group, "collective": key.collective, "dtype": key.dtype,
             "size_bytes": key.size_bytes, "group_size": key.ranks,
             "count_min": min(self.count.values()), "count_max": max(self.count.values()),
-            "bytes_per_rank": key.size_bytes * max(self.count.values()),
+            "total_bytes_per_rank": key.size_bytes * max(self.count.values()),
             "total_us_min": min(self.total_us.values()),
             "total_us_median": statistics.median(self.total_us.values()),
             "total_us_max": max(self.total_us.values()),
-            "median_us_min": min(medians), "median_us_median": typical,
+            "median_us_min": min(medians), "median_us_median": statistics.median(medians),
             "median_us_max": max(medians),
+            "time_us": typical,  # what the bandwidths are computed from (see time_from)
             "time_from": ("transfer (the last rank's kernel)" if transfers
                           else "kernel time (waiting included)"),
             "transfer_us_median": statistics.median(transfers) if transfers else None,
@@ -337,7 +338,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
                  else f"{r['count_min']}-{r['count_max']}")
         transfer = r["transfer_us_median"]
-        time = f"{transfer:.1f}" if transfer is not None else f"{r['median_us_median']:.1f}*"
+        time = f"{transfer:.1f}" if transfer is not None else f"{r['time_us']:.1f}*"
         skew = "-" if r["skew_us_median"] is None else f"{r['skew_us_median']:.1f}"
         held = ("-" if r["held_up_by"] is None or (r["held_up_us"] or 0) < HELD_UP_SHOWN_US
                 else f"rank {r['held_up_by']} ({r['held_up_us'] / 1e3:.2f} ms)")
