@@ -261,6 +261,8 @@ def as_nccl(rank: int, world: int) -> dict[str, Any]:
         with open(path) as f:
             events = json.load(f)["traceEvents"]
         journal = Journal(os.path.join(folder, "records.jsonl"))  # AUTOANNOT_RECORD's file
+        # (as on a torch with NCCL, whose groups record themselves: the Work ranges suffice)
+        hooks.AGENT.observer._needs_operators = False
         hooks.AGENT.state.open_journal(journal)
         journal_registered = module.demand(), module.registered()
         try:
