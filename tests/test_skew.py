@@ -181,3 +181,53 @@ def test_one_ranks_inputs_are_said_to_be_not_enough(capsys) -> None:
     assert "one rank's inputs" in err and "give every rank's trace" in err
     assert cli.main(["skew", "missing.jsonl"]) == 2
     assert cli.main(["skew", str(trace), "-o", "rows.txt"]) == 2
+
+
+LOOP_STEPS, PROFILED_STEP = 6, 3
+
+
+def a_training_loop_profiled_for_one_step(rank: int, world: int, out: str) -> dict[str, int]:
+    """As Lightning and accelerate run it: the same step again and again (an all-reduce, a
+    broadcast, a barrier), recorded throughout, profiled for one step in the middle. Returns
+    the step's first sequence number on group 0."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import autoannot
+    from autoannot.journal import Journal
+
+    autoannot.enable()
+    journal = Journal(f"{out}/rank{rank}.jsonl")
+    hooks.AGENT.state.open_journal(journal)
+    t = torch.ones(1 << 12)
+    first_seq = -1
+    for step in range(LOOP_STEPS):
+        if step == PROFILED_STEP:
+            first_seq = journal._seq.get("0", 0)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                dist.all_reduce(t)
+                dist.broadcast(t, 0)
+                dist.barrier()
+            prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        else:
+            dist.all_reduce(t)
+            dist.broadcast(t, 0)
+            dist.barrier()
+        time.sleep(0.01)
+    hooks.AGENT.state.close_journal(journal)
+    journal.close()
+    autoannot.disable()
+    return {"first_seq": first_seq}
+
+
+def test_a_loops_gloo_traces_line_up_with_their_record_files(tmp_path: Path) -> None:
+    """Every window of the record file fits the profiled step's collectives by name; the
+    record lines' wall-clock anchor and the trace's time base pick the one that ran."""
+    results = run_ranks(a_training_loop_profiled_for_one_step, 2, "gloo", (str(tmp_path),))
+    analysis = skew.analyze_files(sorted(tmp_path.glob("rank?.json")),
+                                  sorted(tmp_path.glob("*.jsonl")))
+    assert not analysis.problems, analysis.problems
+    rows = analysis.rows()
+    first = results[0]["first_seq"]
+    assert first > 0 and all(r["first_seq"] == first for r in results)
+    assert sorted(r["seq"] for r in rows if r["group"] == "0") == [first, first + 1, first + 2]
+    assert len(rows) == 3

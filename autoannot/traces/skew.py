@@ -64,6 +64,8 @@ class Launch:
     #: Timed by a GPU kernel: it ends within microseconds on every rank (what fits clocks).
     #: gloo's CPU ranges end apart (its algorithm runs on each rank's CPU): not used to fit.
     kernel: bool = False
+    #: When it was entered on the wall clock (us since the epoch; record files that say).
+    wall_us: float | None = None
 
 
 @dataclass
@@ -168,9 +170,14 @@ class Analysis:
 
 # --- reading -----------------------------------------------------------------------------------
 
-def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[tuple[str, float, float]]]:
-    """A trace's rank, its NCCL launches with collective args, and its gloo ranges
-    (name, start, end) in start order."""
+#: A gloo range: (name, start, end, start on the wall clock in us since the epoch, where the
+#: trace gives its time base).
+GlooRange = tuple[str, float, float, float | None]
+
+
+def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange]]:
+    """A trace's rank, its NCCL launches with collective args, and its gloo ranges in start
+    order."""
     from autoannot.traces.annotate import kernel_family
     from autoannot.traces.summary import DTYPE_BYTES
 
@@ -178,7 +185,9 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[tuple[str
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
     rank = rank if isinstance(rank, int) else None
     kernels: list[tuple[float, float, dict[str, Any]]] = []
-    gloo: list[tuple[str, float, float]] = []
+    gloo: list[GlooRange] = []
+    base = trace.metadata().get("baseTimeNanoseconds")  # Kineto's: its ts count from it
+    base_us = base / 1e3 if isinstance(base, int | float) and base > 0 else None
     events = (trace.document["traceEvents"] if trace.document is not None
               else (json.loads("{" + chunk + "}") for chunk in trace._chunks()
                     if "nccl" in chunk or '"gloo:' in chunk))
@@ -188,7 +197,8 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[tuple[str
         cat, name = event.get("cat"), str(event.get("name", ""))
         ts, dur = float(event.get("ts", 0)), float(event.get("dur", 0))
         if cat == "user_annotation" and name.startswith("gloo:"):
-            gloo.append((name[len("gloo:"):], ts, ts + dur))
+            gloo.append((name[len("gloo:"):], ts, ts + dur,
+                         None if base_us is None else base_us + ts))
         elif cat == "kernel" and kernel_family(name):
             args = event.get("args") or {}
             if V.COLLECTIVE_NAME in args:
@@ -246,7 +256,8 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]]]:
             rank if rank is not None else -1, str(entry["group"]), int(entry["seq"]),
             str(annotation[V.COLLECTIVE_NAME]), nelems * DTYPE_BYTES.get(dtype, 0),
             int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
-            entry.get("call_site"), str(annotation.get(V.PG_DESC, ""))))
+            entry.get("call_site"), str(annotation.get(V.PG_DESC, "")),
+            wall_us=entry["wall_ns"] / 1e3 if isinstance(entry.get("wall_ns"), int) else None))
     return rank, by_run
 
 
@@ -266,7 +277,7 @@ def _fits_gloo(range_name: str, collective: str) -> bool:
     return names is None or collective in names
 
 
-def join(rank: int, traced: list[Launch], gloo: list[tuple[str, float, float]],
+def join(rank: int, traced: list[Launch], gloo: list[GlooRange],
          recorded: list[Launch], problems: list[str], where: str) -> list[Launch]:
     """One rank's launches from its trace and its record file (either may be empty)."""
     if not recorded:
@@ -295,21 +306,35 @@ def join(rank: int, traced: list[Launch], gloo: list[tuple[str, float, float]],
             return []
         return [Launch(rank, r.group, r.seq, r.collective, r.size_bytes, r.group_size, start,
                        end, r.call_site, r.group_desc)
-                for (_, start, end), r in zip(gloo, recorded[offset:], strict=False)]
+                for (_, start, end, _), r in zip(gloo, recorded[offset:], strict=False)]
     return recorded
 
 
-def _gloo_alignment(gloo: list[tuple[str, float, float]], records: list[Launch]) -> int | None:
+#: A gloo range starts after its launch is entered; the two wall clocks (the record file's
+#: ``time.time_ns()``, the profiler's converted one) may differ by this much.
+WALL_CLOCK_TOLERANCE_US = 2000.0
+
+
+def _gloo_alignment(gloo: list[GlooRange], records: list[Launch]) -> int | None:
     """Where the trace's gloo ranges start in the record file (the profiler saw a window of
-    the run): the stretch whose collectives fit the ranges' names and whose entry times keep
-    the steadiest distance to the ranges' starts (two clocks, one host: a range starts soon
-    after its launch is entered). None where no stretch fits, or two fit alike."""
+    the run). Where both give wall-clock times (record files that say, traces with a time
+    base): the stretch whose collectives fit the ranges' names and each of whose launches
+    was entered just before its range started — exactly, a training loop's repeats are a step
+    apart. Else the stretch whose entry times keep the steadiest distance to the ranges'
+    starts (two clocks, one host). None where no stretch fits, or two fit alike."""
+    anchored = all(g[3] is not None for g in gloo) and all(r.wall_us is not None
+                                                             for r in records)
     fits = []
     for offset in range(len(records) - len(gloo) + 1):
         window = records[offset:offset + len(gloo)]
-        if all(_fits_gloo(name, r.collective) for (name, _, _), r in zip(gloo, window,
-                                                                         strict=True)):
-            gaps = [start - r.start_us for (_, start, _), r in zip(gloo, window, strict=True)]
+        if not all(_fits_gloo(g[0], r.collective) for g, r in zip(gloo, window, strict=True)):
+            continue
+        if anchored:
+            gaps = [g[3] - r.wall_us for g, r in zip(gloo, window, strict=True)]
+            if min(gaps) >= -WALL_CLOCK_TOLERANCE_US:
+                fits.append((max(gaps), offset))
+        else:
+            gaps = [g[1] - r.start_us for g, r in zip(gloo, window, strict=True)]
             fits.append((max(gaps) - min(gaps), offset))
     if not fits:
         return None
