@@ -225,22 +225,29 @@ def _summary(args: argparse.Namespace) -> int:
     if wrong:
         return _bad_input("summary", wrong)
     try:
+        named, records = _split_records(args.traces)
         skipped: list[str] = []
-        traces = paths.expand(args.traces, skip_outputs=False, skipped=skipped)
-        _check_written(traces, outputs, args.force)
+        traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
+        _check_written([*traces, *records], outputs, args.force)
         for note in skipped:
             _say("summary", note)
-        result = summary.summarize(traces, progress=not args.quiet, jobs=args.jobs)
+        result = (summary.summarize(traces, progress=not args.quiet, jobs=args.jobs) if traces
+                  else summary.Summary([], [], []))
+        if records:
+            result.record_rows = summary.record_rows(records, args.run)
+            result.notes = [n for n in result.notes if "AUTOANNOT_RECORD" not in n]
+    except FileNotFoundError as exc:
+        return _bad_input("summary", f"{exc.args[0]}: no such file")
     except files.TraceError as exc:
         return _bad_input("summary", str(exc))
     for note in result.notes:
         _say("summary", note)
     from autoannot.traces import outputs as written
 
-    rows = result.rows + result.cpu_rows
+    rows = result.rows + result.cpu_rows + result.record_rows
     try:
-        written.write_all({out: (lambda tmp: summary.write_csv(result.rows or result.cpu_rows,
-                                                               tmp))
+        written.write_all({out: (lambda tmp: summary.write_csv(
+                               result.rows or result.cpu_rows or result.record_rows, tmp))
                            if out.suffix == ".csv" else
                            (lambda tmp: files.atomic_write_text(tmp, json.dumps(rows, indent=1)))
                            for out in outputs}, "summary")
@@ -249,13 +256,15 @@ def _summary(args: argparse.Namespace) -> int:
                           "written)")
     if args.json:  # (after the files: a reader that leaves early loses none of them)
         print(json.dumps({"rows": result.rows, "cpu_rows": result.cpu_rows,
-                          "notes": result.notes}, indent=1))
+                          "record_rows": result.record_rows, "notes": result.notes}, indent=1))
     else:
         if result.rows:
             print(summary.format_table(result.rows))
         if result.cpu_rows:
             print(summary.format_cpu_table(result.cpu_rows))
-    return DONE if result.rows or result.cpu_rows else INCOMPLETE
+        if result.record_rows:
+            print(summary.format_record_table(result.record_rows))
+    return DONE if rows else INCOMPLETE
 
 
 def _split_records(arguments: list[str]) -> tuple[list[str], list[Path]]:
@@ -470,10 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
         "collective args (eager traces, and graphed traces after `autoannot annotate`): count, "
         "bytes, total and median time, algbw and busbw (nccl-tests factors); gloo collectives "
         "(CPU traces): counts and time.")
-    summ.add_argument("traces", nargs="+", metavar="TRACE", help=traces_help)
+    summ.add_argument("traces", nargs="+", metavar="TRACE_OR_RECORDS",
+                      help=f"{traces_help}; AUTOANNOT_RECORD files (*.jsonl)")
     summ.add_argument("-o", "--output", metavar="FILE", action="append",
                       help="also write the rows to FILE (.json or .csv; may be repeated)")
     summ.add_argument("--force", action="store_true", help=FORCE_HELP)
+    summ.add_argument("--run", metavar="RUN", help="the run of the job, where record files "
+                      "hold several (they name each)")
     common(summ, "traces read")
     summ.set_defaults(func=_summary)
     skew_ = sub.add_parser(

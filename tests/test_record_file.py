@@ -189,6 +189,16 @@ def test_two_runs_into_one_template_are_never_mixed(tmp_path: Path, capsys) -> N
         assert cli.main(["skew", "-q", "--json", "--run", run, *map(str, files)]) == 0
         report = json.loads(capsys.readouterr().out)
         assert len(report["instances"]) == 6  # one run's: 3 steps x 2 collectives
+    # summary reads record files (gloo's sizes, groups, counts), one run at a time too
+    assert cli.main(["summary", "-q", *map(str, files)]) == 2
+    assert runs[0][1] in capsys.readouterr().err
+    for run, size in zip(runs[0], (8, 16), strict=True):
+        assert cli.main(["summary", "-q", "--json", "--run", run, *map(str, files)]) == 0
+        rows = json.loads(capsys.readouterr().out)["record_rows"]
+        by_name = {r["collective"]: r for r in rows}
+        assert by_name["allreduce"]["size_bytes"] == 4 * size  # float32
+        assert by_name["allreduce"]["count_max"] == by_name["broadcast"]["count_min"] == 3
+        assert {r["ranks"] for r in rows} == {2}
     # rank 0's first run against rank 1's second: refused, both named
     only = tmp_path / "split"
     only.mkdir()

@@ -222,6 +222,72 @@ class Summary:
     rows: list[dict[str, Any]]  # one per (group, collective, dtype, size): NCCL kernels
     cpu_rows: list[dict[str, Any]]  # one per gloo collective: counts and time, no sizes
     notes: list[str]  # what the user should know about the inputs
+    #: One per (group, collective, dtype, size) of record files: counts, no time.
+    record_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any]]:
+    """Record files (``AUTOANNOT_RECORD``, one per rank) as rows: what each group launched,
+    its sizes and how often — any backend, gloo's too — in one run of the job (``run``, or the
+    only one: TraceError naming them where the files hold several). No times: a record line
+    is written when its launch is entered."""
+    from autoannot.traces import runs
+
+    lines: dict[Path, list[dict[str, Any]]] = {}
+    found: dict[str, list[Path]] = {}
+    for path in paths:
+        entries = []
+        for number, text in enumerate(files.read_text(path).splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                entry = json.loads(text)
+                annotation = entry["annotation"]
+            except (ValueError, KeyError, TypeError):
+                raise files.TraceError(f"{path}:{number}: not a line of an AUTOANNOT_RECORD "
+                                       "file") from None
+            if not isinstance(annotation, dict) or V.COLLECTIVE_NAME not in annotation:
+                continue  # a point-to-point block: no collective
+            entries.append(entry)
+            found.setdefault(runs.run_of(entry), [])
+            if path not in found[runs.run_of(entry)]:
+                found[runs.run_of(entry)].append(path)
+        lines[path] = entries
+    chosen = runs.choose(found, run)
+    counts: dict[tuple[str, str, str, int, int], dict[int, int]] = defaultdict(
+        lambda: defaultdict(int))
+    for position, entries in enumerate(lines.values()):
+        for entry in entries:
+            if runs.run_of(entry) != chosen:
+                continue
+            a = entry["annotation"]
+            rank = entry.get("rank")
+            rank = rank if isinstance(rank, int) else position
+            dtype = str(a.get(V.DTYPE, "?"))
+            nelems = max(int(a.get(V.IN_NELEMS, 0)), int(a.get(V.OUT_NELEMS, 0)))
+            group = f"{a.get(V.PG_DESC, '')} ({entry.get('group', a.get(V.PG_NAME, '?'))})"
+            key = (group, str(a[V.COLLECTIVE_NAME]), dtype, nelems * DTYPE_BYTES.get(dtype, 0),
+                   int(a.get(V.GROUP_SIZE, 1)))
+            counts[key][rank] += 1
+    rows = []
+    for (group, collective, dtype, size, group_size), per_rank in sorted(counts.items()):
+        rows.append({"group": group, "collective": collective, "dtype": dtype,
+                     "size_bytes": size, "group_size": group_size,
+                     "count_min": min(per_rank.values()), "count_max": max(per_rank.values()),
+                     "ranks": len(per_rank),
+                     "total_bytes_per_rank": size * max(per_rank.values()), "run": chosen})
+    return rows
+
+
+def format_record_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'group':22} {'collective':32} {'dtype':9} {'size':>10} {'count':>7} "
+             f"{'ranks':>5}   (record files: counts, no times)"]
+    for r in rows:
+        count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
+                 else f"{r['count_min']}-{r['count_max']}")
+        lines.append(f"{_fit(r['group'], 22):22} {r['collective'][:32]:32} {r['dtype']:9} "
+                     f"{_size(r['size_bytes']):>10} {count:>7} {r['ranks']:>5}")
+    return "\n".join(lines)
 
 
 def assign_ranks(traces: list[tuple[Path, int | None]]) -> list[int]:
