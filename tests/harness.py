@@ -15,6 +15,14 @@ from typing import Any
 import torch.multiprocessing as mp
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without the agent's settings, but for where the native
+    module is looked for (``conftest.py`` points it at an empty folder: a test that wants the
+    native observer builds it), so a child process runs the observer this test session chose."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("AUTOANNOT") or k == "AUTOANNOT_NATIVE_DIR"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

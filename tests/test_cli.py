@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from cpu_traces import gloo_traces
+from harness import clean_env
 
 from autoannot import cli
 from autoannot.traces import files, outputs
@@ -266,7 +267,7 @@ def test_7_run_takes_a_double_dash() -> None:
                                            ("0", False), ("off", False), ("maybe", False),
                                            ("2", False)])
 def test_7_agent_switch_is_parsed_strictly(value: str, on: bool) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env = clean_env()
     env["AUTOANNOT"] = value
     done = subprocess.run([sys.executable, "-c", "import autoannot; print(autoannot.is_enabled())"],
                           env=env, capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import free_port
+from harness import clean_env, free_port
 
 FAKE_JOB = textwrap.dedent("""
     import sys, threading
@@ -37,7 +37,7 @@ FAKE_JOB = textwrap.dedent("""
 def run_job(tmp_path: Path, record: str, threads: int = 1, calls: int = 2
             ) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(FAKE_JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env = clean_env()
     env.update(AUTOANNOT="1", AUTOANNOT_RECORD=record)
     return subprocess.run([sys.executable, "job.py", str(threads), str(calls)], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
@@ -111,7 +111,7 @@ def test_the_collective_that_hangs_is_in_the_file(tmp_path: Path, how: signal.Si
     kills a stuck one: rank 0's file ends with the collective it hangs in."""
     (tmp_path / "job.py").write_text(HANGING_RANKS)
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env = clean_env()
     env.update(AUTOANNOT="1", AUTOANNOT_RECORD=str(tmp_path / "r{rank}.jsonl"),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
     ranks = [subprocess.Popen([sys.executable, "job.py"], env={**env, "RANK": str(rank)},
@@ -155,7 +155,7 @@ TWO_RANK_JOB = textwrap.dedent("""
 
 def _two_ranks(tmp_path: Path, record: str, size: int) -> None:
     (tmp_path / "job2.py").write_text(TWO_RANK_JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env = clean_env()
     env.update(AUTOANNOT="1", AUTOANNOT_RECORD=record, MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     ranks = [subprocess.Popen([sys.executable, "job2.py", str(size)],

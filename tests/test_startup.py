@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from harness import clean_env
+
 import autoannot
 from autoannot.cli import HOOK_DIR
 
@@ -33,7 +35,7 @@ PROGRAM = textwrap.dedent("""
 
 
 def run_python(args, env_extra, tmp_path, **kw) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    env = clean_env()
     env.update(env_extra)
     return subprocess.run([sys.executable, *args], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=240, **kw)
