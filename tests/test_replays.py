@@ -44,9 +44,16 @@ def _graphs_module() -> types.ModuleType:
 #: A torch whose profilers give no start/stop notice keeps the replay wrapper for good (as
 #: before): the switching cannot be checked there.
 needs_notices = pytest.mark.skipif(
-    cudagraphs.profiler_notices() is None and not os.environ.get(cudagraphs.ON_DEMAND_SETTING),
+    not all(callable(getattr(torch.autograd.profiler, name, None))
+            for name in ("_run_on_profiler_start", "_run_on_profiler_stop")),
     reason="this torch's profilers give no start/stop notice (torch.autograd.profiler."
            "_run_on_profiler_start)")
+
+
+@pytest.fixture(autouse=True)
+def no_on_demand_tracing(monkeypatch) -> None:
+    """(A developer's KINETO_USE_DAEMON would keep the wrapper on in this process.)"""
+    monkeypatch.delenv(cudagraphs.ON_DEMAND_SETTING, raising=False)
 
 
 @pytest.fixture
