@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -287,6 +288,28 @@ def _split_records(arguments: list[str]) -> tuple[list[str], list[Path]]:
     return traces, records
 
 
+def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
+    """Each trace as ``skew`` can read it: a raw graphed trace with its ledger beside it is
+    annotated into ``scratch`` first (as ``annotate`` would: its graphed kernels get their
+    args); every other trace as it is."""
+    from autoannot.traces import annotate, files, ledger
+
+    readable = []
+    for position, trace in enumerate(traces):
+        if files.is_annotated_output(trace) or ledger.find(trace) is None:
+            readable.append(trace)
+            continue
+        out = scratch / str(position) / trace.name
+        out.parent.mkdir()
+        try:
+            annotate.annotate_file(trace, out)
+        except (annotate.NothingToAnnotate, files.TraceError):
+            readable.append(trace)  # (eager, or not this trace's ledger: read it as it is)
+        else:
+            readable.append(out)
+    return readable
+
+
 def _skew(args: argparse.Namespace) -> int:
     from autoannot.traces import files, paths, skew
 
@@ -301,8 +324,13 @@ def _skew(args: argparse.Namespace) -> int:
         for note in skipped:
             _say("skew", note)
         _check_written([*traces, *records], outputs, args.force)
-        analysis = skew.analyze_files(traces, records, jobs=args.jobs, progress=not args.quiet,
-                                      run=args.run)
+        with tempfile.TemporaryDirectory(prefix="autoannot-skew-") as scratch:
+            readable = _annotated_in(traces, Path(scratch))
+            analysis = skew.analyze_files(readable, records, jobs=args.jobs,
+                                          progress=not args.quiet, run=args.run)
+            for said in (analysis.problems, analysis.notes):  # (name the user's files)
+                for read, given in zip(readable, traces, strict=True):
+                    said[:] = [line.replace(str(read), str(given)) for line in said]
     except FileNotFoundError as exc:
         return _bad_input("skew", f"{exc.args[0]}: no such file")
     except files.TraceError as exc:

@@ -224,3 +224,21 @@ def test_build_native_without_a_compiler_says_so(tmp_path: Path, monkeypatch, ca
     monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(tmp_path / "native"))
     assert cli.main(["build-native"]) == 1
     assert "no C++ compiler" in capsys.readouterr().err
+
+
+def test_skew_reads_raw_graphed_traces_through_their_ledgers(job: Path, tmp_path: Path,
+                                                            capsys) -> None:
+    """As annotate does: the ledger beside each raw trace gives its graphed kernels their
+    args, so skew lines up the same instances from the raw traces as from annotate's output."""
+    raw = [str(job / "graph_rank0.json"), str(job / "graph_rank1.json")]
+    assert cli.main(["skew", "-q", "--json", *raw]) == 0
+    from_raw = json.loads(capsys.readouterr().out)
+    out = tmp_path / "out"
+    assert cli.main(["annotate", "-q", *raw, "-o", f"{out}/"]) == 0
+    capsys.readouterr()
+    assert cli.main(["skew", "-q", "--json", str(out)]) == 0
+    from_annotated = json.loads(capsys.readouterr().out)
+    assert len(from_raw["instances"]) == len(from_annotated["instances"]) > 0
+    assert ([(i["group"], i["seq"], i["collective"]) for i in from_raw["instances"]]
+            == [(i["group"], i["seq"], i["collective"]) for i in from_annotated["instances"]])
+    assert not from_raw["problems"]
