@@ -594,6 +594,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     _CREATED.clear()
+    if hasattr(args, "quiet"):  # a trace command: a long read shows a bar on a terminal
+        from autoannot.traces import files
+
+        files.show_progress(not args.quiet)
     try:
         status = args.func(args)
     except BrokenPipeError:  # `autoannot ... | head`: the reader left; leave quietly too

@@ -242,3 +242,11 @@ def test_skew_reads_raw_graphed_traces_through_their_ledgers(job: Path, tmp_path
     assert ([(i["group"], i["seq"], i["collective"]) for i in from_raw["instances"]]
             == [(i["group"], i["seq"], i["collective"]) for i in from_annotated["instances"]])
     assert not from_raw["problems"]
+
+
+def test_progress_stays_out_of_logs(job: Path, tmp_path: Path, capsys) -> None:
+    """Not a terminal (a log, CI): no progress lines, only what the command has to say."""
+    raw = [str(job / "graph_rank0.json"), str(job / "graph_rank1.json")]
+    assert cli.main(["annotate", "-j", "1", *raw, "-o", f"{tmp_path / 'out'}/"]) == 0
+    said = capsys.readouterr().err
+    assert "[1/2]" not in said and "[2/2]" not in said

@@ -23,24 +23,27 @@ def default_jobs() -> int:
 
 
 class Progress:
-    """``[done/total] what`` on stderr: rewritten in place on a terminal, a line per step
-    elsewhere (logs), and only for work that is long enough to watch (more than one file)."""
+    """``[done/total] what`` on stderr, rewritten in place: only on a terminal (nothing in a
+    log), and only for work long enough to watch (more than one file, running over
+    ``AFTER_S``)."""
+
+    AFTER_S = 2.0
 
     def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
+        self.total, self.done, self.shown = total, 0, False
         self.live = sys.stderr.isatty()
         self.started = time.monotonic()
 
     def step(self, what: object) -> None:
         self.done += 1
-        if self.total < 2:
+        if self.total < 2 or not self.live:
             return
-        line = f"[{self.done}/{self.total}] {what}"
-        if self.live:
-            end = "\n" if self.done == self.total else ""
-            print(f"\r\033[K{line}", end=end, file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        if not self.shown and time.monotonic() - self.started < self.AFTER_S:
+            return
+        self.shown = True
+        end = "\n" if self.done == self.total else ""
+        print(f"\r\033[K[{self.done}/{self.total}] {what}", end=end, file=sys.stderr,
+              flush=True)
 
 
 def map_files(function: Callable[[T], R], items: Sequence[T], jobs: int | None = None,

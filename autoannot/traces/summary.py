@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -164,24 +162,11 @@ def _events(trace: files.Trace, progress: bool) -> Iterable[dict[str, Any]]:
 
 
 def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
-    started, total, done, shown = time.monotonic(), max(1, trace.path.stat().st_size), 0, False
+    """The chunks the summary reads (a long read shows its bar: ``files.ReadingBar``)."""
     for block in trace._blocks():
-        done += sum(len(c) for c in block)
-        if progress and time.monotonic() - started > 1.0:
-            _bar(trace.path.name, min(done / total, 1.0))
-            shown = True
         for chunk in block:
             if "nccl" in chunk or '"gloo:' in chunk:
                 yield chunk
-    if shown:
-        _bar(trace.path.name, 1.0)
-        print(file=sys.stderr)
-
-
-def _bar(name: str, fraction: float) -> None:
-    filled = int(fraction * 30)
-    print(f"\r{name[:40]:40} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}",
-          end="", file=sys.stderr, flush=True)
 
 
 def read_trace(job: tuple[Path, bool]) -> TraceContents:
