@@ -115,13 +115,15 @@ class NativeObserver:
             and features.mark_kernels(self.agent.config.mark_kernels) is None)
 
     def _journal_needs_operators(self) -> bool:
-        """Whether a journal asks for every operator, as a recorder does: where this torch has
-        no NCCL (a CPU build: its groups are gloo's, which make no record of a launch for the
-        Work ranges to read, so C++-origin launches such as a backward's would go unwritten)."""
+        """Whether a journal asks for every operator, as a recorder does: where the job's
+        groups can only be gloo's — no NCCL in this torch, or no NVIDIA GPU on this machine —
+        which make no record of a launch for the Work ranges to read (C++-origin launches,
+        such as a backward's, would go unwritten). Asked of the system, not of CUDA: nothing
+        is initialized (a job may still set CUDA_VISIBLE_DEVICES after importing torch)."""
         if self._needs_operators is None:
             import torch.distributed as dist
 
-            self._needs_operators = not dist.is_nccl_available()
+            self._needs_operators = not dist.is_nccl_available() or not _nvidia_gpus()
         return self._needs_operators
 
     # captures ----------------------------------------------------------------------------
@@ -225,6 +227,17 @@ class NativeObserver:
             if kind:
                 self._kinds[key] = found
         return found.annotation
+
+
+def _nvidia_gpus() -> bool:
+    """Whether the NVIDIA driver lists a GPU on this machine (Linux's /proc; elsewhere: taken
+    as yes, as before)."""
+    import os
+
+    listing = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(listing):
+        return bool(os.listdir(listing))
+    return not os.path.isdir("/proc")  # a Linux machine without the NVIDIA driver: none
 
 
 def create(agent: Any) -> NativeObserver | None:

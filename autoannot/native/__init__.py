@@ -58,13 +58,9 @@ def missing_tools() -> str:
     compiler = os.environ.get("CXX") or "c++"
     if not any(shutil.which(c) for c in (compiler, "c++", "g++", "clang++")):
         missing.append("no C++ compiler (install g++ or clang, or set CXX)")
-    try:
-        from torch.utils.cpp_extension import is_ninja_available
-
-        if not is_ninja_available():
-            missing.append("no ninja (pip install ninja)")
-    except ImportError:
-        missing.append("no torch.utils.cpp_extension in this torch")
+    beside = Path(sys.executable).parent / "ninja"  # (pip's ninja, in this environment)
+    if shutil.which("ninja") is None and not beside.exists():
+        missing.append("no ninja (pip install ninja)")
     return "; ".join(missing)
 
 
