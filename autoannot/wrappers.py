@@ -229,15 +229,19 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 recording.append(entry)
         return result
 
+    def known_for(args: tuple, kwargs: dict) -> Known:
+        """The launch's Known, by its key (derived the first time; raises what deriving
+        raises). The wrapper above does the same inline: its hot path."""
+        key = plan.key_of(args, kwargs)
+        known = by_key.get(key)  # (None is never a key)
+        return known if known is not None else learn(args, kwargs, key)
+
     def note_in_capture(args: tuple, kwargs: dict, site: str) -> None:
         """A launch handed to the native observer that it did not note (its process group
         made no record of it): into the capture's ledger as the wrapper above notes it, after
         the call."""
         try:
-            key = plan.key_of(args, kwargs)
-            known = by_key.get(key)
-            if known is None:
-                known = learn(args, kwargs, key)
+            known = known_for(args, kwargs)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
             return
         except Exception as exc:
@@ -250,9 +254,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         calls as ``plan.key_of`` does and asks once per key; None where nothing is derived
         (the wrapper then runs, and says why)."""
         try:
-            key = plan.key_of(args, kwargs)
-            known = by_key.get(key)
-            return known if known is not None else learn(args, kwargs, key)
+            return known_for(args, kwargs)
         except Exception:
             return None
 

@@ -234,10 +234,9 @@ def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any
             if not isinstance(annotation, dict) or V.COLLECTIVE_NAME not in annotation:
                 continue  # a point-to-point block: no collective
             entries.append(entry)
-            found.setdefault(runs.run_of(entry), [])
-            if path not in found[runs.run_of(entry)]:
-                found[runs.run_of(entry)].append(path)
         lines[path] = entries
+        for name in dict.fromkeys(runs.run_of(entry) for entry in entries):
+            found.setdefault(name, []).append(path)
     chosen = runs.choose(found, run)
     counts: dict[tuple[str, str, str, int, int], dict[int, int]] = defaultdict(
         lambda: defaultdict(int))
@@ -264,12 +263,17 @@ def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any
     return rows
 
 
+def _counts(row: dict[str, Any]) -> str:
+    """A row's calls per rank: ``"3"``, or ``"2-3"`` where the ranks differ."""
+    low, high = row["count_min"], row["count_max"]
+    return str(high) if low == high else f"{low}-{high}"
+
+
 def format_record_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'group':22} {'collective':32} {'dtype':9} {'size':>10} {'count':>7} "
              f"{'ranks':>5}   (record files: counts, no times)"]
     for r in rows:
-        count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
-                 else f"{r['count_min']}-{r['count_max']}")
+        count = _counts(r)
         lines.append(f"{_fit(r['group'], 22):22} {r['collective'][:32]:32} {r['dtype']:9} "
                      f"{_size(r['size_bytes']):>10} {count:>7} {r['ranks']:>5}")
     return "\n".join(lines)
@@ -386,8 +390,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
               f"{'held up by':>20}")
     lines = [header]
     for r in rows:
-        count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
-                 else f"{r['count_min']}-{r['count_max']}")
+        count = _counts(r)
         transfer = r["transfer_us_median"]
         time = f"{transfer:.1f}" if transfer is not None else f"{r['time_us']:.1f}*"
         skew = "-" if r["skew_us_median"] is None else f"{r['skew_us_median']:.1f}"
@@ -406,8 +409,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def format_cpu_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'backend':8} {'collective':32} {'count':>7} {'ranks':>5} {'total us':>10}"]
     for r in rows:
-        count = (str(r["count_max"]) if r["count_min"] == r["count_max"]
-                 else f"{r['count_min']}-{r['count_max']}")
+        count = _counts(r)
         lines.append(f"{r['backend']:8} {r['collective'][:32]:32} {count:>7} {r['ranks']:>5} "
                      f"{r['total_us_median']:10.1f}")
     return "\n".join(lines)
