@@ -597,7 +597,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "quiet"):  # a trace command: a long read shows a bar on a terminal
         from autoannot.traces import files
 
-        files.show_progress(not args.quiet)
+        try:
+            files.show_progress(not args.quiet)
+        except files.TraceError as exc:
+            print(f"autoannot {args.subcommand}: {exc}", file=sys.stderr)
+            return BAD_INPUT
     try:
         status = args.func(args)
     except BrokenPipeError:  # `autoannot ... | head`: the reader left; leave quietly too

@@ -9,14 +9,17 @@ collective starts.
 
 A line::
 
-    {"rank": 0, "pid": 4242, "run": "20261201T143000-1f3a9c2e", "monotonic_ns": 81630154123,
+    {"rank": 0, "pid": 4242, "host": "node17", "run": "20261201T143000-1f3a9c2e",
+     "monotonic_ns": 81630154123,
      "wall_ns": 1796135400123456789, "group": "0", "seq": 17, "api": "all_reduce",
      "call_site": "/job/train.py:88", "annotation": {...}, "param_comms": {...}}
 
 ``rank``: the process's rank (torch.distributed's when initialized, else ``RANK``, else null);
+``host``: the machine's name (ranks of one host share its monotonic clock);
 ``run``: the job's run, the same on every rank of one run of a job and different for the next
 (see ``run_identity``): the tools never put two runs side by side;
-``monotonic_ns``: ``time.monotonic_ns()`` (one clock for all processes of a host);
+``monotonic_ns``: ``time.monotonic_ns()`` (one clock for all processes of a host, none across
+hosts);
 ``wall_ns``: ``time.time_ns()`` at the same moment (the wall clock: a trace's own time base);
 ``group``: the process group's name ("Process Group Name"; "" for point-to-point blocks);
 ``seq``: how many launches this process entered on that group before this one (0, 1, ...):
@@ -81,6 +84,7 @@ class Journal:
         self._rank: int | None = None
         self._seq: dict[str, int] = {}
         self._run = '""'  # (its JSON text, once the file is opened)
+        self._host = '""'  # (likewise)
         #: (id(annotation), id(cpu_only)) -> (annotation, cpu_only, their JSON): the records
         #: of one distinct launch share those dicts (never mutated).
         self._texts: dict[tuple[int, int], tuple[Any, Any, str]] = {}
@@ -108,6 +112,7 @@ class Journal:
             sys.stderr.write(f"autoannot: created {folder} for AUTOANNOT_RECORD's file\n")
         self.path = path
         self._run = _quote(run_identity(dist))
+        self._host = _quote(socket.gethostname())
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         atexit.register(self.close)
         return fd
@@ -122,7 +127,8 @@ class Journal:
             seq = self._seq.get(group, 0)
             self._seq[group] = seq + 1
             rank = "null" if self._rank is None else self._rank
-            line = (f'{{"rank": {rank}, "pid": {os.getpid()}, "run": {self._run}, '
+            line = (f'{{"rank": {rank}, "pid": {os.getpid()}, "host": {self._host}, '
+                    f'"run": {self._run}, '
                     f'"monotonic_ns": {time.monotonic_ns()}, "wall_ns": {time.time_ns()}, '
                     f'"group": {_quote(str(group))}, '
                     f'"seq": {seq}, "api": {_quote(entry.api)}, '

@@ -250,3 +250,64 @@ def test_progress_stays_out_of_logs(job: Path, tmp_path: Path, capsys) -> None:
     assert cli.main(["annotate", "-j", "1", *raw, "-o", f"{tmp_path / 'out'}/"]) == 0
     said = capsys.readouterr().err
     assert "[1/2]" not in said and "[2/2]" not in said
+
+
+def _on_a_terminal(args: list[str], after_s: str | None) -> str:
+    """What ``autoannot ARGS`` shows on stderr when stderr is a terminal (a pseudo-terminal),
+    with ``AUTOANNOT_PROGRESS_AFTER_S`` set to ``after_s`` (unset: None)."""
+    import pty
+    import subprocess
+    import sys
+    import threading
+
+    from harness import clean_env
+
+    env = clean_env()
+    env.pop("AUTOANNOT_PROGRESS_AFTER_S", None)
+    if after_s is not None:
+        env["AUTOANNOT_PROGRESS_AFTER_S"] = after_s
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the terminal's other end closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "autoannot", *args], env=env,
+                              stdout=subprocess.DEVNULL, stderr=slave, timeout=300)
+    finally:
+        os.close(slave)
+        reader.join(timeout=30)
+        os.close(master)
+    assert done.returncode == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_shows_on_a_terminal_only_after_its_delay(job: Path, tmp_path: Path) -> None:
+    """On a terminal: ``[n/N]`` over a batch and a bar while a trace is read, once the work has
+    run past the delay (0 s here); under the default 2 s, this short work shows none; ``-q``
+    none at all."""
+    raw = [str(job / "graph_rank0.json"), str(job / "graph_rank1.json")]
+    shown = _on_a_terminal(["annotate", "-j", "1", *raw, "-o", f"{tmp_path / 'a'}/"], "0")
+    assert "[1/2]" in shown and "[2/2]" in shown
+    assert "graph_rank0.json" in shown and "[#" in shown  # the reading bar
+    assert "\x1b[K" in shown  # rewritten in place
+    short = _on_a_terminal(["annotate", "-j", "1", *raw, "-o", f"{tmp_path / 'b'}/"], None)
+    assert "[1/2]" not in short and "[#" not in short
+    quiet = _on_a_terminal(["annotate", "-q", "-j", "1", *raw, "-o", f"{tmp_path / 'c'}/"], "0")
+    assert "[1/2]" not in quiet and "[#" not in quiet
+
+
+def test_a_progress_delay_that_is_no_number_is_refused(job: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("AUTOANNOT_PROGRESS_AFTER_S", "soon")
+    assert cli.main(["summary", str(job)]) == 2
+    assert "AUTOANNOT_PROGRESS_AFTER_S='soon'" in capsys.readouterr().err

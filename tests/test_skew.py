@@ -109,6 +109,35 @@ def test_records_alone_name_the_late_rank(late_rank_run) -> None:
     assert abs(late["skew_us"] - SLEEP_S * 1e6) <= 0.1 * SLEEP_S * 1e6
 
 
+def test_records_of_two_hosts_are_timed_on_the_wall_clock_not_their_monotonic_clocks(
+        late_rank_run, tmp_path: Path) -> None:
+    """Ranks 2 and 3 as if on another host: its monotonic clock 8.7 hours from the first's (a
+    later boot), its wall clock the same. Their entry times line up through the wall clock: the
+    late rank and its delay as on one host, per-rank totals of the order of the delay (not the
+    hosts' boot times apart), and a note that cross-host times are only as good as the hosts'
+    clocks."""
+    out, _ = late_rank_run
+    hours = 31_279 * 10**9
+    for path in sorted(out.glob("*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for entry in lines:
+            entry.setdefault("host", "node-a")
+            if entry["rank"] in (2, 3):
+                entry["monotonic_ns"] += hours
+                entry["host"] = "node-b"
+        (tmp_path / path.name).write_text("".join(json.dumps(e) + "\n" for e in lines))
+    analysis = skew.analyze_files([], sorted(tmp_path.glob("*.jsonl")))
+    rows = [r for r in analysis.rows() if r["collective"] == "allreduce"]
+    late = rows[LATE_STEP]
+    assert late["straggler"] == LATE_RANK
+    assert abs(late["skew_us"] - SLEEP_S * 1e6) <= 0.1 * SLEEP_S * 1e6
+    assert all(r["skew_us"] < 0.1 * SLEEP_S * 1e6 for i, r in enumerate(rows) if i != LATE_STEP)
+    for r in analysis.per_rank():  # ~0.3 s each at most, never hours
+        assert r["waited_us"] < 2 * SLEEP_S * 1e6, r
+        assert r["others_waited_for_it_us"] < 4 * SLEEP_S * 1e6, r
+    assert any("2 hosts" in note and "wall clock" in note for note in analysis.notes)
+
+
 def test_a_clock_offset_is_fitted_and_never_taken_for_skew(tmp_path: Path) -> None:
     """The committed H200 eager traces, rank 1's clock moved 5 ms: the fit finds the offset,
     takes it out, and every instance's skew is what it was."""

@@ -158,9 +158,26 @@ class ReadingBar:
             self.shown = False
 
 
+#: Seconds of work before progress shows (default 2).
+PROGRESS_AFTER_VARIABLE = "AUTOANNOT_PROGRESS_AFTER_S"
+
+
 def show_progress(on: bool) -> None:
-    """Whether reading a trace may show a bar (the command line: not ``-q``)."""
+    """Whether reading a trace may show a bar (the command line: not ``-q``), and after how
+    long work shows progress (``AUTOANNOT_PROGRESS_AFTER_S``, seconds)."""
+    from autoannot.traces import parallel
+
     ReadingBar.enabled = on
+    after = os.environ.get(PROGRESS_AFTER_VARIABLE, "").strip()
+    if after:
+        try:
+            seconds = float(after)
+            if not seconds >= 0:
+                raise ValueError
+        except ValueError:
+            raise TraceError(f"{PROGRESS_AFTER_VARIABLE}={after!r}: not a number of seconds "
+                             "(>= 0)") from None
+        ReadingBar.AFTER_S = parallel.Progress.AFTER_S = seconds
 
 
 class Trace:

@@ -23,7 +23,9 @@ within microseconds on all its ranks, so each rank's offset is estimated as the 
 end times minus the first rank's, over the instances; the spread says how well that fits. The
 offset is taken out only where it stands out of its own spread (more than 3 spreads and 1 us),
 and reported either way. Only GPU kernels fit clocks: gloo's CPU ranges end apart, and record
-files read each process's monotonic clock; those are taken as one host's clock.
+files time entries by each process's monotonic clock put on the wall clock's epoch (see
+``record_launches``): one clock on a host, and across hosts as close as their clocks are kept
+(said in a note, never fitted away).
 
 Scale: each rank's trace is read on its own process (``-j``); the instances' times live in two
 instance x rank matrices of doubles, so a 1,024-rank job of 2,000 collectives a rank is 32 MB
@@ -222,13 +224,20 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
     return rank, launches, gloo
 
 
-def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]]]:
-    """A record file's rank and launches (entry times, call sites), per run of the job."""
+def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], str | None]:
+    """A record file's rank, launches (entry times, call sites) per run of the job, and host
+    (None where its lines do not say).
+
+    Entry times are the process's monotonic clock (steady, but each host's own: hosts' differ
+    by hours), moved onto the wall clock where the lines carry it: by the median of
+    ``wall_ns - monotonic_ns`` over the run's lines, so a run keeps its steady clock and ranks
+    of different hosts share an epoch (as well as the hosts' clocks agree)."""
     from autoannot.traces.runs import run_of
     from autoannot.traces.summary import DTYPE_BYTES
 
     by_run: dict[str, list[Launch]] = {}
     rank: int | None = None
+    host: str | None = None
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -247,6 +256,8 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]]]:
                 "written before autoannot 0.1 (no seq) cannot be lined up across ranks") from None
         if entry.get("rank") is not None:
             rank = int(entry["rank"])
+        if isinstance(entry.get("host"), str):
+            host = entry["host"]
         launches = by_run.setdefault(run_of(entry), [])
         if V.COLLECTIVE_NAME not in annotation:
             continue  # point-to-point blocks: no collective instance
@@ -258,7 +269,13 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]]]:
             int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
             entry.get("call_site"), str(annotation.get(V.PG_DESC, "")),
             wall_us=entry["wall_ns"] / 1e3 if isinstance(entry.get("wall_ns"), int) else None))
-    return rank, by_run
+    for launches in by_run.values():
+        if launches and all(launch.wall_us is not None for launch in launches):
+            offset = statistics.median(launch.wall_us - launch.start_us  # type: ignore[operator]
+                                       for launch in launches)
+            for launch in launches:
+                launch.start_us += offset
+    return rank, by_run, host
 
 
 #: gloo's profiler range name -> the "Collective name"s of launches that run as it.
@@ -490,11 +507,12 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     recorded: dict[int, tuple[list[Launch], Path]] = {}
     read_records = [(path, *record_launches(path)) for path in records]
     found: dict[str, list[Path]] = {}
-    for path, _, by_run in read_records:
+    for path, _, by_run, _ in read_records:
         for name in by_run:
             found.setdefault(name, []).append(path)
     chosen = runs.choose(found, run)
-    for path, rank, by_run in read_records:
+    hosts: dict[int, str | None] = {}
+    for path, rank, by_run, host in read_records:
         launches = by_run.get(chosen, []) if chosen is not None else []
         if rank is None:
             raise files.TraceError(f"{path}: names no rank (written before the process group "
@@ -503,6 +521,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
             raise files.TraceError(f"{recorded[rank][1]} and {path} are both rank {rank}'s "
                                    "record file")
         recorded[rank] = (launches, path)
+        hosts[rank] = host
     per_rank: dict[int, list[Launch]] = {}
     for rank in sorted(set(traced) | set(recorded)):
         launches, gloo, path = traced.get(rank, ([], [], None))
@@ -514,6 +533,13 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
                             "collective args, annotated graphed ones, or a record file)")
     analysis = analyze(per_rank)
     analysis.problems[:0] = problems
+    timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
+    if len(timed_by_entry) > 1:
+        analysis.notes.append(
+            f"the ranks timed by their record files alone ran on {len(timed_by_entry)} hosts: "
+            "their entry times are on each host's wall clock, which agree only as well as the "
+            "hosts are synchronised (NTP: often within a millisecond) — across hosts, skews "
+            "and waits below that are not known")
     return analysis
 
 
