@@ -268,24 +268,62 @@ def _summary(args: argparse.Namespace) -> int:
     return DONE if rows else INCOMPLETE
 
 
-def _split_records(arguments: list[str]) -> tuple[list[str], list[Path]]:
-    """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces."""
+def _split_records(arguments: list[str],
+                   rows: list[Path] | None = None) -> tuple[list[str], list[Path]]:
+    """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces; rows files
+    (``*.rows``, folders' too) into ``rows`` where given."""
+    from autoannot.traces.rows import SUFFIX, is_rows
+
     traces, records = [], []
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
             inside = sorted(path.glob("*.jsonl"))
             records += inside
+            found_rows = [] if rows is None else sorted(
+                p for p in path.glob("*" + SUFFIX) if is_rows(p))
+            if rows is not None:
+                rows += found_rows
             if any(p.name.endswith((".json", ".json.gz")) for p in path.iterdir()) \
-                    or not inside:
+                    or not (inside or found_rows):
                 traces.append(argument)
         elif path.suffix == ".jsonl":
             if not path.exists():
                 raise FileNotFoundError(argument)
             records.append(path)
+        elif rows is not None and path.suffix == SUFFIX:
+            if not path.exists():
+                raise FileNotFoundError(argument)
+            rows.append(path)
         else:
             traces.append(argument)
     return traces, records
+
+
+def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], list[Path],
+                                                                    list[Path]]:
+    """A cross-rank command's traces, record files and rows files. A folder's trace whose rows
+    lie beside it (``NAME.rows``, written in the job) is read through its rows: said once."""
+    from autoannot.traces import paths
+    from autoannot.traces.rows import rows_path
+
+    rows: list[Path] = []
+    named, records = _split_records(arguments, rows)
+    skipped: list[str] = []
+    traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
+    for note in skipped:
+        _say(command, note)
+    have_rows = {os.path.realpath(p) for p in rows}
+    through_rows = [t for t in traces if os.path.realpath(rows_path(t)) in have_rows]
+    if through_rows:
+        _say(command, f"{len(through_rows)} traces read through the rows written beside them "
+             f"in the job ({', '.join(p.name for p in through_rows[:3])}"
+             f"{', ...' if len(through_rows) > 3 else ''})")
+        traces = [t for t in traces if t not in through_rows]
+        # their record files were joined into the rows too
+        ranks_rows = {rows_path(t).stem for t in through_rows}
+        records = [r for r in records if r.stem not in ranks_rows]
+    return traces, records, rows
 
 
 def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
@@ -311,23 +349,19 @@ def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
 
 
 def _skew(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, paths, skew
+    from autoannot.traces import files, skew
 
     outputs = [Path(o) for o in args.output or []]
     wrong = _not_json_or_csv(outputs)
     if wrong:
         return _bad_input("skew", wrong)
     try:
-        named, records = _split_records(args.inputs)
-        skipped: list[str] = []
-        traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
-        for note in skipped:
-            _say("skew", note)
-        _check_written([*traces, *records], outputs, args.force)
+        traces, records, rows = _cross_rank_inputs("skew", args.inputs)
+        _check_written([*traces, *records, *rows], outputs, args.force)
         with tempfile.TemporaryDirectory(prefix="autoannot-skew-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
             analysis = skew.analyze_files(readable, records, jobs=args.jobs,
-                                          progress=not args.quiet, run=args.run)
+                                          progress=not args.quiet, run=args.run, rows=rows)
             for said in (analysis.problems, analysis.notes):  # (name the user's files)
                 for read, given in zip(readable, traces, strict=True):
                     said[:] = [line.replace(str(read), str(given)) for line in said]
@@ -336,7 +370,7 @@ def _skew(args: argparse.Namespace) -> int:
     except files.TraceError as exc:
         return _bad_input("skew", str(exc))
     if len(analysis.ranks) < 2:
-        _say("skew", f"one rank's inputs ({', '.join(map(str, [*traces, *records]))}): give "
+        _say("skew", f"one rank's inputs ({', '.join(map(str, [*traces, *records, *rows]))}): give "
              "every rank's trace or record file to line its collectives up")
         return INCOMPLETE
     from autoannot.traces import outputs as written
@@ -404,6 +438,57 @@ def _check(args: argparse.Namespace) -> int:
         _say("check", "nothing to compare: give two ranks' ledgers, record files or traces")
         return INCOMPLETE
     return INCOMPLETE if divergences else DONE
+
+
+def _report(args: argparse.Namespace) -> int:
+    from autoannot.traces import files, skew
+
+    output = Path(args.output)
+    if output.suffix not in (".html", ".htm"):
+        return _bad_input("report", f"-o {output}: name it .html")
+    try:
+        import numpy  # noqa: F401
+        import plotly  # noqa: F401
+    except ImportError as exc:
+        return _bad_input("report", f"needs numpy and plotly ({exc.name} is missing): pip "
+                          "install 'autoannot[report]'")
+    try:
+        traces, records, rows = _cross_rank_inputs("report", args.inputs)
+        _check_written([*traces, *records, *rows], [output], args.force)
+        with tempfile.TemporaryDirectory(prefix="autoannot-report-") as scratch:
+            readable = _annotated_in(traces, Path(scratch))
+            analysis = skew.analyze_files(readable, records, jobs=args.jobs,
+                                          progress=not args.quiet, run=args.run, rows=rows)
+            for said in (analysis.problems, analysis.notes):
+                for read, given in zip(readable, traces, strict=True):
+                    said[:] = [line.replace(str(read), str(given)) for line in said]
+    except FileNotFoundError as exc:
+        return _bad_input("report", f"{exc.args[0]}: no such file")
+    except files.TraceError as exc:
+        return _bad_input("report", str(exc))
+    if len(analysis.ranks) < 2:
+        _say("report", "one rank's inputs: give every rank's rows, trace or record file")
+        return INCOMPLETE
+    if args.instance is not None and not 0 <= args.instance < len(analysis.instances):
+        return _bad_input("report", f"--instance {args.instance}: there are "
+                          f"{len(analysis.instances)} instances (0-{len(analysis.instances) - 1})")
+    from autoannot.traces import outputs as written
+    from autoannot.traces import report
+
+    names = [str(p) for p in [*rows, *traces, *records]]
+    try:
+        written.write_all({output: lambda tmp: files.atomic_write_text(
+            str(tmp), report.render(analysis, names, args.title, args.instance))}, "report")
+    except OSError as exc:
+        return _bad_input("report", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
+                          "written)")
+    ranked = report.stragglers(analysis, 1)
+    lead = (f"rank {ranked[0]['rank']} held the others up most "
+            f"({skew._us(ranked[0]['others_waited_for_it_us'])})" if ranked
+            else "no rank arrived late")
+    print(f"{output}: {len(analysis.instances)} instances on {len(analysis.ranks)} ranks; "
+          f"{lead}; {len(analysis.problems)} not matched")
+    return INCOMPLETE if analysis.problems or not analysis.instances else DONE
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -539,6 +624,29 @@ def build_parser() -> argparse.ArgumentParser:
     skew_.add_argument("-j", "--jobs", type=_jobs, metavar="N",
                        help="traces read at once (default: the cores)")
     skew_.set_defaults(func=_skew)
+    rep = sub.add_parser(
+        "report", help="one self-contained HTML page of the whole job: who was late, the "
+        "stragglers, bandwidth per group, agreement, one step's timeline",
+        description="Line up every rank's collectives (as skew does: rows files written in "
+        "the job, *.rows; traces; AUTOANNOT_RECORD files; or a mix) and write one HTML page "
+        "that opens from disk with no network: a rank x instance heat map of lateness, the "
+        "stragglers ranked with their call sites, transfer time and bus bandwidth per group, "
+        "whether the ranks agree, and one step's timeline rank by rank (needs numpy and "
+        "plotly). Exit 1 where some collectives could not be matched (the page says which).")
+    rep.add_argument("inputs", nargs="+", metavar="ROWS_TRACES_OR_RECORDS",
+                     help="rows files (*.rows), traces, AUTOANNOT_RECORD files (*.jsonl), or "
+                     "folders of them")
+    rep.add_argument("-o", "--output", required=True, metavar="HTML", help="the page (.html)")
+    rep.add_argument("--title", help="the page's title")
+    rep.add_argument("--instance", type=int, metavar="N", help="the instance whose step the "
+                     "timeline shows (default: the one with the largest skew)")
+    rep.add_argument("--run", metavar="RUN", help="the run of the job, where the inputs hold "
+                     "several (they name each)")
+    rep.add_argument("--force", action="store_true", help=FORCE_HELP)
+    rep.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    rep.add_argument("-j", "--jobs", type=_jobs, metavar="N",
+                     help="traces read at once (default: the cores)")
+    rep.set_defaults(func=_report)
     check = sub.add_parser(
         "check", help="do the ranks launch the same collectives in the same order?",
         description="Compare every rank's collective sequences, per captured graph and "

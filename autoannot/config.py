@@ -47,14 +47,16 @@ class Config:
     group's lane. ``AUTOANNOT_OPS`` (default 1): observe the launches no proxy sees (compiled
     code, DDP's reducer, autograd, C++). ``AUTOANNOT_NATIVE`` (default 1): through the native
     observer where it is built. ``AUTOANNOT_VERIFY`` (default 0): compare each capture's
-    collectives across ranks when it ends."""
+    collectives across ranks when it ends. ``AUTOANNOT_ROWS`` (default 1): each rank writes the
+    rows of the trace it exports beside it (``traces.rows``)."""
 
     __slots__ = ("annotate_on_export", "lanes", "mark_kernels", "native", "ops",
-                 "torch_annotations", "verify")
+                 "rows_on_export", "torch_annotations", "verify")
 
     def __init__(self, mark_kernels: bool = True, torch_annotations: bool = True,
                  annotate_on_export: bool = False, lanes: bool = False, ops: bool = True,
-                 native: bool = True, verify: bool = False) -> None:
+                 native: bool = True, verify: bool = False,
+                 rows_on_export: bool = True) -> None:
         self.mark_kernels = mark_kernels
         self.torch_annotations = torch_annotations
         self.annotate_on_export = annotate_on_export
@@ -62,6 +64,7 @@ class Config:
         self.ops = ops
         self.native = native
         self.verify = verify
+        self.rows_on_export = rows_on_export
 
     def __repr__(self) -> str:
         return "Config(" + ", ".join(f"{name}={getattr(self, name)}"
@@ -88,4 +91,5 @@ def from_environment(env: Mapping[str, str] | None = None) -> Config:
         ops=flag("AUTOANNOT_OPS", True, env),
         native=flag("AUTOANNOT_NATIVE", True, env),
         verify=flag("AUTOANNOT_VERIFY", False, env),
+        rows_on_export=flag("AUTOANNOT_ROWS", True, env),
     )

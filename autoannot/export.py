@@ -38,24 +38,75 @@ def write_ledger(trace_path: str, agent: Any) -> str | None:
     return ledgers.write(trace_path, document)
 
 
+def write_rows(trace_path: str, agent: Any, annotated: bool = False) -> str | None:
+    """The rows of the trace this rank just exported (``traces.rows``), beside it, joined
+    with this process's record file (its run): call sites, and gloo's groups and sizes. A
+    graphed trace with a ledger is read as ``annotate`` would write it (a temporary beside
+    it). None where the trace holds no collective."""
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    from autoannot.traces import ledger as ledgers
+    from autoannot.traces import rows
+
+    journal = next((j for j in agent.state.journals if j.path is not None), None)
+    readable = Path(trace_path)
+    scratch = None
+    if not annotated and ledgers.find(trace_path) is not None:
+        from autoannot.traces import annotate
+
+        scratch = tempfile.TemporaryDirectory(prefix=".autoannot-rows-",
+                                              dir=os.path.dirname(os.path.abspath(trace_path)))
+        candidate = Path(scratch.name) / readable.name
+        try:
+            annotate.annotate_file(readable, candidate)
+            readable = candidate
+        except annotate.NothingToAnnotate:  # (no replay in it: read it as it is)
+            pass
+    try:
+        made = rows.of_trace(readable, None if journal is None else Path(journal.path),
+                             run=None if journal is None else journal.run,
+                             host=socket.gethostname())
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    if made is None:
+        return None
+    made.source = Path(trace_path).name
+    out = rows.rows_path(trace_path)
+    rows.write(made, out)
+    return str(out)
+
+
 def _after_export(agent: Any) -> Any:
     """``export_chrome_trace``'s wrapper: the ledger file, then (if asked) the annotation."""
 
     def after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
         path = args[0] if args else kwargs.get("path")
+        if path is None or not agent.state.live:
+            return result
+        settings = agent.config
+        annotated = False
         try:
-            if path is not None and agent.state.live and write_ledger(path, agent) is not None:
-                settings = agent.config
-                if settings.annotate_on_export:
-                    from autoannot.traces import annotate
+            if write_ledger(path, agent) is not None and settings.annotate_on_export:
+                from autoannot.traces import annotate
 
-                    with contextlib.suppress(annotate.NothingToAnnotate):  # no replay traced
-                        annotate.annotate_file(path, path, lanes=settings.lanes)
+                with contextlib.suppress(annotate.NothingToAnnotate):  # no replay traced
+                    annotate.annotate_file(path, path, lanes=settings.lanes)
+                    annotated = True
         except Exception as exc:  # the trace is exported; our part failed
             from autoannot import diagnostics
 
             diagnostics.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
+        if settings.rows_on_export:
+            try:
+                write_rows(path, agent, annotated)
+            except Exception as exc:
+                from autoannot import diagnostics
+
+                diagnostics.warn_once("export rows", "writing the trace's rows", exc)
         return result
 
     return after_export

@@ -95,6 +95,13 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({self.path or self.template!r})"
 
+    @property
+    def run(self) -> str | None:
+        """The run its lines name (None before the first line)."""
+        import json
+
+        return json.loads(self._run) or None
+
     def _open(self) -> int:
         import atexit
         import socket

@@ -108,6 +108,26 @@ class Analysis:
     ends: Any = None
     sites: dict[tuple[int, int], str] = field(default_factory=dict)  # (instance, column) -> site
     notes: list[str] = field(default_factory=list)  # what to keep in mind (not a failure)
+    #: Call sites by code (``matching.RowsAnalysis``: no dict entry per launch).
+    site_names: list[str] = field(default_factory=list)
+    #: (each instance's ``summary_of``, ``per_rank()``) where computed in whole-array steps
+    #: (``matching.analyze_rows``).
+    precomputed: tuple[list[Any], list[dict[str, Any]]] | None = None
+
+    def site(self, index: int, column: int) -> str | None:
+        """The call site of rank ``ranks[column]``'s part in instance ``index``."""
+        return self.sites.get((index, column))
+
+    def launch_arrays(self) -> tuple[Any, Any, Any, Any]:
+        """Every rank's part in every instance as numpy arrays: (instance, column, start,
+        end), by instance."""
+        import numpy as np
+
+        n, width = len(self.instances), len(self.ranks)
+        starts = np.asarray(self.starts, dtype=np.float64).reshape(n, width)
+        ends = np.asarray(self.ends, dtype=np.float64).reshape(n, width)
+        instance, column = np.nonzero(~np.isnan(starts))
+        return instance, column, starts[instance, column], ends[instance, column]
 
     def _times(self, instance: Instance) -> list[tuple[int, float, float]]:
         """(rank, start, end) of the ranks that took part."""
@@ -119,6 +139,8 @@ class Analysis:
 
     def summary_of(self, instance: Instance) -> tuple[int | None, float, float | None, float]:
         """(straggler or None when in step, skew, transfer or None, last arrival)."""
+        if self.precomputed is not None:
+            return self.precomputed[0][instance.index]
         times = self._times(instance)
         first = min(t[1] for t in times)
         straggler, last, end = max(times, key=lambda t: (t[1], t[0]))
@@ -144,7 +166,7 @@ class Analysis:
             "busbw_gbps": None if busbw is None else round(busbw, 3),
             "ranks": {str(rank): {"start_us": round(start, 3),
                                   "wait_us": round(last - start, 3),
-                                  "call_site": self.sites.get((instance.index, column[rank]))}
+                                  "call_site": self.site(instance.index, column[rank])}
                       for rank, start, _ in times},
         }
 
@@ -153,6 +175,8 @@ class Analysis:
 
     def per_rank(self) -> list[dict[str, Any]]:
         """Per rank: time waiting in collectives, and time the others waited for it."""
+        if self.precomputed is not None:
+            return self.precomputed[1]
         waited: dict[int, float] = defaultdict(float)
         caused: dict[int, float] = defaultdict(float)
         late: dict[int, int] = defaultdict(int)
@@ -447,13 +471,9 @@ def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
                 sites[(row, c)] = launch.call_site
     analysis = Analysis(instances, [], problems, ranks, starts, ends, sites)
     analysis.clocks = _fit_clocks(analysis)
-    far = [fit for fit in analysis.clocks if fit.applied and abs(fit.offset_us) > 50.0]
-    if far:
-        analysis.notes.append(
-            f"{len(far)} ranks' clocks are more than 50 us off rank {ranks[0]}'s (rank "
-            f"{far[0].rank}: {far[0].offset_us:+.0f} us), taken out as clock offsets: right "
-            "for ranks on other hosts; ranks of one host share a clock, so there the traces "
-            "may cover different stretches of the run (profile the same steps on every rank)")
+    note = far_clocks_note(analysis)
+    if note:
+        analysis.notes.append(note)
     for fit in analysis.clocks:
         if fit.applied:
             c = column[fit.rank]
@@ -461,6 +481,18 @@ def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
                 starts[row * width + c] -= fit.offset_us
                 ends[row * width + c] -= fit.offset_us
     return analysis
+
+
+def far_clocks_note(analysis: Analysis) -> str | None:
+    """What to say of clock offsets taken out that are large (ranks of one host share a clock:
+    there, an offset means the traces cover different stretches)."""
+    far = [fit for fit in analysis.clocks if fit.applied and abs(fit.offset_us) > 50.0]
+    if not far:
+        return None
+    return (f"{len(far)} ranks' clocks are more than 50 us off rank {analysis.ranks[0]}'s (rank "
+            f"{far[0].rank}: {far[0].offset_us:+.0f} us), taken out as clock offsets: right "
+            "for ranks on other hosts; ranks of one host share a clock, so there the traces "
+            "may cover different stretches of the run (profile the same steps on every rank)")
 
 
 def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
@@ -487,16 +519,52 @@ def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
     return fits
 
 
+def read_rows_files(paths: Iterable[Path], run: str | None = None,
+                    numpy: bool = False) -> dict[int, Any]:
+    """Rows files by rank, of one run (``run``, or the only one: TraceError naming them where
+    they hold several), a rank given twice refused."""
+    from autoannot.traces import rows, runs
+
+    paths = list(paths)
+    if not paths:
+        return {}
+    found: dict[str, list[Path]] = {}
+    read: list[tuple[Path, Any]] = []
+    for path in paths:
+        one = rows.read(path, numpy=numpy)
+        read.append((path, one))
+        found.setdefault(one.run or runs.NO_RUN, []).append(path)
+    chosen = runs.choose(found, run)
+    by_rank: dict[int, Any] = {}
+    where: dict[int, Path] = {}
+    for path, one in read:
+        if (one.run or runs.NO_RUN) != chosen:
+            continue
+        if one.rank in by_rank:
+            raise files.TraceError(f"{where[one.rank]} and {path} are both rank {one.rank}'s "
+                                   "rows: give one per rank of one job")
+        by_rank[one.rank], where[one.rank] = one, path
+    return by_rank
+
+
 def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
-                  progress: bool = False, run: str | None = None) -> Analysis:
-    """Read every trace (on ``jobs`` processes) and record file, join them per rank, and match
-    instances. Record files holding several runs of a job: ``run`` names the one to line up
-    (TraceError naming them all where it is None)."""
+                  progress: bool = False, run: str | None = None,
+                  rows: Iterable[Path] = ()) -> Analysis:
+    """Read every trace (on ``jobs`` processes), record file and rows file (``traces.rows``),
+    join them per rank, and match instances. Record files holding several runs of a job:
+    ``run`` names the one to line up (TraceError naming them all where it is None). A rank's
+    rows stand for its trace and record file (they were made from them). Rows alone are
+    matched in whole-array steps (``matching``: thousands of ranks)."""
     from autoannot.traces import parallel, runs
 
+    traces, records, rows = list(traces), list(records), list(rows)
+    rows_of = read_rows_files(rows, run, numpy=not traces and not records)
+    if not traces and not records and rows_of:
+        from autoannot.traces import matching
+
+        return matching.analyze_rows(list(rows_of.values()))
     problems: list[str] = []
     traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
-    traces = list(traces)
     read = parallel.map_files(trace_launches, traces, jobs, "read", show=progress)
     for position, (path, (rank, launches, gloo)) in enumerate(zip(traces, read, strict=True)):
         rank = position if rank is None else rank
@@ -523,6 +591,16 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
         recorded[rank] = (launches, path)
         hosts[rank] = host
     per_rank: dict[int, list[Launch]] = {}
+    from autoannot.traces.rows import to_launches
+
+    notes = []
+    for rank, one in rows_of.items():
+        per_rank[rank] = to_launches(one)
+        given = [str(p) for p in (traced.pop(rank, (None, None, None))[2],
+                                  recorded.pop(rank, (None, None))[1]) if p is not None]
+        if given:
+            notes.append(f"rank {rank}: its rows ({one.source or 'rows file'}) stand for "
+                         f"{' and '.join(given)}")
     for rank in sorted(set(traced) | set(recorded)):
         launches, gloo, path = traced.get(rank, ([], [], None))
         records, record_path = recorded.get(rank, ([], None))
@@ -533,6 +611,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
                             "collective args, annotated graphed ones, or a record file)")
     analysis = analyze(per_rank)
     analysis.problems[:0] = problems
+    analysis.notes[:0] = notes
     timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
     if len(timed_by_entry) > 1:
         analysis.notes.append(

@@ -1,0 +1,352 @@
+"""``autoannot report``: the whole job on one self-contained HTML page — who was late at which
+collective and by how much (a rank x instance heat map), the stragglers ranked with their call
+sites, each group's transfer time and bus bandwidth, whether the ranks agree, and the timeline
+of one step.
+
+Plotly draws it (``plotly``, with numpy): a well-kept library that writes static HTML with its
+JavaScript inlined — the page opens from disk, with no server and no network — and that keeps
+large matrices as typed arrays, so a heat map of thousands of ranks stays a few MB. Every figure
+says what it can and cannot know: entry times (record files) have no transfer; gloo's CPU ranges
+end apart; clocks of different hosts are fitted on GPU kernels only.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from autoannot.traces.skew import Analysis, _us
+
+#: The heat map's largest size in cells (rows x columns); beyond it, cells take the largest
+#: value of a block of ranks x instances (a late rank never averages away).
+MAX_HEAT_RANKS = 512
+MAX_HEAT_INSTANCES = 1500
+#: Ranks drawn in the step's timeline (the straggler, the most delayed, then spread out).
+TIMELINE_RANKS = 16
+
+
+def stragglers(analysis: Analysis, top: int = 20) -> list[dict[str, Any]]:
+    """The ranks others waited for most, each with its worst instance and call site there."""
+    per_rank = {r["rank"]: r for r in analysis.per_rank()}
+    worst: dict[int, tuple[float, Any]] = {}
+    for instance in analysis.instances:
+        straggler, skew, _, _ = analysis.summary_of(instance)
+        if straggler is not None and skew > worst.get(straggler, (-1.0, None))[0]:
+            worst[straggler] = (skew, instance)
+    column = {rank: c for c, rank in enumerate(analysis.ranks)}
+    ranked = sorted((r for r in per_rank.values() if r["last_to_arrive"]),
+                    key=lambda r: -r["others_waited_for_it_us"])[:top]
+    found = []
+    for r in ranked:
+        skew, instance = worst[r["rank"]]
+        found.append({**r, "worst_skew_us": skew, "group": instance.group,
+                      "group_desc": instance.group_desc, "seq": instance.seq,
+                      "collective": instance.collective,
+                      "call_site": analysis.site(instance.index, column[r["rank"]])})
+    return found
+
+
+def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
+    """Per (group, collective, size): instances, median transfer and bus bandwidth (where the
+    transfer is known: kernels and gloo's ranges, not entry times)."""
+    import statistics
+
+    from autoannot.traces.summary import bus_factor
+
+    groups: dict[tuple[str, str, str, int], list[float]] = {}
+    counts: dict[tuple[str, str, str, int], int] = {}
+    members: dict[tuple[str, str, str, int], int] = {}
+    for instance in analysis.instances:
+        key = (instance.group, instance.group_desc, instance.collective, instance.size_bytes)
+        counts[key] = counts.get(key, 0) + 1
+        _, _, transfer, _ = analysis.summary_of(instance)
+        groups.setdefault(key, [])
+        if transfer is not None and transfer > 0:
+            groups[key].append(transfer)
+        if key not in members:
+            members[key] = len(analysis._times(instance))
+    rows = []
+    for key, transfers in sorted(groups.items()):
+        group, desc, collective, size = key
+        median = statistics.median(transfers) if transfers else None
+        busbw = (size / (median * 1e-6) / 1e9 * bus_factor(collective, members[key])
+                 if median and size else None)
+        rows.append({"group": group, "group_desc": desc, "collective": collective,
+                     "size_bytes": size, "instances": counts[key], "ranks": members[key],
+                     "median_transfer_us": median, "median_busbw_gbps": busbw})
+    return rows
+
+
+def _lateness(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
+    """Every launch's (instance, column, start, end) and how late it arrived (its start minus
+    its instance's first start)."""
+    import numpy as np
+
+    instance, column, start, end = analysis.launch_arrays()
+    first = np.full(len(analysis.instances), np.inf)
+    np.minimum.at(first, instance, start)
+    return instance, column, start, end, start - first[instance]
+
+
+def _heat_map(analysis: Analysis) -> tuple[Any, str]:
+    """Ranks x instances, each cell how late the rank arrived (ms); blocks of ranks and
+    instances take their largest value beyond ``MAX_HEAT_*``."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    instance, column, _, _, late = _lateness(analysis)
+    ranks, count = analysis.ranks, len(analysis.instances)
+    height = max(1, -(-len(ranks) // MAX_HEAT_RANKS))
+    width = max(1, -(-count // MAX_HEAT_INSTANCES))
+    rows, columns = -(-len(ranks) // height), -(-count // width)
+    cells = np.full(rows * columns, -np.inf)
+    np.maximum.at(cells, (column // height) * columns + instance // width, late / 1e3)
+    cells[np.isneginf(cells)] = np.nan  # no launch there: the rank is no member
+    cells = cells.reshape(rows, columns)
+    y = [str(ranks[i * height]) if height == 1 else
+         f"{ranks[i * height]}-{ranks[min(len(ranks), (i + 1) * height) - 1]}"
+         for i in range(rows)]
+    figure = go.Figure(go.Heatmap(
+        z=cells, x=np.arange(columns) * width, y=y, colorscale="Inferno", zmin=0,
+        colorbar={"title": {"text": "late (ms)"}},
+        hovertemplate="rank %{y}<br>instance %{x}<br>late %{z:.3f} ms<extra></extra>"))
+    figure.update_layout(height=min(900, 260 + 14 * rows),
+                         margin={"l": 90, "r": 20, "t": 30, "b": 50},
+                         xaxis_title="instance (by group, then sequence)",
+                         yaxis_title="rank", yaxis={"type": "category", "autorange": "reversed"})
+    note = ("How late each rank arrived at each collective instance: its arrival minus the "
+            "first rank's. The others wait that long for the latest; bright cells are the "
+            "ranks that held the rest up. Blank: the rank is no member of that instance's "
+            "group.")
+    if height > 1 or width > 1:
+        note += (f" Each cell is the largest of {height} ranks x {width} instances (a late "
+                 "rank is never averaged away).")
+    return figure, note
+
+
+def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, str] | None:
+    """Bars per rank for the instances nearest in time to ``around`` (default: the largest
+    skew) that the ranks shown took part in."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    instances = analysis.instances
+    if not instances:
+        return None
+    given = around is not None
+    if around is None:
+        around = max(range(len(instances)), key=lambda i: analysis.summary_of(instances[i])[1])
+    instance, column, start, end, late = _lateness(analysis)
+    straggler = analysis.summary_of(instances[around])[0]
+    mine = instance == around
+    waits = np.full(len(analysis.ranks), -1.0)
+    waits[column[mine]] = late[mine].max() - late[mine]
+    picked: list[int] = []
+    if straggler is not None:
+        picked.append(analysis.ranks.index(straggler))
+    picked += [int(c) for c in np.argsort(-waits, kind="stable")[:TIMELINE_RANKS // 2]
+               if waits[c] >= 0 and c not in picked]
+    rest = [c for c in range(len(analysis.ranks)) if c not in picked]
+    step = max(1, len(rest) // max(1, TIMELINE_RANKS - len(picked)))
+    picked += rest[::step][:max(0, TIMELINE_RANKS - len(picked))]
+    picked.sort()
+    shown = np.isin(column, picked)
+    # the instances of those ranks nearest in time to the chosen one
+    candidates = np.unique(instance[shown])
+    firsts = np.full(len(instances), np.inf)
+    np.minimum.at(firsts, instance, start)
+    by_time = candidates[np.argsort(firsts[candidates], kind="stable")]
+    at = int(np.flatnonzero(by_time == around)[0])
+    chosen = set(by_time[max(0, at - span): at + span + 1].tolist())
+    origin = min(firsts[i] for i in chosen)
+    bars: dict[str, dict[str, list[Any]]] = {
+        "wait": {"y": [], "base": [], "x": [], "text": []},
+        "move": {"y": [], "base": [], "x": [], "text": []}}
+    for i in np.flatnonzero(shown & np.isin(instance, list(chosen))):
+        one = instances[int(instance[i])]
+        last = analysis.summary_of(one)[3]
+        label = f"rank {analysis.ranks[int(column[i])]}"
+        what = f"{one.group_desc or one.group} #{one.seq} {one.collective}"
+        bars["wait"]["y"].append(label)
+        bars["wait"]["base"].append((start[i] - origin) / 1e3)
+        bars["wait"]["x"].append(max(0.0, (last - start[i]) / 1e3))
+        bars["wait"]["text"].append(f"{what}: waited {_us(last - start[i])}")
+        if end[i] == end[i]:
+            bars["move"]["y"].append(label)
+            bars["move"]["base"].append((last - origin) / 1e3)
+            bars["move"]["x"].append(max(0.0, (end[i] - last) / 1e3))
+            bars["move"]["text"].append(f"{what}: transfer {_us(end[i] - last)}")
+    figure = go.Figure()
+    figure.add_bar(orientation="h", name="waiting for the last rank", marker_color="#b8b8b8",
+                   hovertemplate="%{text}<extra></extra>", textposition="none", **bars["wait"])
+    if bars["move"]["x"]:
+        figure.add_bar(orientation="h", name="transfer (after the last arrival)",
+                       marker_color="#1f77b4", hovertemplate="%{text}<extra></extra>",
+                       textposition="none", **bars["move"])
+    figure.update_layout(barmode="overlay", height=160 + 26 * len(picked),
+                         margin={"l": 90, "r": 20, "t": 30, "b": 50},
+                         xaxis_title="ms from the first arrival shown",
+                         yaxis={"autorange": "reversed", "type": "category",
+                                "categoryorder": "array",
+                                "categoryarray": [f"rank {analysis.ranks[c]}" for c in picked]},
+                         legend={"orientation": "h"})
+    i = instances[around]
+    note = (f"The {len(chosen)} instances nearest in time to #{i.seq} of "
+            f"{i.group_desc or i.group} ({i.collective}, the "
+            f"{'chosen instance' if given else 'one with the largest skew'}), on "
+            f"{len(picked)} of {len(analysis.ranks)} ranks: the straggler, those that waited "
+            "most, and others spread over the job. Grey: waiting for the last rank to arrive; "
+            "blue: the transfer, from the last arrival to the rank's end.")
+    if not bars["move"]["x"]:
+        note += " No transfer is known here: these times are launches' entry times."
+    return figure, note
+
+
+def _table(headers: list[str], rows: list[list[str]], css: str = "") -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+                   for row in rows)
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1200px;
+       color: #222; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
+.lead { font-size: 16px; background: #fff4e5; border-left: 4px solid #f0a030;
+        padding: 8px 12px; }
+.note { color: #555; font-size: 13px; max-width: 1000px; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border-bottom: 1px solid #ddd; padding: 3px 10px; text-align: left; }
+th { background: #f4f4f4; } .ok { color: #1a7f37; } .bad { color: #b42318; }
+"""
+
+#: Marks the page rendered (every figure drawn) or failed (a script error), for checks.
+_CHECK = """
+window.addEventListener("error", function (e) {
+  var list = document.body.dataset.errors ? document.body.dataset.errors + " | " : "";
+  document.body.dataset.errors = list + (e.message || "error");
+});
+window.addEventListener("load", function () {
+  var figures = document.querySelectorAll(".plotly-graph-div");
+  var drawn = 0;
+  figures.forEach(function (f) { if (f.querySelector(".main-svg")) drawn += 1; });
+  document.body.dataset.figures = figures.length;
+  document.body.dataset.drawn = drawn;
+});
+"""
+
+
+def render(analysis: Analysis, inputs: list[str], title: str | None = None,
+           around: int | None = None, span: int = 10) -> str:
+    """The page's HTML."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    from autoannot.traces.summary import _size
+
+    parts: list[str] = []
+
+    def figure_html(figure: Any, name: str) -> str:
+        return pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=name,
+                           config={"displaylogo": False, "responsive": True})
+
+    ranked = stragglers(analysis)
+    instances = analysis.instances
+    heading = title or f"Collectives of {len(analysis.ranks)} ranks"
+    parts.append(f"<h1>{html.escape(heading)}</h1>")
+    parts.append(f'<p class="note">{len(instances)} collective instances on '
+                 f"{len(analysis.ranks)} ranks, from {html.escape(_inputs(inputs))}.</p>")
+    if ranked:
+        top = ranked[0]
+        where = top["call_site"] or "no call site recorded"
+        parts.append(
+            f'<p class="lead" id="straggler">Rank {top["rank"]} held the others up most: they '
+            f"waited {_us(top['others_waited_for_it_us'])} for it in all, and it arrived last "
+            f"at {top['last_to_arrive']} of {len(instances)} instances; its worst: "
+            f"{html.escape(top['group_desc'] or top['group'])} #{top['seq']} "
+            f"{html.escape(top['collective'])}, {_us(top['worst_skew_us'])} late, at "
+            f"<code>{html.escape(where)}</code>.</p>")
+    else:
+        parts.append('<p class="lead" id="straggler">No rank arrived late: every instance '
+                     "started within 2 us on all its ranks.</p>")
+
+    parts.append("<h2>Who was late, and how late</h2>")
+    if instances:
+        heat, note = _heat_map(analysis)
+        parts.append(figure_html(heat, "heat-map"))
+        parts.append(f'<p class="note">{html.escape(note)}</p>')
+
+    parts.append("<h2>Stragglers</h2>")
+    if ranked:
+        parts.append(_table(
+            ["rank", "last to arrive", "others waited for it", "its worst instance", "late by",
+             "call site there"],
+            [[r["rank"], r["last_to_arrive"], _us(r["others_waited_for_it_us"]),
+              f"{r['group_desc'] or r['group']} #{r['seq']} {r['collective']}",
+              _us(r["worst_skew_us"]), r["call_site"] or "-"] for r in ranked],
+            "stragglers"))
+    else:
+        parts.append("<p>None.</p>")
+
+    parts.append("<h2>Transfer time and bus bandwidth per group</h2>")
+    by_group = group_rows(analysis)
+    parts.append(_table(
+        ["group", "collective", "size", "instances", "ranks", "median transfer",
+         "median bus bw"],
+        [[f"{r['group_desc'] or '?'} ({r['group']})", r["collective"], _size(r["size_bytes"]),
+          r["instances"], r["ranks"],
+          "unknown" if r["median_transfer_us"] is None else _us(r["median_transfer_us"]),
+          "-" if r["median_busbw_gbps"] is None else _bandwidth(r["median_busbw_gbps"])]
+         for r in by_group], "groups"))
+    parts.append('<p class="note">The transfer is the last rank\'s own time in the collective, '
+                 "from its arrival to its end (waiting is not bandwidth); bus bandwidth uses "
+                 "nccl-tests' factors. Unknown where only entry times are known (record files "
+                 "alone). gloo's times are CPU ranges.</p>")
+
+    parts.append("<h2>Do the ranks agree?</h2>")
+    if analysis.problems:
+        parts.append(f'<p class="bad" id="verdict">{len(analysis.problems)} things do not '
+                     "match across ranks:</p><ul>" + "".join(
+                         f"<li>{html.escape(p)}</li>" for p in analysis.problems) + "</ul>")
+    else:
+        parts.append(f'<p class="ok" id="verdict">Yes: every one of the {len(instances)} '
+                     "instances was launched by all its group's ranks, with the same collective "
+                     "and size at the same place in the group's sequence.</p>")
+
+    timeline = _timeline(analysis, around, span)
+    if timeline is not None:
+        parts.append("<h2>One step, rank by rank</h2>")
+        parts.append(figure_html(timeline[0], "timeline"))
+        parts.append(f'<p class="note">{html.escape(timeline[1])}</p>')
+
+    said = [*analysis.notes, *_clock_notes(analysis)]
+    if said:
+        parts.append("<h2>What these times can and cannot say</h2><ul>"
+                     + "".join(f"<li>{html.escape(n)}</li>" for n in said) + "</ul>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(heading)}</title><style>{_STYLE}</style>"
+            f"<script>{_CHECK}</script><script>{get_plotlyjs()}</script></head><body>"
+            + "\n".join(parts) + "</body></html>\n")
+
+
+def _bandwidth(gbps: float) -> str:
+    return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
+
+
+def _inputs(inputs: list[str]) -> str:
+    shown = ", ".join(inputs[:4])
+    return shown + (f" and {len(inputs) - 4} more" if len(inputs) > 4 else "")
+
+
+def _clock_notes(analysis: Analysis) -> list[str]:
+    fitted = [c for c in analysis.clocks if c.instances]
+    applied = [c for c in fitted if c.applied]
+    notes = []
+    if applied:
+        notes.append(f"{len(applied)} ranks' clock offsets were fitted on GPU kernels' end "
+                     "times and taken out (a clock offset is not skew).")
+    if not fitted:
+        notes.append("No clock was fitted (no GPU kernels): ranks' times are taken as one "
+                     "clock — right on one host; across hosts only as good as their clocks.")
+    return notes

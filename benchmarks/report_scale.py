@@ -1,0 +1,150 @@
+"""``autoannot skew`` and ``autoannot report`` on the rows of a job of thousands of ranks:
+wall time and peak memory of each command, on this machine.
+
+    python benchmarks/report_scale.py [--ranks 8192] [--instances 2000] [--dir DIR]
+
+Each rank's rows file (what a rank writes at trace export: ``autoannot/traces/rows.py``)
+holds N all-reduces of the default group and of its 8-rank tensor-parallel group; every 10th
+default-group instance has one rank 30 us late (rank = instance mod ranks) and each rank's clock
+is off by a few us. Also prints the rows of one rank of the committed 2 x H200 traces, and their
+size per instance. Prints one line of JSON. A benchmark, not a test: it never fails on a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from autoannot.traces import rows
+
+TP = 8  # the tensor-parallel group's size
+
+
+def write_rows(folder: Path, ranks: int, instances: int) -> float:
+    """The rows files; their total size in MiB."""
+    rng = np.random.default_rng(0)
+    half = instances // 2
+    seq = np.concatenate([np.arange(half), np.arange(instances - half)])
+    group = np.concatenate([np.zeros(half, np.uint32), np.ones(instances - half, np.uint32)])
+    true_time = 1e6 + 100.0 * np.arange(instances)
+    total = 0
+    for rank in range(ranks):
+        offset = rng.uniform(-3.0, 3.0)  # this rank's clock (below 1 spread: left as is)
+        start = true_time + rng.uniform(0.0, 5.0, instances) + offset
+        late = (group == 0) & (seq % 10 == 0) & (seq % ranks == rank)
+        start[late] = true_time[late] + 35.0 + offset
+        end = true_time + 55.0 + rng.uniform(0.0, 0.5, instances) + offset
+        columns = {
+            "group": group, "seq": seq.astype(np.int64),
+            "collective": np.zeros(instances, np.uint32),
+            "size_bytes": np.where(group == 0, 1 << 22, 1 << 20).astype(np.int64),
+            "start_us": start, "end_us": end,
+            "site": group.astype(np.int32), "kernel": np.ones(instances, np.uint8)}
+        tp = f"tp{rank // TP}"
+        one = rows.Rows(rank, columns,
+                        [{"name": "0", "desc": "default_pg", "size": ranks},
+                         {"name": tp, "desc": "tensor_parallel", "size": TP}],
+                        ["allreduce"], ["/job/train.py:88", "/job/model.py:212"],
+                        run="bench", host=f"node{rank // 8}", source=f"rank{rank}.json")
+        data = rows.encode(one)
+        (folder / f"rank{rank:05d}.rows").write_bytes(data)
+        total += len(data)
+    return total / 2**20
+
+
+def timed(command: list[str], said: Path) -> tuple[float, float, int, str]:
+    """Seconds, peak MiB, exit status and standard output of one command (run under a fresh
+    Python that reports its child's peak, so the peaks of earlier commands do not count; its
+    output kept in ``said``)."""
+    probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+             "out = open(sys.argv[1], 'w'); r = subprocess.run(sys.argv[2:], stdout=out); "
+             "print(time.perf_counter() - t, r.returncode, "
+             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)")
+    done = subprocess.run([sys.executable, "-c", probe, str(said), *command],
+                          capture_output=True, text=True, check=True)
+    seconds, code, peak = done.stdout.split()
+    return float(seconds), float(peak), int(code), said.read_text()
+
+
+def committed_rows() -> dict[str, object]:
+    """Rows of rank 0 of the committed 2 x H200 traces (eager and graphed, annotated)."""
+    data = Path(__file__).parent.parent / "tests" / "data" / "gpu" / "graphs"
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("eager_rank0.json", "graph_rank0.json"):
+            trace = data / name
+            readable = trace
+            if name.startswith("graph"):
+                from autoannot.traces import annotate
+
+                readable = Path(tmp) / name
+                annotate.annotate_file(trace, readable)
+            one = rows.of_trace(readable)
+            assert one is not None
+            size = len(rows.encode(one))
+            head = size - 45 * len(one)
+            found[name] = {"instances": len(one), "bytes": size, "head_bytes": head,
+                           "bytes_per_instance": round(size / len(one), 1),
+                           "column_bytes_per_instance": 45,
+                           "trace_bytes_per_instance": round(trace.stat().st_size / len(one))}
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=8192)
+    parser.add_argument("--instances", type=int, default=2000)
+    parser.add_argument("--dir", help="where to write the rows (default: a temporary folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.dir or tmp) / "rows"
+        folder.mkdir(parents=True, exist_ok=True)
+        print(f"writing {args.ranks} ranks' rows of {args.instances} instances ...",
+              file=sys.stderr)
+        started = time.perf_counter()
+        mib = write_rows(folder, args.ranks, args.instances)
+        wrote_s = time.perf_counter() - started
+        out = Path(tmp) / "out"
+        cli = [sys.executable, "-m", "autoannot"]
+        late_instances = len(range(0, args.instances // 2, 10))
+        skew_s, skew_mib, skew_code, skew_said = timed(
+            [*cli, "skew", str(folder), "-q", "--top", str(late_instances)],
+            Path(tmp) / "skew.txt")
+        report_s, report_mib, report_code, _ = timed(
+            [*cli, "report", str(folder), "-q", "-o", str(out / "report.html")],
+            Path(tmp) / "report.txt")
+        # the top instances by skew: the late ones, each naming its late rank and ~35 us
+        top = re.findall(r"^default_pg \(0\)\s+(\d+)\s+allreduce\s+\S+ \S+\s+(\d+)\s+"
+                         r"([\d.]+) us", skew_said, re.M)
+        right = sum(int(seq) % 10 == 0 and int(last) == int(seq) % args.ranks
+                    and 25 <= float(skew_us) <= 42 for seq, last, skew_us in top)
+        matched = re.search(r"^(\d+) collective instances", skew_said, re.M)
+        figures = {
+            "ranks": args.ranks, "instances_per_rank": args.instances,
+            "rows": args.ranks * args.instances, "rows_mib": round(mib),
+            "rows_written_s": round(wrote_s, 1), "cores": os.cpu_count(),
+            "skew": {"seconds": round(skew_s, 1), "peak_mib": round(skew_mib),
+                     "exit": skew_code},
+            "report": {"seconds": round(report_s, 1), "peak_mib": round(report_mib),
+                       "exit": report_code,
+                       "page_mib": round((out / "report.html").stat().st_size / 2**20, 1)
+                       if (out / "report.html").exists() else None},
+            "instances_matched": int(matched.group(1)) if matched else None,
+            "late_rank_named_with_its_delay": f"{right}/{late_instances}",
+            "committed_h200_rank0": committed_rows(),
+        }
+        print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

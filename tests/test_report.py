@@ -1,0 +1,215 @@
+"""Issue 30: rows written in the job, and ``autoannot report``'s page — on a real 4-rank gloo job
+(``AUTOANNOT=1``, ``AUTOANNOT_RECORD``, one profiled step, rank 2 late at one collective), checked
+in a real browser (Debian's headless Chromium)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import run_ranks
+
+from autoannot import cli
+from autoannot.traces import matching, rows, skew
+
+LATE_RANK, SLEEP_S, STEPS, PROFILED = 2, 0.25, 5, 3
+
+
+def train_with_one_profiled_step(rank: int, world: int, out: str) -> dict:
+    """Five steps of three collectives (the default group, and a pair group); step 3 is
+    profiled (torch.profiler's schedule: wait, warm up, one active step), and in it rank 2
+    sleeps before the all-reduce. The agent and the record file come from the environment
+    (AUTOANNOT=1 at start-up, as users run it)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    import autoannot
+
+    assert autoannot.is_enabled()
+    pair = dist.new_group([0, 1]), dist.new_group([2, 3])
+    mine = pair[rank // 2]
+    grads, weights = torch.ones(1 << 12), torch.zeros(1 << 10)
+    line = 0
+    with profile(activities=[ProfilerActivity.CPU],
+                 schedule=schedule(wait=PROFILED - 1, warmup=1, active=1, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/rank{rank}.json")) \
+            as prof:
+        for step in range(STEPS):
+            dist.broadcast(weights, src=0)
+            if step == PROFILED and rank == LATE_RANK:
+                time.sleep(SLEEP_S)
+            line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+            dist.all_reduce(grads)
+            dist.all_reduce(weights, group=mine)
+            prof.step()
+    return {"line": line}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> tuple[Path, int]:
+    out = tmp_path_factory.mktemp("job")
+    saved = {k: os.environ.get(k) for k in ("AUTOANNOT", "AUTOANNOT_RECORD")}
+    os.environ["AUTOANNOT"] = "1"
+    os.environ["AUTOANNOT_RECORD"] = f"{out}/rank{{rank}}.jsonl"
+    try:
+        results = run_ranks(train_with_one_profiled_step, 4, "gloo", (str(out),))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out, results[0]["line"]
+
+
+def test_every_rank_writes_its_rows_at_export(job) -> None:
+    out, line = job
+    made = sorted(out.glob("*.rows"))
+    assert [p.name for p in made] == [f"rank{r}.rows" for r in range(4)]
+    for rank, path in enumerate(made):
+        one = rows.read(path)
+        assert one.rank == rank and one.source == f"rank{rank}.json"
+        assert one.run and one.run == rows.read(made[0]).run  # the job's one run
+        # the profiled step: a broadcast and two all-reduces (gloo's CPU ranges, named by the
+        # record file); compact: 45 bytes a row besides the head
+        assert len(one) == 3
+        names = [one.collectives[c] for c in one.columns["collective"]]
+        assert names == ["broadcast", "allreduce", "allreduce"]
+        sites = [one.sites[s] for s in one.columns["site"] if s >= 0]
+        assert f"{__file__}:{line}" in sites
+        assert all(e >= s for s, e in zip(one.columns["start_us"], one.columns["end_us"],
+                                          strict=True))
+        column_bytes = path.stat().st_size - len(rows.MAGIC) - len(
+            path.read_bytes().split(b"\n")[1]) - 1
+        assert column_bytes == 45 * len(one)
+
+
+def test_rows_answer_as_the_traces_and_record_files_they_came_from(job) -> None:
+    """The same instances, stragglers and waits from the rows (whole-array matching) as from the
+    traces and record files (skew's own path)."""
+    out, _ = job
+    from_files = skew.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
+    # the record files hold all five steps; the traces one: the rows hold that one
+    from_rows = skew.analyze_files([], [], rows=sorted(out.glob("*.rows")))
+    assert from_rows.precomputed is not None  # (the whole-array path)
+    assert from_rows.rows() == from_files.rows()
+    assert from_rows.per_rank() == from_files.per_rank()
+    late = max(from_rows.rows(), key=lambda r: r["skew_us"])
+    assert late["straggler"] == LATE_RANK and late["collective"] == "allreduce"
+    assert abs(late["skew_us"] - SLEEP_S * 1e6) < 0.2 * SLEEP_S * 1e6
+
+
+def test_report_names_the_straggler_on_the_page(job, tmp_path: Path, capsys) -> None:
+    out, line = job
+    page = tmp_path / "report.html"
+    assert cli.main(["report", str(out), "-o", str(page), "-q"]) == 0
+    said = capsys.readouterr()
+    assert f"rank {LATE_RANK} held the others up most" in said.out
+    assert "traces read through the rows" in said.err  # the folder's traces: their rows
+    text = page.read_text()
+    lead = re.search(r'<p class="lead" id="straggler">(.*?)</p>', text).group(1)
+    assert lead.startswith(f"Rank {LATE_RANK} held the others up most")
+    assert f"{Path(__file__).name}:{line}" in lead
+    assert 'id="verdict">Yes' in text
+    assert "https://" not in text.split("<script>")[0]  # nothing fetched: one file
+    # a second run writes over its own page; a file autoannot did not write is refused
+    assert cli.main(["report", str(out), "-o", str(page), "-q"]) == 0
+    mine = tmp_path / "mine.html"
+    mine.write_text("my notes")
+    assert cli.main(["report", str(out), "-o", str(mine), "-q"]) == 2
+    assert mine.read_text() == "my notes"
+
+
+def test_report_takes_traces_and_record_files_alone_too(job, tmp_path: Path) -> None:
+    out, _ = job
+    for pattern, code in (("rank?.jsonl", 0), ("rank?.json", 1)):
+        page = tmp_path / f"{pattern[5:].replace('.', '')}.html"
+        inputs = [str(p) for p in sorted(out.glob(pattern))]
+        # record files: all five steps, entry times only; traces alone: gloo's ranges carry no
+        # groups or sizes (nothing to line up: exit 1, said)
+        assert cli.main(["report", *inputs, "-o", str(page), "-q"]) == code
+        if code == 0:
+            text = page.read_text()
+            assert f"Rank {LATE_RANK} held the others up most" in text
+            assert "unknown" in text  # no transfer from entry times
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+
+def _chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, *BROWSER_FLAGS, f"--user-data-dir={profile}",
+                           "--virtual-time-budget=15000", *extra, page.as_uri()],
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (.ci/run installs Debian's)")
+def test_the_page_renders_in_a_real_browser(job, tmp_path: Path) -> None:
+    """Debian's headless Chromium, offline: every figure drawn, no script error, the straggler
+    on the page; a screenshot."""
+    out, _ = job
+    page = tmp_path / "report.html"
+    assert cli.main(["report", str(out), "-o", str(page), "-q"]) == 0
+    dom = _chromium(page, tmp_path / "profile", "--dump-dom").stdout
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    attributes = dict(re.findall(r'data-([a-z]+)="([^"]*)"', body))
+    assert "errors" not in attributes, attributes.get("errors")
+    assert attributes["figures"] == attributes["drawn"] == "2"  # heat map and timeline
+    assert f"Rank {LATE_RANK} held the others up most" in dom
+    assert dom.count("main-svg") >= 2  # plotly drew its SVG
+    shot = tmp_path / "report.png"
+    _chromium(page, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1280,1800")
+    assert shot.stat().st_size > 20_000  # a picture, not a blank page
+    with open(shot, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_damaged_rows_file_is_refused_with_its_name(job, tmp_path: Path, capsys) -> None:
+    out, _ = job
+    cut = tmp_path / "rank0.rows"
+    cut.write_bytes((out / "rank0.rows").read_bytes()[:-5])
+    assert cli.main(["skew", str(cut), str(out / "rank1.rows")]) == 2
+    assert f"{cut}: cut short or damaged" in capsys.readouterr().err
+    other = tmp_path / "rank1.rows"
+    data = (out / "rank1.rows").read_bytes()
+    head_end = data.index(b"\n", len(rows.MAGIC))
+    head = json.loads(data[len(rows.MAGIC):head_end])
+    head["version"] = 9
+    other.write_bytes(rows.MAGIC + json.dumps(head).encode() + data[head_end:])
+    assert cli.main(["skew", str(out / "rank0.rows"), str(other)]) == 2
+    assert "rows of version 9" in capsys.readouterr().err
+
+
+def test_whole_array_matching_says_what_does_not_match(job) -> None:
+    """A rank whose rows lack one instance, and one that disagrees on a size: both named, the
+    rest matched (as skew's own path does)."""
+    out, _ = job
+    ranks = [rows.read(p, numpy=True) for p in sorted(out.glob("*.rows"))]
+    import numpy as np
+
+    sizes = np.array(ranks[1].columns["size_bytes"])
+    sizes[2] += 4  # rank 1's pair all-reduce
+    ranks[1].columns["size_bytes"] = sizes
+    ranks[3].columns = {k: v[1:] for k, v in ranks[3].columns.items()}  # no broadcast
+    analysis = matching.analyze_rows(ranks)
+    assert [(i.group, i.collective) for i in analysis.instances] == [("0", "allreduce"),
+                                                                      ("2", "allreduce")]
+    assert len(analysis.problems) == 2
+    assert "the ranks disagree" in analysis.problems[1] and "group 1" in analysis.problems[1]
+    assert "1 of its 4 ranks have no trace or record of it" in analysis.problems[0]
+    # skew's own path says the same of the same launches
+    own = skew.analyze({r.rank: rows.to_launches(r) for r in ranks})
+    assert [(i.group, i.seq) for i in own.instances] == [(i.group, i.seq)
+                                                         for i in analysis.instances]
+    assert len(own.problems) == 2
