@@ -99,9 +99,16 @@ def test_rows_answer_as_the_traces_and_record_files_they_came_from(job) -> None:
     from_files = skew.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
     # the record files hold all five steps; the traces one: the rows hold that one
     from_rows = skew.analyze_files([], [], rows=sorted(out.glob("*.rows")))
-    assert from_rows.precomputed is not None  # (the whole-array path)
+    assert isinstance(from_rows, matching.RowsAnalysis)  # (the whole-array path)
     assert from_rows.rows() == from_files.rows()
     assert from_rows.per_rank() == from_files.per_rank()
+    assert skew.format_report(from_rows) == skew.format_report(from_files)
+    # the page's tables, from either
+    from autoannot.traces import report
+
+    assert report.stragglers(from_rows) == report.stragglers(from_files)
+    by_key = lambda rows: sorted(rows, key=lambda r: (r["group"], r["collective"]))  # noqa: E731
+    assert by_key(report.group_rows(from_rows)) == by_key(report.group_rows(from_files))
     late = max(from_rows.rows(), key=lambda r: r["skew_us"])
     assert late["straggler"] == LATE_RANK and late["collective"] == "allreduce"
     assert abs(late["skew_us"] - SLEEP_S * 1e6) < 0.2 * SLEEP_S * 1e6

@@ -27,21 +27,23 @@ TIMELINE_RANKS = 16
 
 def stragglers(analysis: Analysis, top: int = 20) -> list[dict[str, Any]]:
     """The ranks others waited for most, each with its worst instance and call site there."""
-    per_rank = {r["rank"]: r for r in analysis.per_rank()}
-    worst: dict[int, tuple[float, Any]] = {}
-    for instance in analysis.instances:
-        straggler, skew, _, _ = analysis.summary_of(instance)
-        if straggler is not None and skew > worst.get(straggler, (-1.0, None))[0]:
-            worst[straggler] = (skew, instance)
-    column = {rank: c for c, rank in enumerate(analysis.ranks)}
-    ranked = sorted((r for r in per_rank.values() if r["last_to_arrive"]),
+    import numpy as np
+
+    figures = analysis.figures()
+    late = np.flatnonzero(figures.straggler >= 0)
+    # each straggler's worst instance: the last of its instances by skew
+    by_skew = late[np.argsort(figures.skew[late], kind="stable")]
+    worst = np.full(len(analysis.ranks), -1, dtype=np.int64)
+    worst[figures.straggler[by_skew]] = by_skew
+    ranked = sorted((r for r in analysis.per_rank() if r["last_to_arrive"]),
                     key=lambda r: -r["others_waited_for_it_us"])[:top]
+    column = {rank: c for c, rank in enumerate(analysis.ranks)}
     found = []
     for r in ranked:
-        skew, instance = worst[r["rank"]]
-        found.append({**r, "worst_skew_us": skew, "group": instance.group,
-                      "group_desc": instance.group_desc, "seq": instance.seq,
-                      "collective": instance.collective,
+        instance = analysis.instances[int(worst[column[r["rank"]]])]
+        found.append({**r, "worst_skew_us": float(figures.skew[instance.index]),
+                      "group": instance.group, "group_desc": instance.group_desc,
+                      "seq": instance.seq, "collective": instance.collective,
                       "call_site": analysis.site(instance.index, column[r["rank"]])})
     return found
 
@@ -49,31 +51,33 @@ def stragglers(analysis: Analysis, top: int = 20) -> list[dict[str, Any]]:
 def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     """Per (group, collective, size): instances, median transfer and bus bandwidth (where the
     transfer is known: kernels and gloo's ranges, not entry times)."""
-    import statistics
+    import numpy as np
 
     from autoannot.traces.summary import bus_factor
 
-    groups: dict[tuple[str, str, str, int], list[float]] = {}
-    counts: dict[tuple[str, str, str, int], int] = {}
-    members: dict[tuple[str, str, str, int], int] = {}
-    for instance in analysis.instances:
-        key = (instance.group, instance.group_desc, instance.collective, instance.size_bytes)
-        counts[key] = counts.get(key, 0) + 1
-        _, _, transfer, _ = analysis.summary_of(instance)
-        groups.setdefault(key, [])
-        if transfer is not None and transfer > 0:
-            groups[key].append(transfer)
-        if key not in members:
-            members[key] = len(analysis._times(instance))
+    f = analysis.figures()
+    if not len(f.group):
+        return []
+    keys = np.stack([f.group.astype(np.int64), f.collective.astype(np.int64), f.size_bytes])
+    unique, inverse = np.unique(keys, axis=1, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(unique.shape[1] + 1))
     rows = []
-    for key, transfers in sorted(groups.items()):
-        group, desc, collective, size = key
-        median = statistics.median(transfers) if transfers else None
-        busbw = (size / (median * 1e-6) / 1e9 * bus_factor(collective, members[key])
+    for k in range(unique.shape[1]):
+        mine = order[bounds[k]:bounds[k + 1]]
+        group, collective, size = (int(v) for v in unique[:, k])
+        transfers = f.transfer[mine]
+        transfers = transfers[~np.isnan(transfers) & (transfers > 0)]
+        members = int(f.members[mine[0]])
+        name = f.collective_names[collective]
+        median = float(np.median(transfers)) if len(transfers) else None
+        busbw = (size / (median * 1e-6) / 1e9 * bus_factor(name, members)
                  if median and size else None)
-        rows.append({"group": group, "group_desc": desc, "collective": collective,
-                     "size_bytes": size, "instances": counts[key], "ranks": members[key],
-                     "median_transfer_us": median, "median_busbw_gbps": busbw})
+        rows.append({"group": f.group_names[group], "group_desc": f.group_descs[group],
+                     "collective": name, "size_bytes": size, "instances": len(mine),
+                     "ranks": members, "median_transfer_us": median,
+                     "median_busbw_gbps": busbw})
     return rows
 
 
@@ -135,7 +139,7 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
         return None
     given = around is not None
     if around is None:
-        around = max(range(len(instances)), key=lambda i: analysis.summary_of(instances[i])[1])
+        around = int(np.argmax(analysis.figures().skew))
     instance, column, start, end, late = _lateness(analysis)
     straggler = analysis.summary_of(instances[around])[0]
     mine = instance == around

@@ -79,9 +79,13 @@ class Rows:
     base_ns: int | None = None  # the wall-clock time of the time base's zero, where known
     source: str = ""  # what they were made from
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Where they were read from, and how many rows the head says (``read_head``: the columns
+    #: are read later, one file at a time).
+    path: Path | None = None
+    count: int = 0
 
     def __len__(self) -> int:
-        return len(self.columns["seq"])
+        return len(self.columns["seq"]) if self.columns else self.count
 
 
 def from_launches(launches: list[Any], rank: int, **head: Any) -> Rows:
@@ -140,35 +144,76 @@ _NUMPY = {"I": "u4", "q": "i8", "d": "f8", "i": "i4", "B": "u1"}
 _WIDTH = {"I": 4, "q": 8, "d": 8, "i": 4, "B": 1}
 
 
+def _parse_head(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
+    """The head of a rows file whose first bytes are ``data``, and where its columns start."""
+    if not data.startswith(MAGIC):
+        raise files.TraceError(f"{path}: not an autoannot rows file")
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise files.TraceError(f"{path}: cut short or damaged (no end to its head)")
+    try:
+        head = json.loads(data[len(MAGIC):end])
+        if not isinstance(head, dict):
+            raise TypeError("not an object")
+        if head.get("version") != VERSION:
+            raise files.TraceError(f"{path}: rows of version {head.get('version')!r}; this "
+                                   f"autoannot reads version {VERSION}")
+        head["count"], head["rank"] = int(head["count"]), int(head["rank"])
+        head["columns"] = [(str(n), str(c)) for n, c in head["columns"]]
+        if any(code not in _WIDTH for _, code in head["columns"]):
+            raise ValueError("an unknown column type")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise files.TraceError(f"{path}: the rows file's head is damaged ({exc})") from None
+    return head, end + 1
+
+
+def _rows_of_head(head: dict[str, Any], columns: dict[str, Any]) -> Rows:
+    known = {"version", "rank", "run", "host", "clock", "base_ns", "source", "count",
+             "byteorder", "columns", "groups", "collectives", "sites"}
+    return Rows(head["rank"], columns, list(head.get("groups", [])),
+                list(head.get("collectives", [])), list(head.get("sites", [])),
+                head.get("run"), head.get("host"), str(head.get("clock", "trace")),
+                head.get("base_ns"), str(head.get("source", "")),
+                {k: v for k, v in head.items() if k not in known})
+
+
+def read_head(path: Path) -> tuple[Rows, int]:
+    """A rows file's head (its ``Rows`` with no columns) and its row count, without reading
+    the columns."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(1 << 16)
+            while data.startswith(MAGIC) and b"\n" not in data[len(MAGIC):]:
+                more = handle.read(1 << 20)
+                if not more:
+                    break
+                data += more
+    except OSError as exc:
+        raise files.TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    head, _ = _parse_head(path, data)
+    rows = _rows_of_head(head, {})
+    rows.path, rows.count = Path(path), head["count"]
+    return rows, head["count"]
+
+
 def read(path: Path, numpy: bool = False) -> Rows:
     """A rows file; TraceError where it is none, or cut short. ``numpy``: the columns as numpy
-    arrays (no copy of the file's bytes per value)."""
+    arrays (views of the file's bytes)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise files.TraceError(f"{path}: cannot read: {exc.strerror}") from None
-    if not data.startswith(MAGIC):
-        raise files.TraceError(f"{path}: not an autoannot rows file")
-    end = data.find(b"\n", len(MAGIC))
-    try:
-        head = json.loads(data[len(MAGIC):end])
-        if head.get("version") != VERSION:
-            raise files.TraceError(f"{path}: rows of version {head.get('version')!r}; this "
-                                   f"autoannot reads version {VERSION}")
-        count, rank = int(head["count"]), int(head["rank"])
-        layout = [(str(n), str(c)) for n, c in head["columns"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise files.TraceError(f"{path}: the rows file's head is damaged ({exc})") from None
-    needed = sum(_WIDTH[code] for _, code in layout) * count
-    if end < 0 or len(data) - end - 1 != needed:
-        raise files.TraceError(f"{path}: cut short or damaged ({len(data) - end - 1} bytes of "
+    head, offset = _parse_head(path, data)
+    count = head["count"]
+    needed = sum(_WIDTH[code] for _, code in head["columns"]) * count
+    if len(data) - offset != needed:
+        raise files.TraceError(f"{path}: cut short or damaged ({len(data) - offset} bytes of "
                                f"columns, {needed} expected for {count} rows)")
     columns: dict[str, Any] = {}
-    offset = end + 1
     if numpy:
         import numpy as np
 
-    for name, code in layout:
+    for name, code in head["columns"]:
         size = _WIDTH[code] * count
         if numpy:
             columns[name] = np.frombuffer(data, dtype="<" + _NUMPY[code], count=count,
@@ -180,12 +225,9 @@ def read(path: Path, numpy: bool = False) -> Rows:
                 column.byteswap()
             columns[name] = column
         offset += size
-    known = {"version", "rank", "run", "host", "clock", "base_ns", "source", "count",
-             "byteorder", "columns", "groups", "collectives", "sites"}
-    return Rows(rank, columns, list(head.get("groups", [])), list(head.get("collectives", [])),
-                list(head.get("sites", [])), head.get("run"), head.get("host"),
-                str(head.get("clock", "trace")), head.get("base_ns"), str(head.get("source", "")),
-                {k: v for k, v in head.items() if k not in known})
+    rows = _rows_of_head(head, columns)
+    rows.path, rows.count = Path(path), count
+    return rows
 
 
 def to_launches(rows: Rows) -> list[Any]:

@@ -96,6 +96,34 @@ _NAN = float("nan")
 
 
 @dataclass
+class Figures:
+    """Per instance, as numpy arrays: its group and collective (codes into the name lists), size,
+    member ranks, skew, straggler (a column of ``Analysis.ranks``; -1: in step), transfer (NaN:
+    unknown) and last arrival."""
+
+    group: Any
+    collective: Any
+    size_bytes: Any
+    members: Any
+    skew: Any
+    straggler: Any
+    transfer: Any
+    last: Any
+    group_names: list[str] = field(default_factory=list)
+    group_descs: list[str] = field(default_factory=list)
+    collective_names: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def empty(count: int) -> Figures:
+        import numpy as np
+
+        return Figures(np.zeros(count, np.int32), np.zeros(count, np.int32),
+                       np.zeros(count, np.int64), np.zeros(count, np.int32),
+                       np.zeros(count), np.full(count, -1, np.int32), np.full(count, np.nan),
+                       np.zeros(count))
+
+
+@dataclass
 class Analysis:
     """The instances, with every rank's start and end in two instance x rank matrices (row-major
     ``array('d')``, NaN where a rank took no part): 2M launches take 32 MB, not 2M objects."""
@@ -108,11 +136,40 @@ class Analysis:
     ends: Any = None
     sites: dict[tuple[int, int], str] = field(default_factory=dict)  # (instance, column) -> site
     notes: list[str] = field(default_factory=list)  # what to keep in mind (not a failure)
-    #: Call sites by code (``matching.RowsAnalysis``: no dict entry per launch).
-    site_names: list[str] = field(default_factory=list)
-    #: (each instance's ``summary_of``, ``per_rank()``) where computed in whole-array steps
-    #: (``matching.analyze_rows``).
-    precomputed: tuple[list[Any], list[dict[str, Any]]] | None = None
+    def figures(self) -> Figures:
+        """Every instance's figures as arrays (numpy), for whole-job views."""
+        import numpy as np
+
+        groups: dict[tuple[str, str], int] = {}
+        collectives: dict[str, int] = {}
+        table = Figures.empty(len(self.instances))
+        for i, instance in enumerate(self.instances):
+            straggler, skew, transfer, last = self.summary_of(instance)
+            table.group[i] = groups.setdefault((instance.group, instance.group_desc),
+                                               len(groups))
+            table.collective[i] = collectives.setdefault(instance.collective, len(collectives))
+            table.size_bytes[i] = instance.size_bytes
+            table.members[i] = len(self._times(instance))
+            table.skew[i] = skew
+            table.straggler[i] = -1 if straggler is None else self.ranks.index(straggler)
+            table.transfer[i] = np.nan if transfer is None else transfer
+            table.last[i] = last
+        table.group_names = [g for g, _ in groups]
+        table.group_descs = [d for _, d in groups]
+        table.collective_names = list(collectives)
+        return table
+
+    def largest_skews(self, top: int) -> list[Instance]:
+        """The ``top`` instances of largest skew, largest first."""
+        import numpy as np
+
+        skew = self.figures().skew
+        if top < len(skew):
+            head = np.sort(np.argpartition(-skew, top)[:top])  # (ties: in instance order)
+        else:
+            head = np.arange(len(skew))
+        head = head[np.argsort(-skew[head], kind="stable")]
+        return [self.instances[int(i)] for i in head]
 
     def site(self, index: int, column: int) -> str | None:
         """The call site of rank ``ranks[column]``'s part in instance ``index``."""
@@ -139,8 +196,6 @@ class Analysis:
 
     def summary_of(self, instance: Instance) -> tuple[int | None, float, float | None, float]:
         """(straggler or None when in step, skew, transfer or None, last arrival)."""
-        if self.precomputed is not None:
-            return self.precomputed[0][instance.index]
         times = self._times(instance)
         first = min(t[1] for t in times)
         straggler, last, end = max(times, key=lambda t: (t[1], t[0]))
@@ -175,8 +230,6 @@ class Analysis:
 
     def per_rank(self) -> list[dict[str, Any]]:
         """Per rank: time waiting in collectives, and time the others waited for it."""
-        if self.precomputed is not None:
-            return self.precomputed[1]
         waited: dict[int, float] = defaultdict(float)
         caused: dict[int, float] = defaultdict(float)
         late: dict[int, int] = defaultdict(int)
@@ -520,9 +573,10 @@ def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
 
 
 def read_rows_files(paths: Iterable[Path], run: str | None = None,
-                    numpy: bool = False) -> dict[int, Any]:
+                    heads_only: bool = False) -> dict[int, Any]:
     """Rows files by rank, of one run (``run``, or the only one: TraceError naming them where
-    they hold several), a rank given twice refused."""
+    they hold several), a rank given twice refused. ``heads_only``: their columns are left to
+    be read one file at a time (``matching.analyze_rows``)."""
     from autoannot.traces import rows, runs
 
     paths = list(paths)
@@ -531,7 +585,7 @@ def read_rows_files(paths: Iterable[Path], run: str | None = None,
     found: dict[str, list[Path]] = {}
     read: list[tuple[Path, Any]] = []
     for path in paths:
-        one = rows.read(path, numpy=numpy)
+        one = rows.read_head(path)[0] if heads_only else rows.read(path)
         read.append((path, one))
         found.setdefault(one.run or runs.NO_RUN, []).append(path)
     chosen = runs.choose(found, run)
@@ -558,7 +612,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     from autoannot.traces import parallel, runs
 
     traces, records, rows = list(traces), list(records), list(rows)
-    rows_of = read_rows_files(rows, run, numpy=not traces and not records)
+    rows_of = read_rows_files(rows, run, heads_only=not traces and not records)
     if not traces and not records and rows_of:
         from autoannot.traces import matching
 
@@ -631,8 +685,11 @@ def _us(value: float | None) -> str:
 
 
 def format_report(analysis: Analysis, top: int = 10) -> str:
-    by_skew = sorted(analysis.instances, key=lambda i: -analysis.summary_of(i)[1])
-    rows = [analysis.row(instance) for instance in by_skew[:top]]
+    try:
+        by_skew = analysis.largest_skews(top)
+    except ImportError:  # no numpy: the same, one instance at a time
+        by_skew = sorted(analysis.instances, key=lambda i: -analysis.summary_of(i)[1])[:top]
+    column = {rank: c for c, rank in enumerate(analysis.ranks)}
     lines = [f"{len(analysis.instances)} collective instances on {len(analysis.ranks)} ranks",
              "",
              f"{'rank':>4} {'waited in collectives':>22} {'others waited for it':>21} "
@@ -640,19 +697,21 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
     for r in analysis.per_rank():
         lines.append(f"{r['rank']:>4} {_us(r['waited_us']):>22} "
                      f"{_us(r['others_waited_for_it_us']):>21} {r['last_to_arrive']:>15}")
-    lines += ["", f"top {min(top, len(rows))} instances by skew:",
+    lines += ["", f"top {len(by_skew)} instances by skew:",
               f"{'group':14} {'#':>5} {'collective':24} {'size':>10} {'last':>5} {'skew':>10} "
               f"{'transfer':>10}  call site (the last rank's)"]
     from autoannot.traces.summary import _size
 
-    for row in rows:
-        straggler = row["straggler"]
-        site = row["ranks"][str(straggler)]["call_site"] if straggler is not None else None
-        group = f"{row['group_desc'] or '?'} ({row['group']})"
-        lines.append(f"{group[:14]:14} {row['seq']:>5} {row['collective'][:24]:24} "
-                     f"{_size(row['size_bytes']):>10} "
-                     f"{'-' if straggler is None else straggler:>5} {_us(row['skew_us']):>10} "
-                     f"{_us(row['transfer_us']):>10}  {site or '-'}")
+    for instance in by_skew:
+        straggler, skew, transfer, _ = analysis.summary_of(instance)
+        site = (analysis.site(instance.index, column[straggler]) if straggler is not None
+                else None)
+        group = f"{instance.group_desc or '?'} ({instance.group})"
+        lines.append(f"{group[:14]:14} {instance.seq:>5} {instance.collective[:24]:24} "
+                     f"{_size(instance.size_bytes):>10} "
+                     f"{'-' if straggler is None else straggler:>5} {_us(round(skew, 3)):>10} "
+                     f"{_us(None if transfer is None else round(transfer, 3)):>10}  "
+                     f"{site or '-'}")
     fitted = [c for c in analysis.clocks if c.instances]
     if fitted:
         lines += ["", "clocks (each rank's offset from rank "
