@@ -405,7 +405,7 @@ def _check(args: argparse.Namespace) -> int:
             if path.is_dir():
                 found = sorted(p for p in path.iterdir() if p.is_file() and (
                     p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX))
-                    or p.suffix == ".jsonl"))
+                    or p.suffix in (".jsonl", ".rows")))
                 if not found:
                     try:
                         found = paths.expand([argument], skip_outputs=False)

@@ -5,9 +5,10 @@ wall time and peak memory of each command, on this machine.
 
 Each rank's rows file (what a rank writes at trace export: ``autoannot/traces/rows.py``)
 holds N all-reduces of the default group and of its 8-rank tensor-parallel group; every 10th
-default-group instance has one rank 30 us late (rank = instance mod ranks) and each rank's clock
-is off by a few us. Also prints the rows of one rank of the committed 2 x H200 traces, and their
-size per instance. Prints one line of JSON. A benchmark, not a test: it never fails on a figure.
+default-group instance has one rank 35 us late (rank = instance mod ranks); the others arrive
+within 1.5 us of each other; each rank's clock is off by 1.5-3 us. Also prints the rows of
+one rank of the committed 2 x H200 traces, and their size per instance. Prints one line of
+JSON. A benchmark, not a test: it never fails on a figure.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def write_rows(folder: Path, ranks: int, instances: int) -> float:
     true_time = 1e6 + 100.0 * np.arange(instances)
     total = 0
     for rank in range(ranks):
-        offset = rng.uniform(-3.0, 3.0)  # this rank's clock (below 1 spread: left as is)
-        start = true_time + rng.uniform(0.0, 5.0, instances) + offset
+        offset = rng.choice([-1.0, 1.0]) * rng.uniform(1.5, 3.0)  # this rank's clock: fitted
+        start = true_time + rng.uniform(0.0, 1.5, instances) + offset  # in step: < 2 us
         late = (group == 0) & (seq % 10 == 0) & (seq % ranks == rank)
         start[late] = true_time[late] + 35.0 + offset
         end = true_time + 55.0 + rng.uniform(0.0, 0.5, instances) + offset

@@ -220,3 +220,38 @@ def test_whole_array_matching_says_what_does_not_match(job) -> None:
     assert [(i.group, i.seq) for i in own.instances] == [(i.group, i.seq)
                                                          for i in analysis.instances]
     assert len(own.problems) == 2
+
+
+def test_a_mix_of_rows_and_record_files_is_lined_up_on_one_clock(job) -> None:
+    """Ranks 0 and 1 by their rows (the trace's time base), ranks 2 and 3 by their record files
+    (entry times on the wall clock): put on one epoch, the late all-reduce is rank 2's, by the
+    sleep; the other steps, which only the record files hold, are named as left out."""
+    out, _ = job
+    analysis = skew.analyze_files([], [out / "rank2.jsonl", out / "rank3.jsonl"],
+                                  rows=[out / "rank0.rows", out / "rank1.rows"])
+    late = max(analysis.rows(), key=lambda r: r["skew_us"])
+    assert late["straggler"] == LATE_RANK and late["collective"] == "allreduce"
+    assert abs(late["skew_us"] - SLEEP_S * 1e6) < 0.2 * SLEEP_S * 1e6
+    others = [r for r in analysis.rows() if r["seq"] != late["seq"] and r["group"] == "0"]
+    assert others and all(r["skew_us"] < 0.2 * SLEEP_S * 1e6 for r in others)
+    assert any("have no trace or record of it" in p for p in analysis.problems)
+
+
+def test_check_compares_rows_over_the_stretch_every_rank_holds(job, tmp_path: Path,
+                                                               capsys) -> None:
+    out, _ = job
+    assert cli.main(["check", *map(str, sorted(out.glob("*.rows")))]) == 0
+    assert "3 sequences" in capsys.readouterr().out  # the default group and the two pairs
+    # rank 1 launched another size in its pair's all-reduce: named, with its call site
+    import numpy as np
+
+    one = rows.read(out / "rank1.rows", numpy=True)
+    sizes = np.array(one.columns["size_bytes"])
+    sizes[2] *= 2
+    one.columns = {**one.columns, "size_bytes": sizes}
+    changed = tmp_path / "rank1.rows"
+    rows.write(one, changed)
+    paths = [out / "rank0.rows", changed, out / "rank2.rows", out / "rank3.rows"]
+    assert cli.main(["check", *map(str, paths)]) == 1
+    said = capsys.readouterr().out
+    assert "DIVERGES" in said and "group 1" in said and "8192 B" in said

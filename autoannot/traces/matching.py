@@ -177,6 +177,11 @@ def analyze_rows(ranks_rows: list[Rows]) -> RowsAnalysis:
     group_desc = [""] * len(group_keys)
     collectives: dict[str, int] = {}
     sites: dict[str, int] = {}
+    epochs = {r.base_ns if r.clock == "trace" else 0 for r in ranks_rows}
+    if len(epochs) > 1 and None in epochs:
+        raise files.TraceError("these rows count their times from different epochs, and some "
+                               "from none known: their times cannot be lined up")
+    origin = max(epochs) if len(epochs) > 1 else None  # type: ignore[type-var]
     launch = _Launches(sum(len(r) for r in ranks_rows))
     at = 0
     for column, rows in enumerate(ranks_rows):
@@ -208,6 +213,10 @@ def analyze_rows(ranks_rows: list[Rows]) -> RowsAnalysis:
         launch.size[here] = c["size_bytes"]
         launch.start[here] = c["start_us"]
         launch.end[here] = c["end_us"]
+        if origin is not None:  # onto one epoch (rows of traces with other time bases)
+            shift = ((rows.base_ns if rows.clock == "trace" else 0) - origin) / 1e3
+            launch.start[here] += shift
+            launch.end[here] += shift
         launch.site[here] = local_site[np.asarray(c["site"], dtype=np.intp)]
         launch.kernel[here] = c["kernel"]
         launch.column[here] = column

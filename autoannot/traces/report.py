@@ -93,18 +93,24 @@ def _lateness(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
 
 
 def _heat_map(analysis: Analysis) -> tuple[Any, str]:
-    """Ranks x instances, each cell how late the rank arrived (ms); blocks of ranks and
-    instances take their largest value beyond ``MAX_HEAT_*``."""
+    """Ranks x instances in the order they started, each cell how late the rank arrived;
+    blocks of ranks and instances take their largest value beyond ``MAX_HEAT_*``."""
     import numpy as np
     import plotly.graph_objects as go
 
-    instance, column, _, _, late = _lateness(analysis)
+    instance, column, start, _, late = _lateness(analysis)
     ranks, count = analysis.ranks, len(analysis.instances)
+    first = np.full(count, np.inf)
+    np.minimum.at(first, instance, start)
+    in_time = np.empty(count, dtype=np.int64)
+    in_time[np.argsort(first, kind="stable")] = np.arange(count)
     height = max(1, -(-len(ranks) // MAX_HEAT_RANKS))
     width = max(1, -(-count // MAX_HEAT_INSTANCES))
     rows, columns = -(-len(ranks) // height), -(-count // width)
+    unit, scale = ("ms", 1e3) if np.nanmax(late, initial=0.0) >= 1e3 else ("us", 1.0)
     cells = np.full(rows * columns, -np.inf)
-    np.maximum.at(cells, (column // height) * columns + instance // width, late / 1e3)
+    np.maximum.at(cells, (column // height) * columns + in_time[instance] // width,
+                  late / scale)
     cells[np.isneginf(cells)] = np.nan  # no launch there: the rank is no member
     cells = cells.reshape(rows, columns)
     y = [str(ranks[i * height]) if height == 1 else
@@ -112,16 +118,17 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
          for i in range(rows)]
     figure = go.Figure(go.Heatmap(
         z=cells, x=np.arange(columns) * width, y=y, colorscale="Inferno", zmin=0,
-        colorbar={"title": {"text": "late (ms)"}},
-        hovertemplate="rank %{y}<br>instance %{x}<br>late %{z:.3f} ms<extra></extra>"))
+        colorbar={"title": {"text": f"late ({unit})"}},
+        hovertemplate=f"rank %{{y}}<br>instance %{{x}} (in time order)<br>late %{{z:.3f}} "
+                      f"{unit}<extra></extra>"))
     figure.update_layout(height=min(900, 260 + 14 * rows),
                          margin={"l": 90, "r": 20, "t": 30, "b": 50},
-                         xaxis_title="instance (by group, then sequence)",
+                         xaxis_title="collective instances, in the order they started",
                          yaxis_title="rank", yaxis={"type": "category", "autorange": "reversed"})
     note = ("How late each rank arrived at each collective instance: its arrival minus the "
-            "first rank's. The others wait that long for the latest; bright cells are the "
-            "ranks that held the rest up. Blank: the rank is no member of that instance's "
-            "group.")
+            "first rank's, instances in the order they started (every group's). The others "
+            "wait that long for the latest; bright cells are the ranks that held the rest up. "
+            "Blank: the rank is no member of that instance's group.")
     if height > 1 or width > 1:
         note += (f" Each cell is the largest of {height} ranks x {width} instances (a late "
                  "rank is never averaged away).")
@@ -263,14 +270,15 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
                  f"{len(analysis.ranks)} ranks, from {html.escape(_inputs(inputs))}.</p>")
     if ranked:
         top = ranked[0]
-        where = top["call_site"] or "no call site recorded"
+        where = (f"at <code>{html.escape(top['call_site'])}</code>" if top["call_site"]
+                 else "(no call site recorded)")
         parts.append(
             f'<p class="lead" id="straggler">Rank {top["rank"]} held the others up most: they '
             f"waited {_us(top['others_waited_for_it_us'])} for it in all, and it arrived last "
             f"at {top['last_to_arrive']} of {len(instances)} instances; its worst: "
             f"{html.escape(top['group_desc'] or top['group'])} #{top['seq']} "
-            f"{html.escape(top['collective'])}, {_us(top['worst_skew_us'])} late, at "
-            f"<code>{html.escape(where)}</code>.</p>")
+            f"{html.escape(top['collective'])}, {_us(top['worst_skew_us'])} late, "
+            f"{where}.</p>")
     else:
         parts.append('<p class="lead" id="straggler">No rank arrived late: every instance '
                      "started within 2 us on all its ranks.</p>")

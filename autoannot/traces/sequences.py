@@ -43,7 +43,9 @@ class Step:
         return ("send/recv", *self.what[1:]) if name in ("send", "recv") else self.what
 
     def describe(self) -> str:
-        if len(self.what) == 2:  # from a trace: collective, bytes
+        if len(self.what) == 1:  # a gap: what the rank has nothing of
+            text = str(self.what[0])
+        elif len(self.what) == 2:  # from a trace: collective, bytes
             text = f"{self.what[0]} {self.what[1]} B"
         else:
             name, inn, out, dtype = self.what[:4]
@@ -106,6 +108,37 @@ def from_records(path: Path, sequences: Sequences) -> int:
     return rank
 
 
+#: Rows' scope: each rank's steps keyed by their sequence number (``from_rows``); the ranks'
+#: profiled windows differ, so only the stretch all of a group's ranks hold is compared.
+ROWS_SCOPE = "eager (rows)"
+
+
+def from_rows(path: Path, by_seq: dict[str, dict[int, dict[int, Step]]]) -> int:
+    """A rows file's steps per group, by sequence number (compared as traces are:
+    collective and bytes)."""
+    from autoannot.traces import rows
+
+    one = rows.read(path)
+    c = one.columns
+    for i in range(len(one)):
+        group = str(one.groups[c["group"][i]]["name"])
+        site = one.sites[c["site"][i]] if c["site"][i] >= 0 else None
+        by_seq.setdefault(group, {}).setdefault(one.rank, {})[c["seq"][i]] = Step(
+            (one.collectives[c["collective"][i]], c["size_bytes"][i]), site)
+    return one.rank
+
+
+def _rows_windows(by_seq: dict[str, dict[int, dict[int, Step]]], sequences: Sequences) -> None:
+    """Each group's steps over the sequence numbers every rank's rows cover."""
+    for group, per_rank in by_seq.items():
+        low = max(min(steps) for steps in per_rank.values())
+        high = min(max(steps) for steps in per_rank.values())
+        for rank, steps in per_rank.items():
+            gap = Step(("nothing at this place in its rows",), None)
+            sequences[(ROWS_SCOPE, group)][rank] = [steps.get(seq, gap)
+                                                     for seq in range(low, high + 1)]
+
+
 def from_trace(path: Path, position: int, sequences: Sequences) -> int:
     """A trace's eager NCCL collectives, per group (compared with other traces only: a trace
     gives sizes in bytes, not the annotation's fields)."""
@@ -159,7 +192,8 @@ def compare(sequences: Sequences) -> tuple[list[Divergence], int]:
 
 
 def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
-    """Read ledgers (``*.autoannot``), record files (``*.jsonl``) and traces; compare.
+    """Read ledgers (``*.autoannot``), record files (``*.jsonl``), rows (``*.rows``) and
+    traces; compare.
     Returns the divergences, the sequences compared and the ranks read."""
     from autoannot.traces import ledger
 
@@ -167,11 +201,14 @@ def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
     ranks: set[int] = set()
     traces = 0
     given = {os.path.realpath(p) for p in paths}
+    rows_by_seq: dict[str, dict[int, dict[int, Step]]] = {}
     for path in paths:
         if path.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX)):
             ranks.add(from_ledger(path, sequences))
         elif path.suffix == ".jsonl":
             ranks.add(from_records(path, sequences))
+        elif path.suffix == ".rows":
+            ranks.add(from_rows(path, rows_by_seq))
         else:
             ranks.add(from_trace(path, traces, sequences))
             traces += 1
@@ -179,6 +216,7 @@ def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
             if beside is not None and os.path.realpath(beside) not in given:
                 given.add(os.path.realpath(beside))
                 from_ledger(beside, sequences)
+    _rows_windows(rows_by_seq, sequences)
     divergences, compared = compare(sequences)
     return divergences, compared, len(ranks)
 

@@ -663,6 +663,18 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
         if not per_rank[rank]:
             problems.append(f"{where}: no collective to line up (eager NCCL kernels with "
                             "collective args, annotated graphed ones, or a record file)")
+    bases: dict[int, tuple[str, float | None]] = {}  # rank -> (what times it, its epoch)
+    for rank in per_rank:
+        if rank in rows_of:
+            one = rows_of[rank]
+            bases[rank] = ("rows", one.base_ns if one.clock == "trace" else 0)
+        elif rank in traced:
+            bases[rank] = ("trace", None)
+        else:
+            launches = per_rank[rank]
+            wall = bool(launches) and all(launch.wall_us is not None for launch in launches)
+            bases[rank] = ("record file", 0 if wall else None)
+    _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
     analysis = analyze(per_rank)
     analysis.problems[:0] = problems
     analysis.notes[:0] = notes
@@ -674,6 +686,36 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
             "hosts are synchronised (NTP: often within a millisecond) — across hosts, skews "
             "and waits below that are not known")
     return analysis
+
+
+def _one_time_base(per_rank: dict[int, list[Launch]],
+                   bases: dict[int, tuple[str, float | None]], paths: dict[int, Path]) -> None:
+    """Put ranks timed by different kinds of input on one clock: a trace's times count from its
+    ``baseTimeNanoseconds``, a record file's (on the wall clock) from the epoch. Ranks of one
+    kind are left as they are (one job's traces share Kineto's base). TraceError where they
+    differ and one has no known epoch."""
+    if len({kind for kind, _ in bases.values()}) < 2:
+        return
+    for rank, (kind, _) in bases.items():
+        if kind == "trace":
+            base = files.Trace(paths[rank]).metadata().get("baseTimeNanoseconds")
+            bases[rank] = (kind, base if isinstance(base, int | float) else None)
+    unknown = sorted(rank for rank, (_, base) in bases.items() if base is None)
+    if unknown:
+        raise files.TraceError(
+            f"ranks {', '.join(map(str, unknown[:8]))} are timed by inputs of no known epoch "
+            "(a trace without baseTimeNanoseconds, or record lines without wall_ns) and the "
+            "others by other kinds of input: their times cannot be lined up; give one kind "
+            "of input for every rank")
+    # (the latest epoch: the traces' times stay as they are, at their full precision)
+    origin = max(base for _, base in bases.values())  # type: ignore[type-var]
+    for rank, (_, base) in bases.items():
+        shift = (base - origin) / 1e3  # type: ignore[operator]
+        if shift:
+            for launch in per_rank[rank]:
+                launch.start_us += shift
+                if launch.end_us is not None:
+                    launch.end_us += shift
 
 
 # --- text ----------------------------------------------------------------------------------------
