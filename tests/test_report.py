@@ -255,3 +255,29 @@ def test_check_compares_rows_over_the_stretch_every_rank_holds(job, tmp_path: Pa
     assert cli.main(["check", *map(str, paths)]) == 1
     said = capsys.readouterr().out
     assert "DIVERGES" in said and "group 1" in said and "8192 B" in said
+
+
+def test_rows_of_a_graphed_trace_are_written_through_its_ledger(tmp_path: Path) -> None:
+    """What a rank does at export for a raw graphed trace (the committed 2 x H200 rank 1 and
+    its ledger): its rows are the annotated trace's, and no temporary is left beside it."""
+    import agent_hooks as hooks
+
+    from autoannot import export
+    from autoannot.traces import annotate
+
+    data = Path(__file__).parent / "data" / "gpu" / "graphs"
+    for name in ("graph_rank1.json", "graph_rank1.autoannot"):
+        shutil.copy(data / name, tmp_path / name)
+    written = export.write_rows(str(tmp_path / "graph_rank1.json"), hooks.AGENT)
+    assert written == str(tmp_path / "graph_rank1.rows")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "graph_rank1.autoannot", "graph_rank1.json", "graph_rank1.rows"]
+    annotated = tmp_path / "elsewhere" / "graph_rank1.json"
+    annotated.parent.mkdir()
+    annotate.annotate_file(tmp_path / "graph_rank1.json", annotated)
+    expected = rows.of_trace(annotated)
+    got = rows.read(Path(written))
+    assert got.rank == 1 and len(got) == len(expected) == 36
+    assert {k: list(v) for k, v in got.columns.items()} == {
+        k: list(v) for k, v in expected.columns.items()}
+    assert got.collectives == expected.collectives and got.groups == expected.groups
