@@ -72,3 +72,30 @@ def test_unknown_formats_and_unwritable_outputs(folder: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         cli.main(["annotate"])  # argparse: usage error
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("command", ["skew", "summary", "check", "report"])
+def test_a_bad_record_line_is_named_by_every_tool(tmp_path: Path, capsys, command: str) -> None:
+    """Every tool reads record files through one reader: a line that is no record line is
+    refused with its file and line number, the same way."""
+    good = {"rank": 0, "pid": 1, "run": "r", "monotonic_ns": 1000, "wall_ns": 2000,
+            "group": "0", "seq": 0, "api": "all_reduce", "call_site": "t.py:1",
+            "annotation": {"Collective name": "allreduce", "In msg nelems": 4,
+                           "Out msg nelems": 4, "Group size": 2, "dtype": "Float",
+                           "Process Group Name": "0"}, "param_comms": {}}
+    other = {**good, "rank": 1}
+    (tmp_path / "rank1.jsonl").write_text(json.dumps(other) + "\n")
+    for bad, why in (("{not json", "Expecting"), (json.dumps({"rank": 0}), "annotation"),
+                     (json.dumps({**good, "annotation": [1]}), "no annotation object")):
+        path = tmp_path / "rank0.jsonl"
+        path.write_text(json.dumps(good) + "\n\n" + bad + "\n")
+        argv = [command, str(path), str(tmp_path / "rank1.jsonl")]
+        if command == "report":
+            argv += ["-o", str(tmp_path / "r.html")]
+        fails(argv, capsys, f"{path}:3: not a line of an AUTOANNOT_RECORD file", why)
+        assert not (tmp_path / "r.html").exists()
+    # skew also needs each line's place in its group's sequence, and says why
+    path.write_text(json.dumps({k: v for k, v in good.items() if k != "seq"}) + "\n")
+    if command == "skew":
+        fails([command, str(path), str(tmp_path / "rank1.jsonl")], capsys, ":1:", "'seq'",
+              "cannot be lined up across ranks")

@@ -143,9 +143,14 @@ def test_report_takes_traces_and_record_files_alone_too(job, tmp_path: Path) -> 
         # record files: all five steps, entry times only; traces alone: gloo's ranges carry no
         # groups or sizes (nothing to line up: exit 1, said)
         assert cli.main(["report", *inputs, "-o", str(page), "-q"]) == code
-        if code == 0:
+        if code == 0:  # rank 2 among the stragglers, late by the sleep at its worst (the
+            # record files hold all five steps: on a loaded machine another rank may be late
+            # more often in the others)
             text = page.read_text()
-            assert f"Rank {LATE_RANK} held the others up most" in text
+            table = text.split('class="stragglers"')[1].split("</table>")[0]
+            mine = re.search(rf"<tr><td>{LATE_RANK}</td>.*?</tr>", table).group(0)
+            late_by = re.findall(r"<td>([\d.]+) ms</td>", mine)[-1]
+            assert abs(float(late_by) - SLEEP_S * 1e3) < 0.2 * SLEEP_S * 1e3, mine
             assert "unknown" in text  # no transfer from entry times
 
 

@@ -83,22 +83,15 @@ def from_ledger(path: Path, sequences: Sequences) -> int:
 def from_records(path: Path, sequences: Sequences) -> int:
     """A record file's eager sequences, per run of the job and group (runs never compared
     with each other)."""
+    from autoannot.traces import record_files
     from autoannot.traces.runs import NO_RUN, run_of
 
-    rank: int | None = None
+    record = record_files.read(path)
+    rank = record.rank
     per_group: dict[tuple[str, str], list[Step]] = defaultdict(list)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            annotation = entry["annotation"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise files.TraceError(f"{path}:{number}: not a line of an AUTOANNOT_RECORD file "
-                                   f"({exc})") from None
-        if entry.get("rank") is not None:
-            rank = int(entry["rank"])
-        if V.COLLECTIVE_NAME in annotation:
+    for entry in record.lines:
+        annotation = entry["annotation"]
+        if record_files.is_collective(entry):
             group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
             per_group[(run_of(entry), group)].append(step_of(annotation, entry.get("call_site")))
     if rank is None:

@@ -309,50 +309,33 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], st
     by hours), moved onto the wall clock where the lines carry it: by the median of
     ``wall_ns - monotonic_ns`` over the run's lines, so a run keeps its steady clock and ranks
     of different hosts share an epoch (as well as the hosts' clocks agree)."""
-    from autoannot.traces.runs import run_of
-    from autoannot.traces.summary import DTYPE_BYTES
+    from autoannot.traces import record_files
 
+    record = record_files.read(path, ("seq", "group", "monotonic_ns"),
+                               "files written before autoannot 0.1 (no seq) cannot be lined up "
+                               "across ranks")
+    rank = record.rank
     by_run: dict[str, list[Launch]] = {}
-    rank: int | None = None
-    host: str | None = None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise files.TraceError(f"{path}: cannot read: {exc.strerror}") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
+    for run, lines in record.runs().items():
+        launches = by_run[run] = []
+        for entry in lines:
+            if not record_files.is_collective(entry):
+                continue  # point-to-point blocks: no collective instance
             annotation = entry["annotation"]
-            if "seq" not in entry:
-                raise KeyError("seq")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise files.TraceError(
-                f"{path}:{number}: not a line of an AUTOANNOT_RECORD file ({exc}); files "
-                "written before autoannot 0.1 (no seq) cannot be lined up across ranks") from None
-        if entry.get("rank") is not None:
-            rank = int(entry["rank"])
-        if isinstance(entry.get("host"), str):
-            host = entry["host"]
-        launches = by_run.setdefault(run_of(entry), [])
-        if V.COLLECTIVE_NAME not in annotation:
-            continue  # point-to-point blocks: no collective instance
-        dtype = str(annotation.get(V.DTYPE, "?"))
-        nelems = max(int(annotation.get(V.IN_NELEMS, 0)), int(annotation.get(V.OUT_NELEMS, 0)))
-        launches.append(Launch(
-            rank if rank is not None else -1, str(entry["group"]), int(entry["seq"]),
-            str(annotation[V.COLLECTIVE_NAME]), nelems * DTYPE_BYTES.get(dtype, 0),
-            int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
-            entry.get("call_site"), str(annotation.get(V.PG_DESC, "")),
-            wall_us=entry["wall_ns"] / 1e3 if isinstance(entry.get("wall_ns"), int) else None))
+            launches.append(Launch(
+                rank if rank is not None else -1, str(entry["group"]), int(entry["seq"]),
+                str(annotation[V.COLLECTIVE_NAME]), record_files.size_of(annotation)[2],
+                int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
+                entry.get("call_site"), str(annotation.get(V.PG_DESC, "")),
+                wall_us=(entry["wall_ns"] / 1e3 if isinstance(entry.get("wall_ns"), int)
+                         else None)))
     for launches in by_run.values():
         if launches and all(launch.wall_us is not None for launch in launches):
             offset = statistics.median(launch.wall_us - launch.start_us  # type: ignore[operator]
                                        for launch in launches)
             for launch in launches:
                 launch.start_us += offset
-    return rank, by_run, host
+    return rank, by_run, record.host
 
 
 #: gloo's profiler range name -> the "Collective name"s of launches that run as it.

@@ -216,24 +216,12 @@ def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any
     its sizes and how often — any backend, gloo's too — in one run of the job (``run``, or the
     only one: TraceError naming them where the files hold several). No times: a record line
     is written when its launch is entered."""
-    from autoannot.traces import runs
+    from autoannot.traces import record_files, runs
 
     lines: dict[Path, list[dict[str, Any]]] = {}
     found: dict[str, list[Path]] = {}
     for path in paths:
-        entries = []
-        for number, text in enumerate(files.read_text(path).splitlines(), 1):
-            if not text.strip():
-                continue
-            try:
-                entry = json.loads(text)
-                annotation = entry["annotation"]
-            except (ValueError, KeyError, TypeError):
-                raise files.TraceError(f"{path}:{number}: not a line of an AUTOANNOT_RECORD "
-                                       "file") from None
-            if not isinstance(annotation, dict) or V.COLLECTIVE_NAME not in annotation:
-                continue  # a point-to-point block: no collective
-            entries.append(entry)
+        entries = [e for e in record_files.read(path).lines if record_files.is_collective(e)]
         lines[path] = entries
         for name in dict.fromkeys(runs.run_of(entry) for entry in entries):
             found.setdefault(name, []).append(path)
@@ -247,11 +235,9 @@ def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any
             a = entry["annotation"]
             rank = entry.get("rank")
             rank = rank if isinstance(rank, int) else position
-            dtype = str(a.get(V.DTYPE, "?"))
-            nelems = max(int(a.get(V.IN_NELEMS, 0)), int(a.get(V.OUT_NELEMS, 0)))
+            dtype, _, size = record_files.size_of(a)
             group = f"{a.get(V.PG_DESC, '')} ({entry.get('group', a.get(V.PG_NAME, '?'))})"
-            key = (group, str(a[V.COLLECTIVE_NAME]), dtype, nelems * DTYPE_BYTES.get(dtype, 0),
-                   int(a.get(V.GROUP_SIZE, 1)))
+            key = (group, str(a[V.COLLECTIVE_NAME]), dtype, size, int(a.get(V.GROUP_SIZE, 1)))
             counts[key][rank] += 1
     rows = []
     for (group, collective, dtype, size, group_size), per_rank in sorted(counts.items()):
