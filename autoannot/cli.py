@@ -348,17 +348,17 @@ def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
     return readable
 
 
-def _skew(args: argparse.Namespace) -> int:
+def _lined_up(command: str, args: argparse.Namespace,
+              outputs: list[Path]) -> tuple[Any, list[Path]]:
+    """``skew``'s and ``report``'s analysis of their inputs (rows, traces, record files), and
+    the inputs; or the exit status where there is none to make."""
     from autoannot.traces import files, skew
 
-    outputs = [Path(o) for o in args.output or []]
-    wrong = _not_json_or_csv(outputs)
-    if wrong:
-        return _bad_input("skew", wrong)
     try:
-        traces, records, rows = _cross_rank_inputs("skew", args.inputs)
-        _check_written([*traces, *records, *rows], outputs, args.force)
-        with tempfile.TemporaryDirectory(prefix="autoannot-skew-") as scratch:
+        traces, records, rows = _cross_rank_inputs(command, args.inputs)
+        inputs = [*rows, *traces, *records]
+        _check_written(inputs, outputs, args.force)
+        with tempfile.TemporaryDirectory(prefix=f"autoannot-{command}-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
             analysis = skew.analyze_files(readable, records, jobs=args.jobs,
                                           progress=not args.quiet, run=args.run, rows=rows)
@@ -366,13 +366,26 @@ def _skew(args: argparse.Namespace) -> int:
                 for read, given in zip(readable, traces, strict=True):
                     said[:] = [line.replace(str(read), str(given)) for line in said]
     except FileNotFoundError as exc:
-        return _bad_input("skew", f"{exc.args[0]}: no such file")
+        return _bad_input(command, f"{exc.args[0]}: no such file"), []
     except files.TraceError as exc:
-        return _bad_input("skew", str(exc))
+        return _bad_input(command, str(exc)), []
     if len(analysis.ranks) < 2:
-        _say("skew", f"one rank's inputs ({', '.join(map(str, [*traces, *records, *rows]))}): give "
-             "every rank's trace or record file to line its collectives up")
-        return INCOMPLETE
+        _say(command, f"one rank's inputs ({', '.join(map(str, inputs))}): give every rank's "
+             "rows, trace or record file to line its collectives up")
+        return INCOMPLETE, inputs
+    return analysis, inputs
+
+
+def _skew(args: argparse.Namespace) -> int:
+    from autoannot.traces import skew
+
+    outputs = [Path(o) for o in args.output or []]
+    wrong = _not_json_or_csv(outputs)
+    if wrong:
+        return _bad_input("skew", wrong)
+    analysis, _ = _lined_up("skew", args, outputs)
+    if isinstance(analysis, int):
+        return analysis
     from autoannot.traces import outputs as written
 
     try:
@@ -452,30 +465,16 @@ def _report(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _bad_input("report", f"needs numpy and plotly ({exc.name} is missing): pip "
                           "install 'autoannot[report]'")
-    try:
-        traces, records, rows = _cross_rank_inputs("report", args.inputs)
-        _check_written([*traces, *records, *rows], [output], args.force)
-        with tempfile.TemporaryDirectory(prefix="autoannot-report-") as scratch:
-            readable = _annotated_in(traces, Path(scratch))
-            analysis = skew.analyze_files(readable, records, jobs=args.jobs,
-                                          progress=not args.quiet, run=args.run, rows=rows)
-            for said in (analysis.problems, analysis.notes):
-                for read, given in zip(readable, traces, strict=True):
-                    said[:] = [line.replace(str(read), str(given)) for line in said]
-    except FileNotFoundError as exc:
-        return _bad_input("report", f"{exc.args[0]}: no such file")
-    except files.TraceError as exc:
-        return _bad_input("report", str(exc))
-    if len(analysis.ranks) < 2:
-        _say("report", "one rank's inputs: give every rank's rows, trace or record file")
-        return INCOMPLETE
+    analysis, inputs = _lined_up("report", args, [output])
+    if isinstance(analysis, int):
+        return analysis
     if args.instance is not None and not 0 <= args.instance < len(analysis.instances):
         return _bad_input("report", f"--instance {args.instance}: there are "
                           f"{len(analysis.instances)} instances (0-{len(analysis.instances) - 1})")
     from autoannot.traces import outputs as written
     from autoannot.traces import report
 
-    names = [str(p) for p in [*rows, *traces, *records]]
+    names = [str(p) for p in inputs]
     try:
         written.write_all({output: lambda tmp: files.atomic_write_text(
             str(tmp), report.render(analysis, names, args.title, args.instance))}, "report")

@@ -207,7 +207,7 @@ def test_one_ranks_inputs_are_said_to_be_not_enough(capsys) -> None:
     trace = Path(__file__).parent / "data" / "gpu" / "skew" / "eager_rank0.json"
     assert cli.main(["skew", str(trace)]) == 1
     err = capsys.readouterr().err
-    assert "one rank's inputs" in err and "give every rank's trace" in err
+    assert "one rank's inputs" in err and "give every rank's rows, trace or record file" in err
     assert cli.main(["skew", "missing.jsonl"]) == 2
     assert cli.main(["skew", str(trace), "-o", "rows.txt"]) == 2
 

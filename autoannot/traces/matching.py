@@ -23,7 +23,9 @@ from autoannot.traces.skew import (
     ClockFit,
     Figures,
     Instance,
+    disagreement,
     far_clocks_note,
+    missing_ranks,
 )
 
 #: Problems listed one by one up to this many; the rest counted.
@@ -328,12 +330,10 @@ def _problems(unique: Any, conflict: Any, members: Any, needed: Any, valid: Any,
         group = groups[int(unique[index] >> _SEQ_BITS)]
         seq = int(unique[index] & ((1 << _SEQ_BITS) - 1))
         if conflict[index]:
-            problems.append(f"group {group}, collective #{seq}: the ranks disagree (on the "
-                            "collective or its size): not matched")
+            problems.append(disagreement(group, seq, "on the collective or its size"))
         else:
-            absent = int(needed[index] - members[index])
-            problems.append(f"group {group}, collective #{seq}: {absent} of its "
-                            f"{int(needed[index])} ranks have no trace or record of it: left out")
+            problems.append(missing_ranks(group, seq, int(needed[index] - members[index]),
+                                          int(needed[index])))
     if len(bad) > LISTED_PROBLEMS:
         problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances not matched")
     return problems

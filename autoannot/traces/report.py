@@ -81,15 +81,11 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     return rows
 
 
-def _lateness(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
-    """Every launch's (instance, column, start, end) and how late it arrived (its start minus
-    its instance's first start)."""
-    import numpy as np
-
+def _launches(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
+    """Every launch's (instance, column, start, end), and each instance's first arrival."""
     instance, column, start, end = analysis.launch_arrays()
-    first = np.full(len(analysis.instances), np.inf)
-    np.minimum.at(first, instance, start)
-    return instance, column, start, end, start - first[instance]
+    figures = analysis.figures()
+    return instance, column, start, end, figures.last - figures.skew
 
 
 def _heat_map(analysis: Analysis) -> tuple[Any, str]:
@@ -98,10 +94,9 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     import numpy as np
     import plotly.graph_objects as go
 
-    instance, column, start, _, late = _lateness(analysis)
+    instance, column, start, _, first = _launches(analysis)
+    late = start - first[instance]
     ranks, count = analysis.ranks, len(analysis.instances)
-    first = np.full(count, np.inf)
-    np.minimum.at(first, instance, start)
     in_time = np.empty(count, dtype=np.int64)
     in_time[np.argsort(first, kind="stable")] = np.arange(count)
     height = max(1, -(-len(ranks) // MAX_HEAT_RANKS))
@@ -147,7 +142,8 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     given = around is not None
     if around is None:
         around = int(np.argmax(analysis.figures().skew))
-    instance, column, start, end, late = _lateness(analysis)
+    instance, column, start, end, firsts = _launches(analysis)
+    late = start - firsts[instance]
     straggler = analysis.summary_of(instances[around])[0]
     mine = instance == around
     waits = np.full(len(analysis.ranks), -1.0)
@@ -164,8 +160,6 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     shown = np.isin(column, picked)
     # the instances of those ranks nearest in time to the chosen one
     candidates = np.unique(instance[shown])
-    firsts = np.full(len(instances), np.inf)
-    np.minimum.at(firsts, instance, start)
     by_time = candidates[np.argsort(firsts[candidates], kind="stable")]
     at = int(np.flatnonzero(by_time == around)[0])
     chosen = set(by_time[max(0, at - span): at + span + 1].tolist())

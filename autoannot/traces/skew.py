@@ -442,6 +442,17 @@ def _alignment(kernels: list[Launch], records: list[Launch]) -> int | None:
 
 # --- matching ------------------------------------------------------------------------------------
 
+def disagreement(group: str, seq: int, how: str) -> str:
+    """The problem of an instance its ranks launched differently."""
+    return f"group {group}, collective #{seq}: the ranks disagree ({how}): not matched"
+
+
+def missing_ranks(group: str, seq: int, absent: int, size: int) -> str:
+    """The problem of an instance some of its ranks have no trace or record of."""
+    return (f"group {group}, collective #{seq}: {absent} of its {size} ranks have no trace or "
+            "record of it: left out")
+
+
 def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
     """Instances across ranks, clocks fitted, from each rank's launches."""
     from array import array
@@ -476,12 +487,10 @@ def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
         launch = first[index]
         size = launch.group_size
         if index in conflict:
-            problems.append(f"group {key[0]}, collective #{key[1]}: the ranks disagree "
-                            f"({conflict[index]}): not matched")
+            problems.append(disagreement(key[0], key[1], conflict[index]))
             continue
         if members[index] < size:
-            problems.append(f"group {key[0]}, collective #{key[1]}: {size - members[index]} of "
-                            f"its {size} ranks have no trace or record of it: left out")
+            problems.append(missing_ranks(key[0], key[1], size - members[index], size))
             continue
         collective = "send/recv" if launch.collective in ("send", "recv") else launch.collective
         row_of[index] = len(instances)
