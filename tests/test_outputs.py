@@ -83,6 +83,16 @@ def test_nothing_is_written_when_one_output_cannot_be(job: Path, tmp_path: Path)
     assert not (tmp_path / "ok.csv").exists()
 
 
+def test_nothing_is_written_when_an_output_has_no_folder_to_go_in(job: Path,
+                                                                   tmp_path: Path) -> None:
+    """(As root too: no folder can be made under a file.)"""
+    (tmp_path / "a-file").write_text("not a folder\n")
+    assert cli.main(["summary", "-q", str(job), "-o", str(tmp_path / "ok.csv"), "-o",
+                     str(tmp_path / "a-file" / "r.json")]) == 2
+    assert not (tmp_path / "ok.csv").exists()
+    assert (tmp_path / "a-file").read_text() == "not a folder\n"
+
+
 def test_nothing_is_written_when_a_later_output_fails(job: Path, tmp_path: Path,
                                                      monkeypatch) -> None:
     """(Also as root: the second output's write fails after the first was made.)"""
