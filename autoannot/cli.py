@@ -226,17 +226,30 @@ def _summary(args: argparse.Namespace) -> int:
     if wrong:
         return _bad_input("summary", wrong)
     try:
-        named, records = _split_records(args.traces)
+        rows_files: list[Path] = []
+        named, records = _split_records(args.traces, rows_files)
         skipped: list[str] = []
         traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
-        _check_written([*traces, *records], outputs, args.force)
+        _check_written([*traces, *records, *rows_files], outputs, args.force)
         for note in skipped:
             _say("summary", note)
+        if traces and rows_files:  # (rows are what the job made of its traces: fewer facts)
+            _say("summary", f"{len(rows_files)} rows files beside the traces: summarized from "
+                 "the traces")
+            rows_files = []
         result = (summary.summarize(traces, progress=not args.quiet, jobs=args.jobs) if traces
                   else summary.Summary([], [], []))
         if records:
             result.record_rows = summary.record_rows(records, args.run)
             result.notes = [n for n in result.notes if "AUTOANNOT_RECORD" not in n]
+        if rows_files:
+            from autoannot.traces import report, skew
+
+            try:
+                result.instance_rows = report.group_rows(
+                    skew.analyze_files([], [], run=args.run, rows=rows_files))
+            except ImportError:
+                return _bad_input("summary", "rows files need numpy: pip install numpy")
     except FileNotFoundError as exc:
         return _bad_input("summary", f"{exc.args[0]}: no such file")
     except files.TraceError as exc:
@@ -245,10 +258,11 @@ def _summary(args: argparse.Namespace) -> int:
         _say("summary", note)
     from autoannot.traces import outputs as written
 
-    rows = result.rows + result.cpu_rows + result.record_rows
+    rows = result.rows + result.cpu_rows + result.record_rows + result.instance_rows
     try:
         written.write_all({out: (lambda tmp: summary.write_csv(
-                               result.rows or result.cpu_rows or result.record_rows, tmp))
+                               result.rows or result.cpu_rows or result.record_rows
+                               or result.instance_rows, tmp))
                            if out.suffix == ".csv" else
                            (lambda tmp: files.atomic_write_text(tmp, json.dumps(rows, indent=1)))
                            for out in outputs}, "summary")
@@ -257,7 +271,9 @@ def _summary(args: argparse.Namespace) -> int:
                           "written)")
     if args.json:  # (after the files: a reader that leaves early loses none of them)
         print(json.dumps({"rows": result.rows, "cpu_rows": result.cpu_rows,
-                          "record_rows": result.record_rows, "notes": result.notes}, indent=1))
+                          "record_rows": result.record_rows,
+                          "instance_rows": result.instance_rows, "notes": result.notes},
+                         indent=1))
     else:
         if result.rows:
             print(summary.format_table(result.rows))
@@ -265,6 +281,8 @@ def _summary(args: argparse.Namespace) -> int:
             print(summary.format_cpu_table(result.cpu_rows))
         if result.record_rows:
             print(summary.format_record_table(result.record_rows))
+        if result.instance_rows:
+            print(summary.format_instance_table(result.instance_rows))
     return DONE if rows else INCOMPLETE
 
 

@@ -286,3 +286,20 @@ def test_rows_of_a_graphed_trace_are_written_through_its_ledger(tmp_path: Path) 
     assert {k: list(v) for k, v in got.columns.items()} == {
         k: list(v) for k, v in expected.columns.items()}
     assert got.collectives == expected.collectives and got.groups == expected.groups
+
+
+def test_summary_reads_rows(job, tmp_path: Path, capsys) -> None:
+    """Rows alone: per group, collective and size, the instances and the last rank's transfer;
+    beside traces, the traces are summarized (they hold more) and that is said."""
+    out, _ = job
+    assert cli.main(["summary", "--json", *map(str, sorted(out.glob("*.rows")))]) == 0
+    said = json.loads(capsys.readouterr().out)
+    table = {(r["group"], r["collective"]): r for r in said["instance_rows"]}
+    assert set(table) == {("0", "broadcast"), ("0", "allreduce"), ("1", "allreduce"),
+                          ("2", "allreduce")}
+    assert table[("0", "allreduce")]["ranks"] == 4 and table[("1", "allreduce")]["ranks"] == 2
+    assert all(r["instances"] == 1 and r["median_transfer_us"] > 0 for r in table.values())
+    # the transfer is not the waiting: the late all-reduce's is far below the sleep
+    assert table[("0", "allreduce")]["median_transfer_us"] < 0.5 * SLEEP_S * 1e6
+    assert cli.main(["summary", str(out)]) == 0
+    assert "rows files beside the traces: summarized from the traces" in capsys.readouterr().err

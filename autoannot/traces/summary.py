@@ -209,6 +209,9 @@ class Summary:
     notes: list[str]  # what the user should know about the inputs
     #: One per (group, collective, dtype, size) of record files: counts, no time.
     record_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: One per (group, collective, size) of rows files (``traces.rows``): instances, the median
+    #: transfer and bus bandwidth (``report.group_rows``).
+    instance_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any]]:
@@ -262,6 +265,20 @@ def format_record_table(rows: list[dict[str, Any]]) -> str:
         count = _counts(r)
         lines.append(f"{_fit(r['group'], 22):22} {r['collective'][:32]:32} {r['dtype']:9} "
                      f"{_size(r['size_bytes']):>10} {count:>7} {r['ranks']:>5}")
+    return "\n".join(lines)
+
+
+def format_instance_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'group':22} {'collective':32} {'size':>10} {'instances':>9} {'ranks':>5} "
+             f"{'median transfer':>15} {'busbw GB/s':>10}   (rows: the last rank's transfer)"]
+    for r in rows:
+        group = f"{r['group_desc'] or '?'} ({r['group']})"
+        transfer = r["median_transfer_us"]
+        busbw = r["median_busbw_gbps"]
+        lines.append(f"{_fit(group, 22):22} {r['collective'][:32]:32} "
+                     f"{_size(r['size_bytes']):>10} {r['instances']:>9} {r['ranks']:>5} "
+                     f"{'-' if transfer is None else f'{transfer:.1f} us':>15} "
+                     f"{'-' if busbw is None else f'{busbw:.2f}':>10}")
     return "\n".join(lines)
 
 
