@@ -271,8 +271,7 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
             f"waited {_us(top['others_waited_for_it_us'])} for it in all, and it arrived last "
             f"at {top['last_to_arrive']} of {len(instances)} instances; its worst: "
             f"{html.escape(top['group_desc'] or top['group'])} #{top['seq']} "
-            f"{html.escape(top['collective'])}, {_us(top['worst_skew_us'])} late, "
-            f"{where}.</p>")
+            f"{html.escape(top['collective'])}, {_us(top['worst_skew_us'])} late {where}.</p>")
     else:
         parts.append('<p class="lead" id="straggler">No rank arrived late: every instance '
                      "started within 2 us on all its ranks.</p>")
