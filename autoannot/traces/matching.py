@@ -100,31 +100,15 @@ class RowsAnalysis(Analysis):
         code = int(self.launch_site[part][at])
         return self.site_names[code] if code >= 0 else None
 
-    def row(self, instance: Instance) -> dict[str, Any]:
-        """As ``Analysis.row``, its ranks read from the instance's stretch of the arrays."""
-        from autoannot.traces.summary import bus_factor
-
-        straggler, skew, transfer, last = self.summary_of(instance)
+    def _parts(self, instance: Instance) -> list[tuple[int, float, str | None]]:
+        """(rank, start, call site) of the ranks that took part, read from the instance's
+        stretch of the arrays at once."""
         part = self._segment(instance.index)
-        columns = self.launch_column[part].tolist()
-        starts = self.launch_start[part].tolist()
-        codes = self.launch_site[part].tolist()
-        busbw = None
-        if transfer and transfer > 0 and instance.size_bytes:
-            busbw = instance.size_bytes / (transfer * 1e-6) / 1e9 * bus_factor(
-                instance.collective, len(columns))
         names, ranks = self.site_names, self.ranks
-        return {
-            "group": instance.group, "group_desc": instance.group_desc, "seq": instance.seq,
-            "collective": instance.collective, "size_bytes": instance.size_bytes,
-            "straggler": straggler, "skew_us": round(skew, 3),
-            "transfer_us": None if transfer is None else round(transfer, 3),
-            "busbw_gbps": None if busbw is None else round(busbw, 3),
-            "ranks": {str(ranks[c]): {"start_us": round(start, 3),
-                                      "wait_us": round(last - start, 3),
-                                      "call_site": names[code] if code >= 0 else None}
-                      for c, start, code in zip(columns, starts, codes, strict=True)},
-        }
+        return [(ranks[c], start, names[code] if code >= 0 else None)
+                for c, start, code in zip(self.launch_column[part].tolist(),
+                                          self.launch_start[part].tolist(),
+                                          self.launch_site[part].tolist(), strict=True)]
 
     def launch_arrays(self) -> tuple[Any, Any, Any, Any]:
         import numpy as np

@@ -203,16 +203,21 @@ class Analysis:
         skew = last - first
         return (straggler if skew >= IN_STEP_US else None), skew, transfer, last
 
+    def _parts(self, instance: Instance) -> list[tuple[int, float, str | None]]:
+        """(rank, start, call site) of the ranks that took part."""
+        column = {rank: c for c, rank in enumerate(self.ranks)}
+        return [(rank, start, self.site(instance.index, column[rank]))
+                for rank, start, _ in self._times(instance)]
+
     def row(self, instance: Instance) -> dict[str, Any]:
         from autoannot.traces.summary import bus_factor
 
         straggler, skew, transfer, last = self.summary_of(instance)
-        times = self._times(instance)
+        parts = self._parts(instance)
         busbw = None
         if transfer and transfer > 0 and instance.size_bytes:
             busbw = instance.size_bytes / (transfer * 1e-6) / 1e9 * bus_factor(
-                instance.collective, len(times))
-        column = {rank: c for c, rank in enumerate(self.ranks)}
+                instance.collective, len(parts))
         return {
             "group": instance.group, "group_desc": instance.group_desc, "seq": instance.seq,
             "collective": instance.collective, "size_bytes": instance.size_bytes,
@@ -220,9 +225,8 @@ class Analysis:
             "transfer_us": None if transfer is None else round(transfer, 3),
             "busbw_gbps": None if busbw is None else round(busbw, 3),
             "ranks": {str(rank): {"start_us": round(start, 3),
-                                  "wait_us": round(last - start, 3),
-                                  "call_site": self.site(instance.index, column[rank])}
-                      for rank, start, _ in times},
+                                  "wait_us": round(last - start, 3), "call_site": site}
+                      for rank, start, site in parts},
         }
 
     def rows(self) -> list[dict[str, Any]]:
