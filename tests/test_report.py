@@ -143,14 +143,14 @@ def test_report_takes_traces_and_record_files_alone_too(job, tmp_path: Path) -> 
         # record files: all five steps, entry times only; traces alone: gloo's ranges carry no
         # groups or sizes (nothing to line up: exit 1, said)
         assert cli.main(["report", *inputs, "-o", str(page), "-q"]) == code
-        if code == 0:  # rank 2 among the stragglers, late by the sleep at its worst (the
-            # record files hold all five steps: on a loaded machine another rank may be late
-            # more often in the others)
+        if code == 0:  # rank 2 among the stragglers, late at its worst by the sleep at least
+            # (the record files hold all five steps: on a loaded machine a rank may be late by
+            # more elsewhere, and another rank more often)
             text = page.read_text()
             table = text.split('class="stragglers"')[1].split("</table>")[0]
             mine = re.search(rf"<tr><td>{LATE_RANK}</td>.*?</tr>", table).group(0)
             late_by = re.findall(r"<td>([\d.]+) ms</td>", mine)[-1]
-            assert abs(float(late_by) - SLEEP_S * 1e3) < 0.2 * SLEEP_S * 1e3, mine
+            assert float(late_by) > 0.8 * SLEEP_S * 1e3, mine
             assert "unknown" in text  # no transfer from entry times
 
 
@@ -234,10 +234,12 @@ def test_a_mix_of_rows_and_record_files_is_lined_up_on_one_clock(job) -> None:
     out, _ = job
     analysis = skew.analyze_files([], [out / "rank2.jsonl", out / "rank3.jsonl"],
                                   rows=[out / "rank0.rows", out / "rank1.rows"])
-    late = max(analysis.rows(), key=lambda r: r["skew_us"])
+    # (the default group: the pair of ranks 2 and 3 holds all five steps, from records alone)
+    default = [r for r in analysis.rows() if r["group"] == "0"]
+    late = max(default, key=lambda r: r["skew_us"])
     assert late["straggler"] == LATE_RANK and late["collective"] == "allreduce"
     assert abs(late["skew_us"] - SLEEP_S * 1e6) < 0.2 * SLEEP_S * 1e6
-    others = [r for r in analysis.rows() if r["seq"] != late["seq"] and r["group"] == "0"]
+    others = [r for r in default if r["seq"] != late["seq"]]
     assert others and all(r["skew_us"] < 0.2 * SLEEP_S * 1e6 for r in others)
     assert any("have no trace or record of it" in p for p in analysis.problems)
 
