@@ -20,9 +20,24 @@ from typing import Any
 
 import wrapt
 
+_FunctionWrapperBase = wrapt.FunctionWrapper.__mro__[1]  # (wrapt's C type, or its Python one)
+
+#: What a proxy of an unbound function hands its wrapper as ``instance`` (the wrappers ignore
+#: it). wrapt asks a wrapped function for ``__self__`` on every call where the instance is None
+#: (a bound method's, if it is one): for a plain function that raises and clears an
+#: AttributeError, ~80% of a pass-through proxy's cost. Binding as a method (``__get__``) is
+#: wrapt's own either way.
+UNBOUND = type("Unbound", (), {"__repr__": lambda self: "UNBOUND", "__slots__": ()})()
+
 
 class CollectiveProxy(wrapt.FunctionWrapper):
     """A collective's proxy; see the module docstring."""
+
+    def __init__(self, wrapped: Any, wrapper: Any, enabled: Any = None) -> None:
+        super().__init__(wrapped, wrapper, enabled)
+        if getattr(wrapped, "__self__", None) is None:  # (asked once, here)
+            _FunctionWrapperBase.__init__(self, wrapped, UNBOUND, wrapper, enabled,
+                                          self._self_binding)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _reference(self)

@@ -83,6 +83,60 @@ def test_proxies_look_like_the_originals(fake_world, agent) -> None:
         assert proxy == original  # torch compares with == in places (P2POp, Dynamo remaps)
 
 
+class _CountsSelfLookups:
+    """A callable that counts how often it is asked for ``__self__`` (a function has none)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def __call__(self, *args: object) -> tuple[object, ...]:
+        return args
+
+    def __getattr__(self, name: str) -> object:
+        if name == "__self__":
+            self.asked += 1
+        raise AttributeError(name)
+
+
+def test_a_proxy_call_does_not_ask_its_function_for_a_bound_instance() -> None:
+    """wrapt asks an unbound wrapper's function for ``__self__`` at every call: for a function
+    an AttributeError raised and cleared, ~80% of a pass-through proxy's cost (1.5 -> 0.3 us a
+    call here). A collective's proxy asks once, when it is made."""
+    from autoannot.proxies import CollectiveProxy
+
+    function = _CountsSelfLookups()
+    seen: list[object] = []
+
+    def wrapper(wrapped, instance, args, kwargs):
+        seen.append(instance)
+        return wrapped(*args, **kwargs)
+
+    proxy = CollectiveProxy(function, wrapper)
+    asked_at_build = function.asked
+    assert [proxy(i) for i in range(3)] == [(0,), (1,), (2,)]
+    assert function.asked == asked_at_build  # (before: one lookup a call)
+    assert len(seen) == 3
+
+
+def test_a_proxy_binds_as_a_method_as_its_function_does(fake_world, agent) -> None:
+    """Put on a class, the proxy binds (or not) exactly as the collective it wraps."""
+    original = dist.all_reduce.__wrapped__
+
+    class Holder:
+        theirs = original
+        ours = dist.all_reduce
+
+    holder = Holder()
+    raised = []
+    for attribute in ("theirs", "ours"):
+        with pytest.raises(TypeError) as error:  # the holder is passed as the tensor
+            getattr(holder, attribute)(torch.ones(2))
+        raised.append(str(error.value))
+    assert raised[0] == raised[1] and "Holder" in raised[0]
+    tensor = torch.ones(2)
+    assert Holder.ours(tensor) is None and Holder.theirs(tensor) is None
+
+
 def test_a_wrapper_stacked_on_ours_survives_disable(fake_world) -> None:
     calls = []
 
