@@ -21,7 +21,6 @@ no toolsId support needed.
 from __future__ import annotations
 
 import _thread
-import contextlib
 import inspect
 import itertools
 from types import ModuleType
@@ -82,8 +81,10 @@ class Captures:
         if previous is not None:  # captured again (after reset()): its old ledger is retired
             self.ledgers.retire(previous)
         ledger = Ledger(f"{GRAPH_PREFIX}{next(self._numbers)}")
-        with contextlib.suppress(AttributeError):  # a graph class without attributes
+        try:  # noqa: SIM105 (contextlib.suppress: 3 more calls, and a capture pays for each)
             graph._autoannot_graph = ledger.name
+        except AttributeError:  # a graph class without attributes
+            pass
         self.ledgers.add(ledger, graph)
         self.capturing.stack.append(ledger)
         try:
@@ -132,8 +133,10 @@ class Captures:
         except Exception as exc:  # the capture stands; these launches go unannotated
             _said("capture_end (the native observer's notes)", exc)
             return
-        if noted:
+        if noted and ledger.launched:  # both kinds of note: into launch order
             ledger.launched[:] = sorted(ledger.launched + noted, key=lambda launch: launch[4])
+        elif noted:  # (drained in launch order)
+            ledger.launched += noted
 
     def verify(self, graph: Any) -> None:
         """``AUTOANNOT_VERIFY=1``: compare the graph's collectives with the other ranks' now;

@@ -3,7 +3,6 @@ its graph lives (and for the last graphs retired)."""
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from typing import Any
 
@@ -74,9 +73,10 @@ class Ledgers:
         name = ledger.name
         with _LOCK.lock:
             self.live[name] = ledger
-        # A graph class without weak references: its ledger is retired at its next capture.
-        with contextlib.suppress(TypeError):
+        try:
             self._graphs[name] = weakref.ref(graph, lambda _, name=name: self.retire(name))
+        except TypeError:  # a graph class without weak references: retired at its next capture
+            return
 
     def retire(self, name: str) -> None:
         with _LOCK.lock:

@@ -140,12 +140,22 @@ class NativeObserver:
         from a capture begun without the agent's wrappers, are let go)."""
         module = self.module
         module.forget_streams()  # (the streams of this capture are in none now)
+        noted, derive = module.drain(capture)
+        launched = noted if not derive else self._ledger_entries(noted)
+        if last:
+            module.drain(-1)
+        if len(self._kinds) >= CACHE_SIZE and module.forget_kinds(if_idle=True):
+            self._kinds.clear()  # (no note waits for a kind: the observer knows them anew)
+        return launched
+
+    def _ledger_entries(self, noted: list[tuple]) -> list[tuple]:
+        """Drained notes as ledger entries: those keyed by a proxy's C wrapper are already."""
         launched = []
-        for order, op, kind, described, label, site in module.drain(capture):
-            if op is None:  # keyed and noted by a proxy's C wrapper: what the proxy derived
-                launched.append((label, described.annotation, described.launch.kernels, site,
-                                 order))
+        for note in noted:
+            if len(note) == 5:  # (label, annotation, kernels, site, order)
+                launched.append(note)
                 continue
+            order, op, kind, described, label, site = note
             derived = self._derived(op, kind, described)
             if derived is None:
                 continue
@@ -154,10 +164,6 @@ class NativeObserver:
                 annotation = self._relabeled(kind, label, derived)
             launched.append((label or derived.label, annotation, derived.kernels,
                              sites.NATIVE_CALLER if site is None else site, order))
-        if last:
-            module.drain(-1)
-        if len(self._kinds) >= CACHE_SIZE and module.forget_kinds(if_idle=True):
-            self._kinds.clear()  # (no note waits for a kind: the observer knows them anew)
         return launched
 
     # recorders and journals --------------------------------------------------------------

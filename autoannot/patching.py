@@ -112,7 +112,7 @@ def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
 def _handing_off(row: Any, plan: Any, wrapper: Any, agent: Any) -> Any:
     """A ``torch.distributed`` launch's wrapper, as the native observer's C function where it
     is built: in a capture it notes the launch itself where the call's arguments make a key
-    (``plan.key_fields()``; what ``wrapper.known_of`` derived for it, once per key), or hands
+    (``plan.key_fields()``; what ``wrapper.noted_as`` derived for it, once per key), or hands
     it to the observer (label and call site kept); no Python frame of ours either way. Else it
     calls ``wrapper`` (see native/observer.cpp)."""
     from autoannot import collectives
@@ -125,7 +125,7 @@ def _handing_off(row: Any, plan: Any, wrapper: Any, agent: Any) -> Any:
         return wrapper
     fields = plan.key_fields() if row.group_arg is collectives.GroupArg.C10D else None
     return module.handoff_wrapper(wrapper, row.label, wrapper.note_in_capture,
-                                  wrapper.known_of, fields, _key_context)
+                                  wrapper.noted_as, fields, _key_context)
 
 
 def _key_context() -> tuple[Any, Any, Any]:

@@ -249,17 +249,18 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
             return
         _note_in_ledger(note_in_ledger, label, known, site)
 
-    def known_of(args: tuple, kwargs: dict) -> Known | None:
-        """What a launch is annotated with, for the native observer's C wrapper, which keys
-        calls as ``plan.key_of`` does and asks once per key; None where nothing is derived
-        (the wrapper then runs, and says why)."""
+    def noted_as(args: tuple, kwargs: dict) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        """What a launch is noted as in its graph's ledger, ``(annotation, kernels)``, for the
+        native observer's C wrapper, which keys calls as ``plan.key_of`` does and asks once
+        per key; None where nothing is derived (the wrapper then runs, and says why)."""
         try:
-            return known_for(args, kwargs)
+            known = known_for(args, kwargs)
         except Exception:
             return None
+        return known.annotation, known.launch.kernels
 
     wrapper.note_in_capture = note_in_capture  # type: ignore[attr-defined]
-    wrapper.known_of = known_of  # type: ignore[attr-defined]
+    wrapper.noted_as = noted_as  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -115,9 +115,10 @@ struct Note {
   // drain()); null for a C++-origin launch.
   PyObject* label = nullptr;
   PyObject* site = nullptr;
-  // A launch its proxy's C wrapper keyed and noted itself (op and kind null): what the proxy
-  // derived for its key (owned; taken by drain()).
-  PyObject* known = nullptr;
+  // A launch its proxy's C wrapper keyed and noted itself (op and kind null): what its ledger
+  // entry holds, (annotation, kernels), as the proxy derived it for its key (owned; taken by
+  // drain()).
+  PyObject* noted_as = nullptr;
 };
 
 // The launch under way on this thread: its outermost observed operator.
@@ -810,10 +811,12 @@ void observe_ops(const std::vector<std::string>& names,
   }
 }
 
-// The notes of one capture (all, for 0), in launch order, as (seq, op, kind, described,
-// label, site): launches of one kind have one metadata; a kind's description is given the first
-// time Python gets it (None after). -1: let every note go, returning none.
-py::list drain(int64_t capture) {
+// The notes of one capture (all, for 0), in launch order, and whether any is to be derived:
+// a launch a proxy's C wrapper noted comes as its ledger entry (label, annotation, kernels,
+// site, seq); an observed one as (seq, op, kind, described, label, site): launches of one kind
+// have one metadata; a kind's description is given the first time Python gets it (None after).
+// -1: let every note go, returning none.
+py::tuple drain(int64_t capture) {
   std::vector<Note> taken;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -828,18 +831,21 @@ py::list drain(int64_t capture) {
     return owned ? py::reinterpret_steal<py::object>(owned) : py::none();
   };
   py::list out;
+  bool derive = false;
   std::vector<std::shared_ptr<Kind>> unknown;  // new kinds of notes let go: not known after
   std::vector<std::vector<Arg>> dropped;  // what kinds described themselves by, Python's now
   for (auto& entry : taken) {
     py::object label = handed(entry.label), site = handed(entry.site);
-    py::object known = handed(entry.known);
-    entry.label = entry.site = entry.known = nullptr;
-    if (entry.op == nullptr) {  // noted by a proxy's C wrapper: its Known
+    py::object noted_as = handed(entry.noted_as);
+    entry.label = entry.site = entry.noted_as = nullptr;
+    if (entry.op == nullptr) {  // noted by a proxy's C wrapper: its ledger entry
       if (capture >= 0) {
-        out.append(py::make_tuple(entry.seq, py::none(), 0, known, label, site));
+        py::tuple head = py::reinterpret_borrow<py::tuple>(noted_as);
+        out.append(py::make_tuple(label, head[0], head[1], site, entry.seq));
       }
       continue;
     }
+    derive = true;
     Kind* kind = entry.kind.get();
     if (capture < 0) {
       if (kind != nullptr && kind->id != 0 && !kind->given.load()) {
@@ -873,7 +879,7 @@ py::list drain(int64_t capture) {
     unknown.clear();
     dropped.clear();
   }
-  return out;
+  return py::make_tuple(out, derive);
 }
 
 // A group Python derived kinds from is gone (its address may be taken by a new one), or Python
@@ -997,7 +1003,7 @@ struct Handed {
   PyObject* world = nullptr;  // (owned) c10d's _world: its _default_pg is the default group
   PyObject* tensor_type = nullptr;  // (owned) torch.Tensor
   PyObject* parameter_type = nullptr;  // (owned) torch.nn.Parameter
-  std::unordered_map<std::string, PyObject*> known;  // key -> the proxy's Known (owned)
+  std::unordered_map<std::string, PyObject*> known;  // key -> (annotation, kernels) (owned)
 };
 
 // Keyed launches run with RecordFunction off (nobody else listening), for tests and probes.
@@ -1137,9 +1143,10 @@ bool alone_in(at::RecordScope scope) {
   return true;
 }
 
-// The proxy's Known for this call (borrowed), derived by `known_of(args, kwargs)` the first
-// time its key is seen; null where the call makes no key or the proxy derives nothing.
-PyObject* known_for(Handed& handed, PyObject* known_of, PyObject* args, PyObject* kwargs) {
+// What this call's launch is noted as, (annotation, kernels) (borrowed), derived by
+// `noted_as(args, kwargs)` the first time its key is seen; null where the call makes no key or
+// the proxy derives nothing.
+PyObject* known_for(Handed& handed, PyObject* noted_as, PyObject* args, PyObject* kwargs) {
   if (!handed.resolved) {
     PyObject* context = PyObject_CallNoArgs(handed.key_context);
     if (context == nullptr || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 3) {
@@ -1169,9 +1176,10 @@ PyObject* known_for(Handed& handed, PyObject* known_of, PyObject* args, PyObject
     PyErr_Clear();
     return nullptr;
   }
-  PyObject* known = PyObject_CallFunctionObjArgs(known_of, args, keywords, nullptr);
+  PyObject* known = PyObject_CallFunctionObjArgs(noted_as, args, keywords, nullptr);
   Py_DECREF(keywords);
-  if (known == nullptr || known == Py_None) {  // (the Python wrapper says why, if anything)
+  if (known == nullptr || !PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 2) {
+    // (None: nothing derived; the Python wrapper says why, if anything)
     PyErr_Clear();
     Py_XDECREF(known);
     return nullptr;
@@ -1187,7 +1195,7 @@ PyObject* known_for(Handed& handed, PyObject* known_of, PyObject* args, PyObject
 }
 
 // A keyed launch in a capture: the call, claimed (RecordFunction off where nobody else
-// listens), then noted with its proxy's Known. New reference, or null with the call's error.
+// listens), then noted as its proxy derived it. New reference, or null with the call's error.
 PyObject* call_and_note(PyObject* wrapped, PyObject* args, PyObject* kwargs, PyObject* label,
                         PyObject* known, PyObject* site, uint64_t capture) {
   std::optional<at::RecordFunctionGuard> quiet;
@@ -1218,7 +1226,7 @@ PyObject* call_and_note(PyObject* wrapped, PyObject* args, PyObject* kwargs, PyO
   return result;
 }
 
-// handoff_wrapper's call: self is (python_wrapper, label, note_in_capture, known_of, handed);
+// handoff_wrapper's call: self is (python_wrapper, label, note_in_capture, noted_as, handed);
 // args are wrapt's (wrapped, instance, args, kwargs).
 PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
   PyObject* python_wrapper = PyTuple_GET_ITEM(self, 0);
@@ -1351,10 +1359,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
   m.def("handoff_wrapper", [](py::object python_wrapper, py::str label,
-                              py::object note_in_capture, py::object known_of,
+                              py::object note_in_capture, py::object noted_as,
                               py::object fields, py::object key_context) {
     auto* handed = new Handed();  // (never freed: the proxy is kept for the process)
-    if (!fields.is_none() && !known_of.is_none()) {
+    if (!fields.is_none() && !noted_as.is_none()) {
       static const std::unordered_map<std::string, KeyField::What> whats{
           {"group", KeyField::kGroup}, {"tensor", KeyField::kTensor},
           {"root", KeyField::kRoot}, {"none", KeyField::kNone}};
@@ -1376,11 +1384,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     g_handed.push_back(handed);
     py::object capsule = py::reinterpret_steal<py::object>(PyCapsule_New(handed, nullptr,
                                                                          nullptr));
-    py::tuple self = py::make_tuple(python_wrapper, label, note_in_capture, known_of, capsule);
+    py::tuple self = py::make_tuple(python_wrapper, label, note_in_capture, noted_as, capsule);
     return py::reinterpret_steal<py::object>(
         PyCFunction_NewEx(&g_handoff_call, self.ptr(), nullptr));
   }, "wrapt's wrapper for a Python-API collective: in a capture it notes its launches itself "
-     "(keyed by fields, derived by known_of once per key) or hands them to the observer; "
+     "(keyed by fields, derived by noted_as once per key) or hands them to the observer; "
      "else it calls python_wrapper");
   m.def("forget_handed", &forget_handed, "the proxies' C wrappers let go of what they know");
   m.def("quiet_calls", []() { return g_quiet_calls.load(); });

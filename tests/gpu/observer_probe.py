@@ -91,7 +91,7 @@ def main(out: str) -> None:
         with torch.cuda.graph(g):
             body()
         module.set_demand(False, False, False)
-        notes = module.drain(0)
+        notes, _ = module.drain(0)
         result[f"notes_{mode}"] = [(op, kind, what) for _, op, kind, what, _, _ in notes]
         g.replay()
         torch.cuda.synchronize()
@@ -169,7 +169,7 @@ def main(out: str) -> None:
             g.replay()
             torch.cuda.synchronize()
             result[f"mode_{name}"] = {"ok": True, "values": y.tolist(),
-                                      "notes": len(module.drain(0))}
+                                      "notes": len(module.drain(0)[0])}
         except Exception as exc:
             result[f"mode_{name}"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
         module.set_demand(False, False, False)
