@@ -282,14 +282,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def replay_added_us(calls: int, repeats: int) -> dict[str, float]:
-    """What one ``CUDAGraph.replay()`` call costs added, agent on over off: a stand-in graph
-    class (no CUDA here; its replay does nothing) instrumented as torch's is
-    (``cudagraphs.install``), its graph captured; with no profiler, and with torch's profiler
-    recording (CPU). Best of interleaved samples (us)."""
+def stand_in_graphs() -> Any:
+    """A module like ``torch.cuda.graphs`` whose ``CUDAGraph`` does nothing (no CUDA here), for
+    ``cudagraphs.install`` to instrument as it does torch's."""
     import types
-
-    from autoannot import cudagraphs
 
     class CUDAGraph:
         def capture_begin(self) -> None:
@@ -303,7 +299,18 @@ def replay_added_us(calls: int, repeats: int) -> dict[str, float]:
 
     module = types.ModuleType("stand_in_graphs")
     module.CUDAGraph = CUDAGraph  # type: ignore[attr-defined]
-    graph = CUDAGraph()
+    return module
+
+
+def replay_added_us(calls: int, repeats: int) -> dict[str, float]:
+    """What one ``CUDAGraph.replay()`` call costs added, agent on over off: a stand-in graph
+    class (no CUDA here; its replay does nothing) instrumented as torch's is
+    (``cudagraphs.install``), its graph captured; with no profiler, and with torch's profiler
+    recording (CPU). Best of interleaved samples (us)."""
+    from autoannot import cudagraphs
+
+    module = stand_in_graphs()
+    graph = module.CUDAGraph()
     samples: dict[str, list[float]] = {}
     for _ in range(repeats):
         for profiling in (False, True):

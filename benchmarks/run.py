@@ -4,7 +4,9 @@ tool against torch's, and the GPU figures committed from the GPU machine.
     python benchmarks/run.py [--quick]
 
 Prints tables, then one line of JSON. A benchmark, not a test: it never fails on a figure.
-Takes about 5 minutes on a 2-core CPU machine (``--quick``: about 1).
+Takes about 5 minutes on a 2-core CPU machine (``--quick``: about 2); with valgrind, one more
+minute counting instructions (``instructions.py``), exact where timings on a shared machine are
+not.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
+import instructions  # noqa: E402
 import overhead  # noqa: E402
 
 
@@ -115,23 +118,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     calls, repeats = (500, 8) if args.quick else (2000, 15)
 
-    print("1/5 per-call cost", file=sys.stderr)
+    print("1/6 per-call cost", file=sys.stderr)
     rows = overhead.run([2, 64, 1024], True, calls, repeats)
     replays = overhead.replay_added_us(calls, repeats)
-    print("2/5 start-up", file=sys.stderr)
+    print("2/6 start-up", file=sys.stderr)
     starts = startup(10 if args.quick else 30)
     modules = added_modules()
-    print("3/5 the trace tool against torch's", file=sys.stderr)
+    print("3/6 the trace tool against torch's", file=sys.stderr)
     events = 200_000 if args.quick else 1_000_000
     tool_json = subprocess.run([sys.executable, str(HERE / "trace_tool.py"), "--events",
                                 str(events)], capture_output=True, text=True, check=True)
     tool_lines = tool_json.stdout.strip().splitlines()
     tool = json.loads(tool_lines[-1])
-    print("4/5 annotate -j over 4 rank traces", file=sys.stderr)
+    print("4/6 annotate -j over 4 rank traces", file=sys.stderr)
     parallel = jobs(50_000 if args.quick else 200_000)
-    print("5/5 GPU figures (committed, from benchmarks/gpu_graph.py)", file=sys.stderr)
+    print("5/6 GPU figures (committed, from benchmarks/gpu_graph.py)", file=sys.stderr)
     gpu_file = HERE / "results_gpu_graph.json"
     gpu = json.loads(gpu_file.read_text()) if gpu_file.exists() else {}
+    missing = instructions._missing()
+    print("6/6 instructions a call (callgrind)" + (f": skipped, no {missing}" if missing else ""),
+          file=sys.stderr)
+    counted = {} if missing else _counted_instructions(500 if args.quick else 2000)
 
     print(overhead.table(rows))
     print(f"CUDAGraph.replay() (a stand-in graph: no CUDA here), added per call: "
@@ -158,6 +165,14 @@ def main(argv: list[str] | None = None) -> int:
               f"all_reduces: capture {gpu['capture_ms_off']:.2f} -> {gpu['capture_ms_on']:.2f} "
               f"ms ({gpu['capture_on_over_off']:.2f}x), replay {gpu['replay_us_off']:.0f} -> "
               f"{gpu['replay_us_on']:.0f} us ({gpu['replay_on_over_off']:.2f}x)")
+    if counted:
+        added = counted["added_over_unwrapped"]
+        print()
+        print(f"instructions a call added (callgrind, exact; native observer: "
+              f"{counted['native_observer']}): annotating {added['annotating']:,} = "
+              f"{counted['annotating_over_helper']:.2f}x the hand-written helper's "
+              f"{added['tutorial helper']:,}; in a capture {added['in capture']:,}; fast path "
+              f"{added['fast path']:,}; CUDAGraph.replay() {counted['replay_added']:,}")
     result = overhead.summary(rows)
     result.update(replays)
     pass_case = starts["python -c pass"]
@@ -172,8 +187,19 @@ def main(argv: list[str] | None = None) -> int:
         result["gpu_capture_on_over_off"] = gpu["capture_on_over_off"]
         result["gpu_replay_on_over_off"] = gpu["replay_on_over_off"]
         result["gpu_capture_ms_on_first"] = gpu.get("capture_ms_on_first")
+    if counted:
+        result["instructions_annotating_over_helper"] = counted["annotating_over_helper"]
+        result["instructions_added"] = counted["added_over_unwrapped"]
+        result["instructions_replay_added"] = counted["replay_added"]
     print(json.dumps(result))
     return 0
+
+
+def _counted_instructions(calls: int) -> dict:
+    """benchmarks/instructions.py's JSON line (its own process, under callgrind)."""
+    ran = subprocess.run([sys.executable, str(HERE / "instructions.py"), "--calls", str(calls)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(ran.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
