@@ -9,7 +9,8 @@ loop with the unwrapped call is the baseline. Modes: a bare wrapt pass-through (
 proxy's floor), the agent on with nothing to do (the fast path), annotating (a recorder
 open), the tutorial's hand-written helper around the call, in a stand-in capture (as this
 install annotates there: handed to the native observer where it is built) and through the
-Python wrappers; then one ``CUDAGraph.replay()`` of a stand-in graph class instrumented as
+Python wrappers; a decoder's set of 8 stand-in captures of 64 all-reduces each (the launches
+alone, agent off); then one ``CUDAGraph.replay()`` of a stand-in graph class instrumented as
 torch's, agent off and on, with no profiler. The garbage collector is off while counting (a
 collection's cost is the heap's, mostly torch's modules, not the call's; a recorder's records
 add to what it tracks). ``AUTOANNOT_NATIVE=0``: without the native
@@ -42,6 +43,7 @@ void counting_stop(const char* name) {
 }
 """
 HEADER = Path("/usr/include/valgrind/callgrind.h")
+DECODER_LAUNCHES = 64  # all-reduces a graph, 8 graphs (benchmarks/gpu_capture.py's decoder)
 
 
 def _missing() -> str:
@@ -52,9 +54,9 @@ def _missing() -> str:
     return ", ".join(missing)
 
 
-def _counted(run: Callable[[Callable[[], Any]], None], helper: Any, name: str,
-             call: Callable[[], Any], calls: int) -> None:
-    run(call)  # warm: caches filled, first-call work done
+def _counted(helper: Any, name: str, call: Callable[[], Any], calls: int) -> None:
+    for _ in range(min(calls, 200)):  # warm: caches filled, first-call work done
+        call()
     gc.collect()
     gc.disable()  # a collection's cost is the heap's (torch's modules), not the call's
     helper.counting_start()
@@ -88,12 +90,8 @@ def child(folder: str, calls: int) -> None:
     floor = wrapt.FunctionWrapper(original, lambda wrapped, instance, args, kwargs:
                                   wrapped(*args, **kwargs))
 
-    def warm(call: Callable[[], Any]) -> None:
-        for _ in range(200):
-            call()
-
-    def count(name: str, call: Callable[[], Any]) -> None:
-        _counted(warm, helper, name, call, calls)
+    def count(name: str, call: Callable[[], Any], times: int = calls) -> None:
+        _counted(helper, name, call, times)
 
     def tutorial() -> None:
         with overhead.tutorial_helper("all_reduce", tensor, tensor, group):
@@ -113,8 +111,31 @@ def child(folder: str, calls: int) -> None:
     for name, test_capture in (("in capture", 1), ("in capture, Python", 0)):
         with testing.stand_in(test_capture):
             count(name, lambda: proxy(tensor, group=group))
-    autoannot.disable()
+    # A decoder's graphs: 8 batch sizes, 64 all-reduces each, captured largest first, on a
+    # stand-in graph class instrumented as torch's CUDAGraph is (its methods do nothing).
+    batches = [torch.ones(size, 64) for size in (128, 64, 32, 16, 8, 4, 2, 1)]
     graphs = overhead.stand_in_graphs()
+    patches = cudagraphs.install(graphs, AGENT)
+    module = AGENT.observer.module if AGENT.observer is not None else None
+
+    def decoder(launch: Callable[..., Any]) -> None:
+        for batch in batches:
+            graph = graphs.CUDAGraph()
+            graph.capture_begin()
+            for _ in range(DECODER_LAUNCHES):
+                launch(batch, group=group)
+            graph.capture_end()
+
+    sets = max(2, calls // 200)
+    if module is not None:
+        module.set_test_capture(1)  # every launch is in a capture the observer knows of
+    count("decoder set, agent on", lambda: decoder(proxy), sets)
+    for patch in reversed(patches):
+        patch.undo()
+    autoannot.disable()
+    count("decoder set, agent off", lambda: decoder(original), sets)
+    if module is not None:
+        module.set_test_capture(0)
     graph = graphs.CUDAGraph()
     count("replay, agent off", graph.replay)
     autoannot.enable()
@@ -175,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     order = ["unwrapped", "wrapt floor", "fast path", "annotating", "tutorial helper",
              "in capture", "in capture, Python", "replay, agent off", "replay, agent on"]
     per_call = {mode: totals[mode] / args.calls for mode in order}
+    sets = max(2, args.calls // 200)
+    decoder_added = (totals["decoder set, agent on"] - totals["decoder set, agent off"]) / sets
     base = per_call["unwrapped"]
     added = {mode: round(value - base) for mode, value in per_call.items()
              if not mode.startswith("replay")}
@@ -185,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:38} {value:20,.0f} {added[mode]:8,}")
     replay_added = per_call["replay, agent on"] - per_call["replay, agent off"]
     print(f"{'CUDAGraph.replay() (stand-in), no profiler: added':60} {replay_added:8,.0f}")
+    launches = 8 * DECODER_LAUNCHES
+    print(f"{'decoder: 8 stand-in captures of 64 all-reduces, added':60} {decoder_added:8,.0f}"
+          f" ({decoder_added / launches:,.0f} a launch, the capture's part included)")
     result = {
         "calls": args.calls, "native_observer": native,
         "instructions_per_call": {m: round(v) for m, v in per_call.items()},
@@ -192,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "annotating_over_helper": round(added["annotating"] / helper_added, 3),
         "in_capture_over_helper": round(added["in capture"] / helper_added, 3),
         "replay_added": round(replay_added),
+        "decoder_set_added": round(decoder_added),
+        "decoder_set_added_per_launch": round(decoder_added / launches),
     }
     line = json.dumps(result)
     print(line)
