@@ -59,9 +59,20 @@ NATIVE_CALLER = "<C++: noted by the native observer>"
 TORCH_CALLER = "<no user frame>"
 
 
-#: code object -> None when it is not the user's (see ``_Places``: look further up), else its
-#: call sites, ``{f_lasti: "file.py:line"}``: a launch site is looked up once per call site.
-SITES: dict[Any, dict[int, str] | None] = {}
+#: ``id(code object)`` -> (the code object, None when it is not the user's (see ``_Places``:
+#: look further up), else its call sites ``{f_lasti: "file.py:line"}``): a launch site is
+#: looked up once per call site. Keyed by identity (the entry holds its code object, so the id
+#: is not reused while it is here): a code object hashes its name, constants and names at every
+#: lookup, ~0.4-2k instructions a frame.
+SITES: dict[int, tuple[Any, dict[int, str] | None]] = {}
+
+
+def sites_of(code: Any) -> dict[int, str] | None:
+    """``code``'s call sites, or None where it is not the user's (classified the first time)."""
+    entry = SITES.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    return _classify(code)
 
 
 def call_site(depth: int = 2) -> str:
@@ -75,10 +86,8 @@ def site_from(frame: Any) -> str:
     outside_autoannot = False
     while frame is not None:
         code = frame.f_code
-        try:
-            sites = SITES[code]
-        except KeyError:
-            sites = _classify(code)
+        entry = SITES.get(id(code))
+        sites = entry[1] if entry is not None and entry[0] is code else _classify(code)
         if sites is not None:
             site = sites.get(frame.f_lasti)
             if site is None:
@@ -95,5 +104,5 @@ def _classify(code: Any) -> dict[int, str] | None:
     sites = None if _PLACES[0].is_library(code.co_filename) else {}
     if len(SITES) >= 65536:  # code objects of generated functions: bounded
         SITES.clear()
-    SITES[code] = sites
+    SITES[id(code)] = (code, sites)
     return sites

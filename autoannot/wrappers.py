@@ -220,7 +220,9 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         if recorders:  # after the call: a launch that raised is not recorded
             if site is None:  # our caller's line, where it is the user's (mostly), else found
                 frame = _getframe(1)
-                lines = call_sites.get(frame.f_code)
+                code = frame.f_code
+                known_sites = call_sites.get(id(code))  # (see sites.SITES)
+                lines = known_sites[1] if known_sites and known_sites[0] is code else None
                 site = lines.get(frame.f_lasti) if lines else None
                 if site is None:
                     site = call_site(2)

@@ -346,6 +346,25 @@ def test_torch_tests_are_call_sites_and_the_standard_library_is_not(fake_world, 
     assert [r.call_site for r in records] == [f"{path}:2", "<no user frame>"]
 
 
+def test_a_call_site_is_found_by_its_code_object_not_by_an_id_it_once_had(fake_world,
+                                                                           agent) -> None:
+    """Call sites are kept by code object identity (a code object hashes its contents at every
+    lookup): an entry under the same id for another code object (a freed one's address, taken
+    again) is not this code's; the launch's own line is recorded."""
+    from autoannot import sites
+
+    def launch() -> None:
+        dist.all_reduce(torch.ones(2))
+
+    other = compile("pass", "elsewhere.py", "exec")
+    sites.SITES[id(launch.__code__)] = (other, {0: "elsewhere.py:1"})
+    with autoannot.record() as records:
+        launch()
+    line = launch.__code__.co_firstlineno + 1
+    assert [r.call_site for r in records] == [f"{__file__}:{line}"]
+    assert sites.SITES[id(launch.__code__)][0] is launch.__code__
+
+
 # --- fork ------------------------------------------------------------------------------------
 
 

@@ -183,7 +183,7 @@ bool g_registered = false;
 bool g_registered_operators = false;
 at::CallbackHandle g_handle = 0;
 PyObject* g_listener = nullptr;  // Python: listener(when, op, kind, described, site)
-PyObject* g_sites = nullptr;  // recorder's sites: code -> {f_lasti: "file:line"} or None
+PyObject* g_sites = nullptr;  // sites.SITES: id(code) -> (code, {f_lasti: "file:line"} or None)
 PyObject* g_site_from = nullptr;  // site_from(frame) -> "file:line"
 
 // ---------------------------------------------------------------------------------------------
@@ -950,8 +950,14 @@ PyObject* caller_site() {
   PyFrameObject* frame = start;
   Py_XINCREF(frame);
   while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame);
-    PyObject* sites = PyDict_GetItemWithError(g_sites, reinterpret_cast<PyObject*>(code));
+    PyCodeObject* code = PyFrame_GetCode(frame);  // (sites.SITES: id(code) -> (code, sites))
+    PyObject* id = PyLong_FromVoidPtr(code);
+    PyObject* entry = id ? PyDict_GetItemWithError(g_sites, id) : nullptr;
+    Py_XDECREF(id);
+    PyObject* sites = entry != nullptr && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+                              PyTuple_GET_ITEM(entry, 0) == reinterpret_cast<PyObject*>(code)
+                          ? PyTuple_GET_ITEM(entry, 1)
+                          : nullptr;
     Py_DECREF(code);
     if (sites == Py_None) {  // torch's, wrapt's, ours, the standard library's: look further up
       PyFrameObject* back = PyFrame_GetBack(frame);
