@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoannot import features
 from autoannot.records import enter, new_record, publish
 from autoannot.sites import call_site
 
@@ -47,7 +46,7 @@ class AnnotationContext:
             enter(state, new_record(self.api, self.annotation, site, self.cpu_only))
         if state is not None and state.captures:
             agent.captures.note(self.api, self.annotation, self.kernels, self.call_site)
-            mark_kernels = features.mark_kernels(agent.config.mark_kernels)
+            mark_kernels = agent.captures.torch_marks
             if mark_kernels is not None:
                 self._inner = mark_kernels(self.annotation)
                 self._inner.__enter__()

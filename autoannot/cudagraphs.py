@@ -53,6 +53,9 @@ class Captures:
         self._numbers = itertools.count()
         #: The replay wrappers switched on and off by the profiler's notices (copy-on-write).
         self.replay_switches: list[Any] = []
+        #: torch's ``mark_kernels`` where it records in the captures in progress, else None:
+        #: asked when a capture begins (torch turns its annotations on before), not per launch.
+        self.torch_marks: Any = None
 
     def by_thread(self) -> None:
         """Tie a launch to the capture begun on its own thread (tests with no CUDA: a CUDA
@@ -99,6 +102,11 @@ class Captures:
             if layer is not None:  # C++-origin launches on this thread (and autograd's)
                 layer.hold()
                 ledger.holder = (_thread.get_ident(), layer)
+        try:
+            self.torch_marks = features.mark_kernels(agent.config.mark_kernels)
+        except Exception as exc:  # torch's probe failed: the ledger annotates this capture
+            diagnostics.warn_once("CUDAGraph.capture_begin", "asking torch's annotations", exc)
+            self.torch_marks = None
         agent.state.capture_started()
 
     def ended(self, graph: Any) -> None:

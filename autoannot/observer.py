@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any, NamedTuple
 
-from autoannot import collectives, diagnostics, features, groups, metadata, native, sites
+from autoannot import collectives, diagnostics, groups, metadata, native, sites
 from autoannot.records import enter, new_record
 
 
@@ -112,7 +112,7 @@ class NativeObserver:
         self.module.set_demand(capturing, recording, journaling)
         self.module.set_handoff(
             capturing and not state.recorders and not state.journals and not state.blocks
-            and features.mark_kernels(self.agent.config.mark_kernels) is None)
+            and self.agent.captures.torch_marks is None)
 
     def _journal_needs_operators(self) -> bool:
         """Whether a journal asks for every operator, as a recorder does: where the job's

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from autoannot import features, groups, metadata, sites
+from autoannot import groups, metadata, sites
 from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext
 from autoannot.collectives import C10D, OPS, Collective, Role
@@ -184,8 +184,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 calls.blocks[-1].launches.append(known.launch)
                 return call_as_one_launch(state, wrapped, args, kwargs)
             if state.captures:  # the capture's ledger (below), or torch's mark_kernels
-                mark_kernels = features.mark_kernels(agent.config.mark_kernels)
-                if mark_kernels is not None:
+                if agent.captures.torch_marks is not None:
                     ctx = AnnotationContext(label, known.annotation, known.cpu_only,
                                             known.launch.kernels, agent=agent)
                     return _run_annotated(state, label, ctx, wrapped, args, kwargs)

@@ -65,18 +65,24 @@ def test_mark_kernels_is_entered_exactly_when_it_would_record(
 
     monkeypatch.setattr(API.api, "mark_kernels", spy)
     monkeypatch.setattr(API.state, "_annotations_enabled", annotations_on)
-    monkeypatch.setattr(API.state, "_is_tools_id_unavailable", lambda: not tools_id,
-                        raising=False)
+    asked = []
+
+    def probe() -> bool:
+        asked.append(1)
+        return not tools_id
+
+    monkeypatch.setattr(API.state, "_is_tools_id_unavailable", probe, raising=False)
+    from autoannot import testing
+
     dist.all_reduce(torch.ones(4))
     assert entered == []  # no capture: torch's context is never entered
-    hooks.AGENT.state.capture_started()  # what CUDAGraph.capture_begin's wrapper does
-    try:
-        with autoannot.record() as records:
-            dist.all_reduce(torch.ones(4))
-    finally:
-        hooks.AGENT.state.capture_ended()
-    expected = [records[0].annotation] if annotations_on and tools_id else []
-    assert entered == expected
+    hooks.AGENT.captures.by_thread()  # (a stand-in capture is the thread's)
+    with testing.stand_in(), autoannot.record() as records:  # CUDAGraph's wrappers
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(8))
+    expected = [r.annotation for r in records] if annotations_on and tools_id else []
+    assert len(records) == 2 and entered == expected
+    assert len(asked) == (1 if annotations_on else 0)  # once a capture, not once a launch
 
 
 @needs_torch_annotations
