@@ -67,14 +67,6 @@ TORCH_CALLER = "<no user frame>"
 SITES: dict[int, tuple[Any, dict[int, str] | None]] = {}
 
 
-def sites_of(code: Any) -> dict[int, str] | None:
-    """``code``'s call sites, or None where it is not the user's (classified the first time)."""
-    entry = SITES.get(id(code))
-    if entry is not None and entry[0] is code:
-        return entry[1]
-    return _classify(code)
-
-
 def call_site(depth: int = 2) -> str:
     """``"file.py:line"`` of the first frame outside torch (its tests count as callers), wrapt,
     autoannot and the standard library (``depth``: where to start, as for ``sys._getframe``)."""
