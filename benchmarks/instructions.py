@@ -46,6 +46,11 @@ HEADER = Path("/usr/include/valgrind/callgrind.h")
 DECODER_LAUNCHES = 64  # all-reduces a graph, 8 graphs (benchmarks/gpu_capture.py's decoder)
 
 
+def _decoder_sets(calls: int) -> int:
+    """Decoder sets counted (each is 512 launches: fewer than the single calls)."""
+    return max(2, calls // 200)
+
+
 def _missing() -> str:
     """What this machine lacks to count ('' when nothing)."""
     missing = [tool for tool in ("valgrind", "cc") if shutil.which(tool) is None]
@@ -126,7 +131,7 @@ def child(folder: str, calls: int) -> None:
                 launch(batch, group=group)
             graph.capture_end()
 
-    sets = max(2, calls // 200)
+    sets = _decoder_sets(calls)
     if module is not None:
         module.set_test_capture(1)  # every launch is in a capture the observer knows of
     count("decoder set, agent on", lambda: decoder(proxy), sets)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     order = ["unwrapped", "wrapt floor", "fast path", "annotating", "tutorial helper",
              "in capture", "in capture, Python", "replay, agent off", "replay, agent on"]
     per_call = {mode: totals[mode] / args.calls for mode in order}
-    sets = max(2, args.calls // 200)
+    sets = _decoder_sets(args.calls)
     decoder_added = (totals["decoder set, agent on"] - totals["decoder set, agent off"]) / sets
     base = per_call["unwrapped"]
     added = {mode: round(value - base) for mode, value in per_call.items()
