@@ -305,11 +305,12 @@ def _kernel(op: Any, wrapper: wrappers.Wrapper, below: Any, state: Any) -> Calla
     handle = getattr(op, "_handle", None)  # OpOverload.redispatch is a Python hop to this
     redispatch = getattr(handle, "redispatch_boxed", None) or op.redispatch
     partial = functools.partial
-    calls = state.calls
+    inside = state.inside  # (see State.inside)
+    get_ident = _thread.get_ident
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # see wrappers.py
-        if state.demand and not calls.depth:
+        if state.demand and get_ident() not in inside:
             return wrapper(partial(redispatch, keyset & below), None, args, kwargs)
         return redispatch(keyset & below, *args, **kwargs)
 

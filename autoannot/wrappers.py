@@ -8,6 +8,7 @@ context around the original, and never lets a failure of its own reach the calle
 from __future__ import annotations
 
 import sys
+from _thread import get_ident
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,14 +30,15 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 def call_as_one_launch(state: Any, wrapped: Callable[..., Any], args: tuple,
                        kwargs: dict) -> Any:
-    """Run a call whose launch is annotated here: wrapped calls inside it (``calls.depth``)
+    """Run a call whose launch is annotated here: wrapped calls inside it (``state.inside``)
     and the observers below it take it for the same launch (``state.exclusion``: the native
     observer leaves it alone; the Python layer's key is excluded around it, so the launch does
     not also pass through a Python kernel below, ~7 us of boxing for nothing)."""
     __tracebackhide__ = True
-    calls = state.calls
-    depth = calls.depth
-    calls.depth = depth + 1
+    inside = state.inside
+    ident = get_ident()
+    depth = inside.get(ident, 0)
+    inside[ident] = depth + 1
     exclusion = state.exclusion
     try:
         if exclusion is None:
@@ -49,7 +51,10 @@ def call_as_one_launch(state: Any, wrapped: Callable[..., Any], args: tuple,
         finally:
             exclusion[0](exclusion[1], False)
     finally:
-        calls.depth = depth
+        if depth:
+            inside[ident] = depth
+        else:
+            del inside[ident]
 
 
 def _run_annotated(
@@ -131,6 +136,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
     call_sites = sites.SITES
     state = agent.state
     calls = state.calls
+    inside = state.inside  # thread ident -> depth, for the threads inside a wrapped call
     note_in_ledger = agent.captures.note
     # Exclude our key around the call: a proxy's call, and a compiled op's redispatch (torch's
     # _c10d_functional kernels launch a c10d:: op, where a kernel of ours would be called again,
@@ -160,7 +166,8 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         __tracebackhide__ = True
         if not state.demand:  # nothing to annotate
             return wrapped(*args, **kwargs)
-        if calls.depth:  # inside a wrapped call: its launch
+        ident = get_ident()
+        if ident in inside:  # inside a wrapped call: its launch
             return wrapped(*args, **kwargs)
         why: Exception | None = None
         try:
@@ -193,18 +200,18 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 site = call_site(2)  # from our caller
                 enter(state, new_record(label, known.annotation, site, known.cpu_only))
         # call_as_one_launch, inlined (see there): this is the path that annotates
-        calls.depth = 1
+        inside[ident] = 1
         exclusion = state.exclusion if excludes else None
         if exclusion is None:
             try:
                 result = wrapped(*args, **kwargs)
             finally:
-                calls.depth = 0
+                del inside[ident]
         elif exclusion[2] is not None:  # the native observer's one call
             try:
                 result = exclusion[2](wrapped, args, kwargs)
             finally:
-                calls.depth = 0
+                del inside[ident]
         else:
             set_excluded, dispatch_key, _ = exclusion
             set_excluded(dispatch_key, True)
@@ -212,7 +219,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 result = wrapped(*args, **kwargs)
             finally:
                 set_excluded(dispatch_key, False)
-                calls.depth = 0
+                del inside[ident]
         if in_capture:  # into its graph's ledger, once launched (a call that raised has not)
             _note_in_ledger(note_in_ledger, label, known, site)
         recorders = state.recorders
@@ -327,7 +334,7 @@ def block_wrapper(row: Collective, plan: metadata.Plan, agent: Any) -> Wrapper:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
         manager = wrapped(*args, **kwargs)
-        if not state.demand or state.calls.depth:
+        if not state.demand or get_ident() in state.inside:
             return manager
         label = state.calls.batch_label or row.api
         return CoalescingBlock(manager, label, agent)
