@@ -286,20 +286,26 @@ def _summary(args: argparse.Namespace) -> int:
     return DONE if rows else INCOMPLETE
 
 
-def _split_records(arguments: list[str],
-                   rows: list[Path] | None = None) -> tuple[list[str], list[Path]]:
+def _split_records(arguments: list[str], rows: list[Path] | None = None,
+                   command: str = "") -> tuple[list[str], list[Path]]:
     """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces; rows files
-    (``*.rows``, folders' too) into ``rows`` where given."""
+    (``*.rows``, folders' too) into ``rows`` where given. In folders, anything that is no
+    regular file (a FIFO, a socket) is skipped, said, and never opened."""
     from autoannot.traces.rows import SUFFIX, is_rows
 
     traces, records = [], []
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
-            inside = sorted(path.glob("*.jsonl"))
+            found = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", SUFFIX))
+            for odd in (p for p in found if not p.is_file()):
+                _say(command or "autoannot", f"{odd}: not a regular file (a FIFO or socket?): "
+                     "skipped")
+            found = [p for p in found if p.is_file()]
+            inside = [p for p in found if p.suffix == ".jsonl"]
             records += inside
-            found_rows = [] if rows is None else sorted(
-                p for p in path.glob("*" + SUFFIX) if is_rows(p))
+            found_rows = [] if rows is None else [
+                p for p in found if p.suffix == SUFFIX and is_rows(p)]
             if rows is not None:
                 rows += found_rows
             if any(p.name.endswith((".json", ".json.gz")) for p in path.iterdir()) \
@@ -323,15 +329,20 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
     """A cross-rank command's traces, record files and rows files. A folder's trace whose rows
     lie beside it (``NAME.rows``, written in the job) is read through its rows: said once."""
     from autoannot.traces import paths
-    from autoannot.traces.rows import rows_path
+    from autoannot.traces.rows import is_rows, rows_path
 
     rows: list[Path] = []
-    named, records = _split_records(arguments, rows)
+    named, records = _split_records(arguments, rows, command)
     skipped: list[str] = []
     traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
     for note in skipped:
         _say(command, note)
     have_rows = {os.path.realpath(p) for p in rows}
+    for trace in traces:  # a trace named as a file: its rows beside it, as a folder's
+        beside = rows_path(trace)
+        if os.path.realpath(beside) not in have_rows and beside.is_file() and is_rows(beside):
+            rows.append(beside)
+            have_rows.add(os.path.realpath(beside))
     through_rows = [t for t in traces if os.path.realpath(rows_path(t)) in have_rows]
     if through_rows:
         _say(command, f"{len(through_rows)} traces read through the rows written beside them "
@@ -379,7 +390,8 @@ def _lined_up(command: str, args: argparse.Namespace,
         with tempfile.TemporaryDirectory(prefix=f"autoannot-{command}-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
             analysis = skew.analyze_files(readable, records, jobs=args.jobs,
-                                          progress=not args.quiet, run=args.run, rows=rows)
+                                          progress=not args.quiet, run=args.run, rows=rows,
+                                          include_warmup=args.include_warmup)
             for said in (analysis.problems, analysis.notes):  # (name the user's files)
                 for read, given in zip(readable, traces, strict=True):
                     said[:] = [line.replace(str(read), str(given)) for line in said]
@@ -415,13 +427,18 @@ def _skew(args: argparse.Namespace) -> int:
         return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
                           "written)")
     if args.json:  # (after the files: a reader that leaves early loses none of them)
-        print(json.dumps({"instances": analysis.rows(), "ranks": analysis.per_rank(),
+        print(json.dumps({"lead": skew.lead(analysis), "missing": analysis.missing,
+                          "origins": analysis.origins(args.top),
+                          "instances": analysis.rows(), "ranks": analysis.per_rank(),
                           "clocks": [c.__dict__ for c in analysis.clocks],
                           "problems": analysis.problems, "notes": analysis.notes}, indent=1))
     else:
         print(skew.format_report(analysis, args.top))
     if not analysis.instances:
         _say("skew", "no collective instance across ranks in these inputs")
+        return INCOMPLETE
+    if analysis.missing:
+        _say("skew", f"ranks are missing from {len(analysis.missing)} groups (named above)")
         return INCOMPLETE
     return INCOMPLETE if analysis.problems else DONE
 
@@ -454,21 +471,25 @@ def _check(args: argparse.Namespace) -> int:
             if key in seen:
                 return _bad_input("check", f"{path}: given twice (also as {seen[key]})")
             seen[key] = path
-        divergences, compared, ranks = sequences.check_files(inputs)
+        missing: list[str] = []
+        divergences, compared, ranks = sequences.check_files(inputs, args.run, missing)
     except files.TraceError as exc:
         return _bad_input("check", str(exc))
     if args.json:
-        print(json.dumps({"ranks": ranks, "sequences_compared": compared,
+        print(json.dumps({"ranks": ranks, "sequences_compared": compared, "missing": missing,
                           "divergences": [d.as_dict() for d in divergences]}, indent=1))
     else:
+        for line in missing:
+            print(f"MISSING: {line}")
         for divergence in divergences:
             print(f"DIVERGES: {divergence.describe()}")
         print(f"{compared} sequences (graph or eager, per process group) compared across "
-              f"{ranks} ranks: {len(divergences)} diverge")
+              f"{ranks} ranks: {len(divergences)} diverge"
+              + (f"; ranks missing from {len(missing)} groups" if missing else ""))
     if not compared:
         _say("check", "nothing to compare: give two ranks' ledgers, record files or traces")
         return INCOMPLETE
-    return INCOMPLETE if divergences else DONE
+    return INCOMPLETE if divergences or missing else DONE
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -499,13 +520,13 @@ def _report(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _bad_input("report", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
                           "written)")
-    ranked = report.stragglers(analysis, 1)
-    lead = (f"rank {ranked[0]['rank']} held the others up most "
-            f"({skew._us(ranked[0]['others_waited_for_it_us'])})" if ranked
-            else "no rank arrived late")
+    lead = skew.lead(analysis)
     print(f"{output}: {len(analysis.instances)} instances on {len(analysis.ranks)} ranks; "
-          f"{lead}; {len(analysis.problems)} not matched")
-    return INCOMPLETE if analysis.problems or not analysis.instances else DONE
+          f"{len(analysis.problems)} not matched")
+    for line in lead:
+        print(f"  {line}")
+    return (INCOMPLETE if analysis.problems or analysis.missing or not analysis.instances
+            else DONE)
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -634,6 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     skew_.add_argument("--force", action="store_true", help=FORCE_HELP)
     skew_.add_argument("--run", metavar="RUN", help="the run of the job to line up, where "
                        "record files hold several (they name each)")
+    skew_.add_argument("--include-warmup", action="store_true",
+                       help="count warm-up (profiler step 0 and each group's first "
+                       "collective: start-up) in the ranking of who held the others up")
     skew_.add_argument("--top", type=int, default=10, metavar="N",
                        help="instances listed, by skew (default 10)")
     skew_.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
@@ -654,6 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="rows files (*.rows), traces, AUTOANNOT_RECORD files (*.jsonl), or "
                      "folders of them")
     rep.add_argument("-o", "--output", required=True, metavar="HTML", help="the page (.html)")
+    rep.add_argument("--include-warmup", action="store_true",
+                       help="count warm-up (profiler step 0 and each group's first "
+                       "collective: start-up) in the ranking of who held the others up")
     rep.add_argument("--title", help="the page's title")
     rep.add_argument("--instance", type=int, metavar="N", help="the instance whose step the "
                      "timeline shows (default: the one with the largest skew)")
@@ -672,6 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
         "collective, sizes, dtype and call site. Exit 1 if any diverges.")
     check.add_argument("inputs", nargs="+", metavar="LEDGER_RECORDS_OR_TRACE",
                        help="ledgers (*.autoannot), record files (*.jsonl), traces, or folders")
+    check.add_argument("--run", metavar="RUN", help="the run of the job to compare, where "
+                       "record files or rows hold several (they name each)")
     check.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
     check.set_defaults(func=_check)
     plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",

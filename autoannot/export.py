@@ -48,7 +48,7 @@ def write_rows(trace_path: str, agent: Any, annotated: bool = False) -> str | No
     from pathlib import Path
 
     from autoannot.traces import ledger as ledgers
-    from autoannot.traces import rows
+    from autoannot.traces import rows, skew
 
     journal = next((j for j in agent.state.journals if j.path is not None), None)
     readable = Path(trace_path)
@@ -65,7 +65,7 @@ def write_rows(trace_path: str, agent: Any, annotated: bool = False) -> str | No
         except annotate.NothingToAnnotate:  # (no replay in it: read it as it is)
             pass
     try:
-        made = rows.of_trace(readable, None if journal is None else Path(journal.path),
+        made = skew.rows_of_trace(readable, None if journal is None else Path(journal.path),
                              run=None if journal is None else journal.run,
                              host=socket.gethostname())
     finally:

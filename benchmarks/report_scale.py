@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoannot.traces import rows
+from autoannot.traces import rows, skew
 
 TP = 8  # the tensor-parallel group's size
 
@@ -89,10 +89,10 @@ def committed_rows() -> dict[str, object]:
 
                 readable = Path(tmp) / name
                 annotate.annotate_file(trace, readable)
-            one = rows.of_trace(readable)
+            one = skew.rows_of_trace(readable)
             assert one is not None
             size = len(rows.encode(one))
-            head = size - 45 * len(one)
+            head = size - 49 * len(one)
             found[name] = {"instances": len(one), "bytes": size, "head_bytes": head,
                            "bytes_per_instance": round(size / len(one), 1),
                            "column_bytes_per_instance": 45,

@@ -167,9 +167,9 @@ def _two_ranks(tmp_path: Path, record: str, size: int) -> None:
 
 def test_two_runs_into_one_template_are_never_mixed(tmp_path: Path, capsys) -> None:
     """A 2-rank gloo job run twice with the same AUTOANNOT_RECORD (the second run's all-reduce
-    twice the size): each line names its run, the same on both ranks; check compares each run
-    with itself (no divergence), skew refuses to line one run up against the other and names
-    both, and lines up either one when asked."""
+    twice the size): each line names its run, the same on both ranks; check and skew refuse
+    to line one run up against the other, name both, and line up either one when asked.
+    """
     from autoannot import cli
 
     record = str(tmp_path / "rank{rank}.jsonl")
@@ -180,8 +180,12 @@ def test_two_runs_into_one_template_are_never_mixed(tmp_path: Path, capsys) -> N
     runs = [list(dict.fromkeys(x["run"] for x in rank)) for rank in lines]
     assert len(runs[0]) == 2 and runs[0] == runs[1]  # two runs, agreed on by both ranks
     assert all(isinstance(x["wall_ns"], int) for rank in lines for x in rank)
-    assert cli.main(["check", *map(str, files)]) == 0
-    assert "0 diverge" in capsys.readouterr().out
+    assert cli.main(["check", *map(str, files)]) == 2  # (as skew: one run at a time)
+    said = capsys.readouterr().err
+    assert runs[0][0] in said and runs[0][1] in said and "--run" in said
+    for run in runs[0]:
+        assert cli.main(["check", "--run", run, *map(str, files)]) == 0
+        assert "0 diverge" in capsys.readouterr().out
     assert cli.main(["skew", "-q", *map(str, files)]) == 2
     said = capsys.readouterr().err
     assert runs[0][0] in said and runs[0][1] in said and "--run" in said

@@ -1,40 +1,97 @@
-"""Instances matched across thousands of ranks' rows with numpy: the same answers as
-``skew.analyze`` (its rules: one instance per group and sequence position, every member rank
-present and agreeing on the collective and its size; clocks fitted on GPU kernels' ends), with
-no object per launch or instance and no instance x rank matrix — a job of 8,192 ranks in 1,024
-tensor-parallel groups has a million instances, each on 8 ranks: its launches are kept as flat
-arrays sorted by instance (16 million values each), not as 8 billion mostly empty cells.
+"""The one analysis: every rank's launches matched into collective instances across ranks, and
+what each instance says — who arrived last, how long each rank waited, what the transfer took,
+where a delay began — in whole-array steps (numpy), with no object per launch or instance.
 
-Memory: the rows files are read one at a time into arrays allocated once (~50 bytes a launch),
-then sorted once.
+An *instance* is one collective on the member ranks of its process group: the same group, the
+same position in that group's sequence. Rules: every rank present agrees on the collective and
+its size (else the instance is left out, named); an instance some member ranks left no record
+of is lined up on the ranks present, and the missing ranks are named per group (``missing``);
+clocks are fitted on GPU kernels' ends only.
+
+Scale: a job of 8,192 ranks in 1,024 tensor-parallel groups has a million instances, each on 8
+ranks: its launches are kept as flat arrays sorted by instance (16 million values each), not
+as 8 billion mostly empty cells. Every reader (traces, record files, rows) gives launches in
+one table (``rows.Rows``, a column each); this module is the only matcher.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from autoannot.traces import files
-from autoannot.traces.rows import Rows, read
-from autoannot.traces.skew import (
-    IN_STEP_US,
-    Analysis,
-    ClockFit,
-    Figures,
-    Instance,
-    disagreement,
-    far_clocks_note,
-    missing_ranks,
-)
+from autoannot.traces.rows import Rows, from_launches, read
 
+#: Below this, arrivals count as simultaneous: no straggler is named.
+IN_STEP_US = 2.0
 #: Problems listed one by one up to this many; the rest counted.
 LISTED_PROBLEMS = 50
 _SEQ_BITS = 40  # a key is group << 40 | seq
 
 
+@dataclass
+class Instance:
+    """One collective on all its ranks; its figures are in ``Analysis.figures()``."""
+
+    group: str
+    seq: int
+    collective: str
+    size_bytes: int
+    group_desc: str
+    index: int  # its row in the figures
+    kernel: bool = False  # every rank's part timed by a GPU kernel (ends fit clocks)
+
+
+@dataclass
+class ClockFit:
+    rank: int
+    offset_us: float  # this rank's clock minus the reference rank's
+    spread_us: float  # median absolute deviation of the per-instance estimates
+    instances: int
+    applied: bool
+
+
+@dataclass
+class Figures:
+    """Per instance, as numpy arrays: its group and collective (codes into the name lists),
+    size, member ranks present and the group's size, profiler step (-1: none known), skew,
+    straggler (a column of ``Analysis.ranks``; -1: in step), transfer (NaN: unknown), last
+    arrival, the others' total wait, the lateness carried from the straggler's previous
+    collective, the instance where the delay began (``cause``; -1: none), the wait blamed on
+    this instance as a cause, and whether it is warm-up (left out of the ranking)."""
+
+    group: Any
+    collective: Any
+    size_bytes: Any
+    members: Any
+    skew: Any
+    straggler: Any
+    transfer: Any
+    last: Any
+    needed: Any = None
+    step: Any = None
+    waited: Any = None
+    carried: Any = None
+    cause: Any = None
+    blame: Any = None
+    warmup: Any = None
+    group_names: list[str] = field(default_factory=list)
+    group_descs: list[str] = field(default_factory=list)
+    collective_names: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def empty(count: int) -> Figures:
+        import numpy as np
+
+        return Figures(np.zeros(count, np.int32), np.zeros(count, np.int32),
+                       np.zeros(count, np.int64), np.zeros(count, np.int32),
+                       np.zeros(count), np.full(count, -1, np.int32), np.full(count, np.nan),
+                       np.zeros(count))
+
+
 class Instances(Sequence[Instance]):
-    """The instances of a ``RowsAnalysis``, made when asked for (a million would take seconds
+    """The instances of an ``Analysis``, made when asked for (a million would take seconds
     and hundreds of MB as objects)."""
 
     def __init__(self, figures: Figures, seq: Any, kernel: Any) -> None:
@@ -66,30 +123,39 @@ class Instances(Sequence[Instance]):
 
 
 @dataclass
-class RowsAnalysis(Analysis):
-    """An ``Analysis`` whose launches are flat arrays sorted by instance, then rank
-    (``offsets[i]:offsets[i + 1]`` are instance i's), and whose figures are arrays."""
+class Analysis:
+    """The instances and their figures; the launches as flat arrays sorted by instance, then
+    rank (``offsets[i]:offsets[i + 1]`` are instance i's)."""
 
+    instances: Sequence[Instance]
+    clocks: list[ClockFit]
+    problems: list[str] = field(default_factory=list)  # what could not be matched, and why
+    ranks: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what to keep in mind (not a failure)
+    #: Groups whose ranks did not all leave a record, or did not all reach its last instance.
+    missing: list[dict[str, Any]] = field(default_factory=list)
     offsets: Any = None
     launch_column: Any = None
     launch_start: Any = None
     launch_end: Any = None
     launch_site: Any = None
+    launch_wait: Any = None
+    seq: Any = None
     table: Figures | None = None
     site_names: Any = None
     ranks_figures: list[dict[str, Any]] | None = None
+    #: Whether warm-up instances count in the ranking (``include_warmup``).
+    warmup_counted: bool = False
 
     def _segment(self, index: int) -> slice:
         return slice(int(self.offsets[index]), int(self.offsets[index + 1]))
 
-    def _times(self, instance: Instance) -> list[tuple[int, float, float]]:
-        part = self._segment(instance.index)
-        ranks = self.ranks
-        return [(ranks[int(c)], float(s), float(e)) for c, s, e in
-                zip(self.launch_column[part], self.launch_start[part], self.launch_end[part],
-                    strict=True)]
+    def figures(self) -> Figures:
+        assert self.table is not None
+        return self.table
 
     def site(self, index: int, column: int) -> str | None:
+        """The call site of rank ``ranks[column]``'s part in instance ``index``."""
         import numpy as np
 
         part = self._segment(index)
@@ -100,37 +166,135 @@ class RowsAnalysis(Analysis):
         code = int(self.launch_site[part][at])
         return self.site_names[code] if code >= 0 else None
 
-    def _parts(self, instance: Instance) -> list[tuple[int, float, str | None]]:
-        """(rank, start, call site) of the ranks that took part, read from the instance's
-        stretch of the arrays at once."""
+    def _parts(self, instance: Instance) -> list[tuple[int, float, float, str | None]]:
+        """(rank, start, wait, call site) of the ranks that took part."""
         part = self._segment(instance.index)
         names, ranks = self.site_names, self.ranks
-        return [(ranks[c], start, names[code] if code >= 0 else None)
-                for c, start, code in zip(self.launch_column[part].tolist(),
-                                          self.launch_start[part].tolist(),
-                                          self.launch_site[part].tolist(), strict=True)]
+        return [(ranks[c], start, wait, names[code] if code >= 0 else None)
+                for c, start, wait, code in zip(self.launch_column[part].tolist(),
+                                                self.launch_start[part].tolist(),
+                                                self.launch_wait[part].tolist(),
+                                                self.launch_site[part].tolist(), strict=True)]
 
     def launch_arrays(self) -> tuple[Any, Any, Any, Any]:
+        """Every rank's part in every instance: (instance, column, start, end), by instance."""
         import numpy as np
 
         counts = np.diff(self.offsets)
         return (np.repeat(np.arange(len(counts)), counts), self.launch_column,
                 self.launch_start, self.launch_end)
 
-    def figures(self) -> Figures:
-        assert self.table is not None
-        return self.table
-
     def summary_of(self, instance: Instance) -> tuple[int | None, float, float | None, float]:
+        """(straggler or None when in step, skew, transfer or None, last arrival)."""
         f, i = self.figures(), instance.index
         straggler = int(f.straggler[i])
         transfer = float(f.transfer[i])
         return (None if straggler < 0 else self.ranks[straggler], float(f.skew[i]),
                 None if transfer != transfer else transfer, float(f.last[i]))
 
+    def largest_skews(self, top: int) -> list[Instance]:
+        """The ``top`` instances of largest skew, largest first (warm-up left out unless
+        counted)."""
+        import numpy as np
+
+        f = self.figures()
+        skew = np.where(f.warmup & ~self.warmup_counted, -1.0, f.skew)
+        head = (np.argpartition(-skew, top)[:top] if top < len(skew)
+                else np.arange(len(skew)))
+        head = np.sort(head)  # (ties: in instance order)
+        head = head[np.argsort(-skew[head], kind="stable")]
+        return [self.instances[int(i)] for i in head if skew[i] >= 0]
+
+    def cause_of(self, index: int) -> dict[str, Any] | None:
+        """Where the delay at instance ``index`` began: its rank, instance and call site."""
+        f = self.figures()
+        root = int(f.cause[index])
+        if root < 0:
+            return None
+        one = self.instances[root]
+        column = int(f.straggler[root])
+        return {"rank": self.ranks[column], "group": one.group, "seq": one.seq,
+                "collective": one.collective, "step": int(f.step[root]),
+                "call_site": self.site(root, column)}
+
+    def origins(self, top: int = 20) -> list[dict[str, Any]]:
+        """Where delays began, by the others' wait blamed on each (warm-up left out unless
+        counted): rank, instance, call site, blamed wait, how late it arrived there."""
+        import numpy as np
+
+        f = self.figures()
+        blamed = np.flatnonzero(f.blame > 0)
+        blamed = blamed[np.argsort(-f.blame[blamed], kind="stable")][:top]
+        found = []
+        for index in blamed.tolist():
+            one = self.instances[index]
+            column = int(f.straggler[index])
+            found.append({"rank": self.ranks[column], "group": one.group,
+                          "group_desc": one.group_desc, "seq": one.seq,
+                          "collective": one.collective, "step": int(f.step[index]),
+                          "call_site": self.site(index, column),
+                          "blamed_us": round(float(f.blame[index]), 3),
+                          "late_us": round(float(f.skew[index] - f.carried[index]), 3)})
+        return found
+
+    def row(self, instance: Instance) -> dict[str, Any]:
+        from autoannot.traces.summary import bus_factor
+
+        f, i = self.figures(), instance.index
+        straggler, skew, transfer, _ = self.summary_of(instance)
+        parts = self._parts(instance)
+        busbw = None
+        if transfer and transfer > 0 and instance.size_bytes:
+            busbw = instance.size_bytes / (transfer * 1e-6) / 1e9 * bus_factor(
+                instance.collective, len(parts))
+        return {
+            "group": instance.group, "group_desc": instance.group_desc, "seq": instance.seq,
+            "collective": instance.collective, "size_bytes": instance.size_bytes,
+            "step": int(f.step[i]), "warmup": bool(f.warmup[i]),
+            "straggler": straggler, "skew_us": round(skew, 3),
+            "transfer_us": None if transfer is None else round(transfer, 3),
+            "busbw_gbps": None if busbw is None else round(busbw, 3),
+            "carried_us": round(float(f.carried[i]), 3), "cause": self.cause_of(i),
+            "ranks": {str(rank): {"start_us": round(start, 3), "wait_us": round(wait, 3),
+                                  "call_site": site}
+                      for rank, start, wait, site in parts},
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [self.row(instance) for instance in self.instances]
+
     def per_rank(self) -> list[dict[str, Any]]:
+        """Per rank: time waiting in collectives, and the others' wait blamed on it."""
         assert self.ranks_figures is not None
         return self.ranks_figures
+
+
+#: The name the array analysis had when there were two.
+RowsAnalysis = Analysis
+
+
+def disagreement(group: str, seq: int, how: str) -> str:
+    """The problem of an instance its ranks launched differently."""
+    return f"group {group}, collective #{seq}: the ranks disagree ({how}): not matched"
+
+
+def far_clocks_note(analysis: Analysis) -> str | None:
+    """What to say of clock offsets taken out that are large (ranks of one host share a clock:
+    there, an offset means the traces cover different stretches)."""
+    far = [fit for fit in analysis.clocks if fit.applied and abs(fit.offset_us) > 50.0]
+    if not far:
+        return None
+    return (f"{len(far)} ranks' clocks are more than 50 us off rank {analysis.ranks[0]}'s (rank "
+            f"{far[0].rank}: {far[0].offset_us:+.0f} us), taken out as clock offsets: right "
+            "for ranks on other hosts; ranks of one host share a clock, so there the traces "
+            "may cover different stretches of the run (profile the same steps on every rank)")
+
+
+def analyze(per_rank: dict[int, list[Any]], include_warmup: bool = False) -> Analysis:
+    """Instances across ranks, from each rank's launches (``launch.Launch``): put in one table
+    (a ``Rows`` a rank), then matched as rows are."""
+    return analyze_rows([from_launches(launches, rank) for rank, launches in per_rank.items()],
+                        include_warmup)
 
 
 class _Launches:
@@ -148,9 +312,10 @@ class _Launches:
         self.site = np.empty(total, np.int32)
         self.kernel = np.empty(total, bool)
         self.column = np.empty(total, np.int32)
+        self.step = np.empty(total, np.int32)
 
 
-def analyze_rows(ranks_rows: list[Rows]) -> RowsAnalysis:
+def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analysis:
     """Instances, clocks and per-instance and per-rank figures of every rank's rows (read
     from their files here where they were read with ``rows.read_head``)."""
     import numpy as np
@@ -161,6 +326,7 @@ def analyze_rows(ranks_rows: list[Rows]) -> RowsAnalysis:
     group_id = {name: i for i, name in enumerate(group_keys)}
     group_size = np.ones(len(group_keys), dtype=np.int64)
     group_desc = [""] * len(group_keys)
+    group_members: list[tuple[int, ...] | None] = [None] * len(group_keys)
     collectives: dict[str, int] = {}
     sites: dict[str, int] = {}
     epochs = {r.base_ns if r.clock == "trace" else 0 for r in ranks_rows}
@@ -182,6 +348,8 @@ def analyze_rows(ranks_rows: list[Rows]) -> RowsAnalysis:
             gid = group_id[str(g["name"])]
             group_size[gid] = max(int(group_size[gid]), int(g.get("size", 1)))
             group_desc[gid] = group_desc[gid] or str(g.get("desc", ""))
+            if isinstance(g.get("ranks"), list) and group_members[gid] is None:
+                group_members[gid] = tuple(int(r) for r in g["ranks"])
         here = slice(at, at + len(rows))
         at += len(rows)
         local_group = np.array([group_id[str(g["name"])] for g in rows.groups] or [0],
@@ -205,14 +373,17 @@ def analyze_rows(ranks_rows: list[Rows]) -> RowsAnalysis:
             launch.end[here] += shift
         launch.site[here] = local_site[np.asarray(c["site"], dtype=np.intp)]
         launch.kernel[here] = c["kernel"]
+        launch.step[here] = c["step"]
         launch.column[here] = column
         del c
-    return _match(launch, ranks, group_keys, group_size, group_desc, collectives, sites)
+    return _match(launch, ranks, group_keys, group_size, group_desc, group_members,
+                  collectives, sites, include_warmup)
 
 
 def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_size: Any,
-           group_desc: list[str], collectives: dict[str, int],
-           sites: dict[str, int]) -> RowsAnalysis:
+           group_desc: list[str], group_members: list[tuple[int, ...] | None],
+           collectives: dict[str, int], sites: dict[str, int],
+           include_warmup: bool = False) -> Analysis:
     import numpy as np
 
     width = len(ranks)
@@ -229,7 +400,6 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     first = np.flatnonzero(head)  # each instance's first sorted launch (its lowest rank)
     del head
     count = len(unique)
-    members = np.bincount(segment, minlength=count)
     coll, size = launch.collective[order], launch.size[order]
     del launch.collective, launch.size
     disagree = (coll != coll[first][segment]) | (size != size[first][segment])
@@ -238,8 +408,12 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     not_kernel = np.bincount(segment, weights=~launch.kernel[order], minlength=count) > 0
     del launch.kernel
     needed = group_size[unique >> _SEQ_BITS]
-    valid = ~conflict & (members >= needed)
-    problems = _problems(unique, conflict, members, needed, valid, group_keys)
+    # An instance some ranks have no record of is lined up on the ranks present (the missing
+    # ones are named: ``missing``); one the ranks launched differently is left out.
+    valid = ~conflict
+    members = np.bincount(segment, minlength=count)
+    problems = _problems(unique, conflict, valid & (members < needed), members, needed,
+                         group_keys)
 
     keep = order[valid[segment]]  # the valid instances' launches, in sorted order
     instance_of = (np.cumsum(valid) - 1)[segment[valid[segment]]]
@@ -248,6 +422,7 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     start = launch.start[keep]
     end = launch.end[keep]
     site = launch.site[keep]
+    step = launch.step[keep]
     del launch, keep
     n = int(valid.sum())
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -260,12 +435,15 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     table.collective = coll[first_kept]
     table.size_bytes = size[first_kept]
     table.members = np.diff(offsets).astype(np.int32)
+    table.needed = needed[kept].astype(np.int32)
+    table.step = (np.maximum.reduceat(step, offsets[:-1]) if n else np.zeros(0, np.int32))
     table.group_names, table.group_descs = group_keys, group_desc
     table.collective_names = [name for name, _ in sorted(collectives.items(),
                                                          key=lambda item: item[1])]
     seq = unique[kept] & ((1 << _SEQ_BITS) - 1)
     kernel_rows = ~not_kernel[kept]
-    analysis = RowsAnalysis(Instances(table, seq, kernel_rows), [], problems, ranks)
+    analysis = Analysis(Instances(table, seq, kernel_rows), [], problems, ranks,
+                        warmup_counted=include_warmup)
     analysis.site_names = [s for s, _ in sorted(sites.items(), key=lambda item: item[1])]
     analysis.clocks = _fit_clocks(instance_of, column, end, kernel_rows, n, ranks)
     note = far_clocks_note(analysis)
@@ -278,6 +456,9 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     analysis.offsets, analysis.launch_column = offsets, column
     analysis.launch_start, analysis.launch_end, analysis.launch_site = start, end, site
     analysis.table = table
+    analysis.seq = seq
+    analysis.missing = _missing(analysis, instance_of, group_keys, group_size, group_desc,
+                                group_members)
     _figures(analysis, instance_of, width)
     return analysis
 
@@ -304,23 +485,115 @@ def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
     return order, (group[order] << _SEQ_BITS) | seq[order]
 
 
-def _problems(unique: Any, conflict: Any, members: Any, needed: Any, valid: Any,
+def _problems(unique: Any, conflict: Any, partial: Any, members: Any, needed: Any,
               groups: list[str]) -> list[str]:
     import numpy as np
 
     problems: list[str] = []
-    bad = np.flatnonzero(~valid)
+    bad = np.flatnonzero(conflict | partial)
     for index in bad[:LISTED_PROBLEMS]:
         group = groups[int(unique[index] >> _SEQ_BITS)]
         seq = int(unique[index] & ((1 << _SEQ_BITS) - 1))
         if conflict[index]:
             problems.append(disagreement(group, seq, "on the collective or its size"))
         else:
-            problems.append(missing_ranks(group, seq, int(needed[index] - members[index]),
-                                          int(needed[index])))
+            problems.append(f"group {group}, collective #{seq}: "
+                            f"{int(needed[index] - members[index])} of its {int(needed[index])} "
+                            "ranks have no trace or record of it: lined up on the "
+                            f"{int(members[index])} present")
     if len(bad) > LISTED_PROBLEMS:
-        problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances not matched")
+        problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances not matched "
+                        "on every rank")
     return problems
+
+
+def _missing(analysis: Analysis, instance_of: Any, group_keys: list[str], group_size: Any,
+             group_desc: list[str],
+             group_members: list[tuple[int, ...] | None]) -> list[dict[str, Any]]:
+    """Per group whose ranks did not all leave a record of it, or did not all reach its last
+    instance: the ranks with no record at all, and the last instance each present rank
+    reached (a hang's shape: the ranks stuck in one collective, the rank that never came)."""
+    import numpy as np
+
+    table, ranks, seq = analysis.table, analysis.ranks, analysis.seq
+    assert table is not None
+    found = []
+    column = analysis.launch_column
+    group_of_launch = table.group[instance_of]
+    order = np.lexsort((seq[instance_of], column, group_of_launch))
+    g_sorted, c_sorted = group_of_launch[order], column[order]
+    last_of = np.ones(len(order), dtype=bool)  # the last launch of each (group, rank)
+    last_of[:-1] = (g_sorted[1:] != g_sorted[:-1]) | (c_sorted[1:] != c_sorted[:-1])
+    reached: dict[int, dict[int, int]] = {}  # group -> rank -> its last instance there
+    for g, c, i in zip(g_sorted[last_of].tolist(), c_sorted[last_of].tolist(),
+                       instance_of[order][last_of].tolist(), strict=True):
+        reached.setdefault(g, {})[ranks[c]] = i
+    present = set(ranks)
+    for g, by_rank in sorted(reached.items(), key=lambda item: natural_key(group_keys[item[0]])):
+        size = int(group_size[g])
+        members = group_members[g]
+        if members is not None:
+            absent = [r for r in members if r not in present or r not in by_rank]
+            unknown_absent = 0
+        else:
+            absent, unknown_absent = [], max(0, size - len(by_rank))
+        furthest = max(int(seq[i]) for i in by_rank.values())
+        behind = {r: i for r, i in by_rank.items() if int(seq[i]) < furthest}
+        if not absent and not unknown_absent and not behind:
+            continue
+        ahead = sorted(r for r, i in by_rank.items() if int(seq[i]) == furthest)
+        top = next(i for r, i in by_rank.items() if int(seq[i]) == furthest)
+        found.append({
+            "group": group_keys[g], "group_desc": group_desc[g], "size": size,
+            "members": None if members is None else list(members),
+            "no_record": absent, "no_record_unknown": unknown_absent,
+            "reached": {"ranks": ahead, "seq": furthest,
+                        "collective": table.collective_names[int(table.collective[top])],
+                        "step": int(table.step[top])},
+            "behind": [{"rank": r, "seq": int(seq[i]),
+                        "collective": table.collective_names[int(table.collective[i])]}
+                       for r, i in sorted(behind.items())]})
+    return found
+
+
+def describe_missing(entry: dict[str, Any]) -> str:
+    """One line naming a group's missing ranks, furthest behind first: 'group 0 (default_pg):
+    rank 3 left no record; ranks 0-2 reached broadcast #13', 'rank 3's last launch was
+    allreduce #8 (it never entered #9)'."""
+    reached = entry["reached"]
+    name = f"group {entry['group']}" + (f" ({entry['group_desc']})" if entry["group_desc"]
+                                         else "")
+    said = []
+    if entry["no_record"]:
+        said.append(f"{rank_list(entry['no_record'])} left no record")
+    if entry["no_record_unknown"]:
+        said.append(f"{entry['no_record_unknown']} of its {entry['size']} ranks left no record "
+                    "(the inputs do not name the group's ranks)")
+    for one in sorted(entry["behind"], key=lambda b: (b["seq"], b["rank"])):
+        said.append(f"rank {one['rank']}'s last launch was {one['collective']} #{one['seq']} "
+                    f"(it never entered #{one['seq'] + 1})")
+    said.append(f"{rank_list(reached['ranks'])} reached {reached['collective']} "
+                f"#{reached['seq']}")
+    return f"{name}: " + "; ".join(said)
+
+
+def rank_list(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-2', 'ranks 0, 2 and 5'."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    shown = [str(r) for r in ranks[:8]] + ([f"{len(ranks) - 8} more"] if len(ranks) > 8 else [])
+    return f"ranks {', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key of a name with numbers in it: tp2 before tp10."""
+    import re
+
+    return tuple(int(part) if part.isdigit() else part
+                 for part in re.split(r"(\d+)", name))
 
 
 def _fit_clocks(instance_of: Any, column: Any, end: Any, kernel_rows: Any, n: int,
@@ -356,15 +629,35 @@ def _fit_clocks(instance_of: Any, column: Any, end: Any, kernel_rows: Any, n: in
     return fits
 
 
-def _figures(analysis: RowsAnalysis, instance_of: Any, width: int) -> None:
-    """Each instance's straggler, skew, transfer and last arrival, and each rank's waits, in
-    whole-array steps."""
+def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
+    """Each instance's straggler, skew, transfer, last arrival and cause, each launch's wait,
+    and each rank's totals, in whole-array steps.
+
+    A rank's wait at an instance is the time from its arrival to the last rank's, but never
+    more than its own time in the collective less the transfer (a rank that leaves early, as
+    gloo's broadcast lets it, does not wait there: it waits at its next collective). Where
+    only entry times are known, its time in the collective is at most until it entered its
+    next one: the waits are upper bounds there (said in a note).
+
+    Blame: the last rank's lateness at an instance is its own (new) or carried over from its
+    previous collective, which it left later than the first rank to arrive left its own
+    (``carried``: the difference of the two exits, at most the skew). The others' waits are
+    split in that proportion: the new part is blamed on this instance's last rank at its call
+    site, the carried part on whatever caused the previous collective's lateness (followed
+    back to where the delay began), so a delay travelling through a chain of collectives is
+    blamed once, where it started."""
     import numpy as np
 
     table = analysis.table
     assert table is not None
     start, end, column = analysis.launch_start, analysis.launch_end, analysis.launch_column
     n = len(table.group)
+    table.cause = np.full(n, -1, dtype=np.int64)
+    table.carried = np.zeros(n)
+    table.blame = np.zeros(n)
+    table.waited = np.zeros(n)
+    table.warmup = np.zeros(n, dtype=bool)
+    analysis.launch_wait = np.zeros(len(start))
     if n == 0:
         analysis.ranks_figures = [{"rank": r, "waited_us": 0.0, "others_waited_for_it_us": 0.0,
                                    "last_to_arrive": 0} for r in analysis.ranks]
@@ -372,25 +665,75 @@ def _figures(analysis: RowsAnalysis, instance_of: Any, width: int) -> None:
     heads = analysis.offsets[:-1]
     first = np.minimum.reduceat(start, heads)
     last = np.maximum.reduceat(start, heads)
-    # the straggler: the last to arrive, the highest rank among equals (as skew.summary_of)
+    # the straggler: the last to arrive, the highest rank among equals; the first: the lowest
     arrived_last = start == last[instance_of]
     straggler = np.maximum.reduceat(np.where(arrived_last, column, -1), heads)
+    at_straggler = np.flatnonzero(column == straggler[instance_of])  # a launch per instance
+    first_column = np.minimum.reduceat(np.where(start == first[instance_of], column, width),
+                                       heads)
+    at_first = np.flatnonzero(column == first_column[instance_of])
     del arrived_last
-    at_straggler = column == straggler[instance_of]
     straggler_end = np.full(n, np.nan)
     straggler_end[instance_of[at_straggler]] = end[at_straggler]
-    del at_straggler
     skew = last - first
+    transfer = straggler_end - last
     late = skew >= IN_STEP_US
+    # each rank's launches in its own time order: the previous one, the next one's entry
+    by_time = np.lexsort((start, column))
+    previous = np.full(len(start), -1, dtype=np.int64)
+    same = column[by_time][1:] == column[by_time][:-1]
+    previous[by_time[1:][same]] = by_time[:-1][same]
+    next_entry = np.full(len(start), np.nan)
+    next_entry[by_time[:-1][same]] = start[by_time[1:][same]]
+    # when each rank left: its end; where only its entry is known, the last arrival (no
+    # collective ends before it), or its next launch's entry where that came first (it had
+    # left: a gloo broadcast's receivers may)
+    left = np.where(np.isnan(end), np.fmin(last[instance_of], next_entry), end)
+    # waits, bounded by each rank's own time in the collective less the transfer
     waits = last[instance_of] - start
-    waited = np.bincount(column, weights=waits, minlength=width)
+    own = np.where(np.isnan(end), next_entry - start,
+                   end - start - np.nan_to_num(transfer, nan=0.0)[instance_of])
+    bounded = ~np.isnan(own)
+    waits[bounded] = np.clip(np.minimum(waits[bounded], own[bounded]), 0.0, None)
+    analysis.launch_wait = waits
     total = np.add.reduceat(waits, heads)
-    del waits
-    caused = np.bincount(straggler[late], weights=total[late], minlength=width)
-    times_late = np.bincount(straggler[late], minlength=width)
+    # warm-up: the first profiler step (ProfilerStep#0), and each group's first collective
+    table.warmup = (table.step == 0) | (analysis.seq == 0)
+    before_last, before_first = previous[at_straggler], previous[at_first]
+    known = (before_last >= 0) & (before_first >= 0) & late
+    carried = np.zeros(n)
+    carried[known] = np.clip(left[before_last[known]] - left[before_first[known]], 0.0,
+                             skew[known])
+    # the cause of each late instance: its own straggler, or the cause of the instance the
+    # straggler came from where most of its lateness was carried from there
+    parent = np.arange(n)
+    inherits = known & (carried > skew - carried)
+    parent[inherits] = instance_of[before_last[inherits]]
+    root = parent
+    while True:  # follow each chain back to where it began (pointer jumping)
+        further = root[root]
+        if np.array_equal(further, root):
+            break
+        root = further
+    share = np.where(late, carried / np.where(skew > 0, skew, 1.0), 0.0)
+    counted = late & (~table.warmup | analysis.warmup_counted)
+    blame = np.bincount(np.flatnonzero(counted), weights=(total * (1 - share))[counted],
+                        minlength=n)
+    carried_to = np.where(known, root[instance_of[np.maximum(before_last, 0)]], -1)
+    moved = counted & (carried_to >= 0)
+    if not analysis.warmup_counted:  # (a delay that began in warm-up is warm-up's)
+        moved &= ~table.warmup[np.maximum(carried_to, 0)]
+    blame += np.bincount(carried_to[moved], weights=(total * share)[moved], minlength=n)
     table.skew, table.last = skew, last
-    table.transfer = straggler_end - last
+    table.transfer = transfer
     table.straggler = np.where(late, straggler, -1).astype(np.int32)
+    table.cause = np.where(late, root, -1)
+    table.carried = carried
+    table.blame = blame
+    table.waited = total
+    waited = np.bincount(column, weights=waits, minlength=width)
+    caused = np.bincount(straggler[blame > 0], weights=blame[blame > 0], minlength=width)
+    times_late = np.bincount(straggler[counted], minlength=width)
     analysis.ranks_figures = [
         {"rank": r, "waited_us": round(float(waited[c]), 3),
          "others_waited_for_it_us": round(float(caused[c]), 3),

@@ -262,25 +262,37 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     parts.append(f"<h1>{html.escape(heading)}</h1>")
     parts.append(f'<p class="note">{len(instances)} collective instances on '
                  f"{len(analysis.ranks)} ranks, from {html.escape(_inputs(inputs))}.</p>")
-    if ranked:
-        top = ranked[0]
-        where = (f"at <code>{html.escape(top['call_site'])}</code>" if top["call_site"]
-                 else "(no call site recorded)")
-        parts.append(
-            f'<p class="lead" id="straggler">Rank {top["rank"]} held the others up most: they '
-            f"waited {_us(top['others_waited_for_it_us'])} for it in all, and it arrived last "
-            f"at {top['last_to_arrive']} of {len(instances)} instances; its worst: "
-            f"{html.escape(top['group_desc'] or top['group'])} #{top['seq']} "
-            f"{html.escape(top['collective'])}, {_us(top['worst_skew_us'])} late {where}.</p>")
-    else:
-        parts.append('<p class="lead" id="straggler">No rank arrived late: every instance '
-                     "started within 2 us on all its ranks.</p>")
+    from autoannot.traces.skew import lead
+
+    for line in lead(analysis):
+        missing = line.startswith("MISSING: ")
+        parts.append(f'<p class="lead{" bad" if missing else ""}" '
+                     f'id="{"missing" if missing else "straggler"}">{html.escape(line)}</p>')
+    if not instances:
+        parts.append('<p class="lead" id="straggler">No collective instance to line up.</p>')
 
     parts.append("<h2>Who was late, and how late</h2>")
     if instances:
         heat, note = _heat_map(analysis)
         parts.append(figure_html(heat, "heat-map"))
         parts.append(f'<p class="note">{html.escape(note)}</p>')
+
+    parts.append("<h2>Where the waiting began</h2>")
+    origins = analysis.origins()
+    if origins:
+        parts.append(_table(
+            ["rank", "others waited for it", "late by", "step", "instance", "call site"],
+            [[o["rank"], _us(o["blamed_us"]), _us(o["late_us"]),
+              o["step"] if o["step"] >= 0 else "-",
+              f"{o['group_desc'] or o['group']} #{o['seq']} {o['collective']}",
+              o["call_site"] or "-"] for o in origins], "origins"))
+        parts.append('<p class="note">Each delay is blamed once, on the rank and call site '
+                     "where it began: a rank late only because it waited at its previous "
+                     "collective passes the blame back to where that wait began. Warm-up "
+                     "(profiler step 0, each group's first collective) is left out unless "
+                     "--include-warmup.</p>")
+    else:
+        parts.append("<p>None.</p>")
 
     parts.append("<h2>Stragglers</h2>")
     if ranked:

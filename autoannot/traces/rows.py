@@ -21,7 +21,6 @@ imports more than it does today; reading at scale uses numpy.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from array import array
 from dataclasses import dataclass, field
@@ -29,9 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.traces import files
+from autoannot.traces.launch import Launch
 
 MAGIC = b"AUTOANNOT-ROWS 1\n"
-VERSION = 1
+#: 2 added the "step" column and each group's "ranks"; files of version 1 read with step -1.
+VERSION = 2
+READABLE = (1, 2)
 #: A rows file beside ``NAME.json``: ``NAME.rows`` (as the ledger is ``NAME.autoannot``).
 SUFFIX = ".rows"
 
@@ -45,6 +47,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("end_us", "d"),  # NaN where only the entry is known
     ("site", "i"),  # index into "sites"; -1: none
     ("kernel", "B"),  # 1: timed by a GPU kernel (ends within microseconds on every rank)
+    ("step", "i"),  # the profiler step it ran in (ProfilerStep#N); -1: none known
 )
 
 
@@ -56,6 +59,9 @@ def rows_path(trace_path: str | Path) -> Path:
 
 
 def is_rows(path: Path) -> bool:
+    """Whether ``path`` is a rows file (a regular file only: a FIFO is never opened)."""
+    if not Path(path).is_file():
+        return False
     try:
         with open(path, "rb") as handle:
             return handle.read(len(MAGIC)) == MAGIC
@@ -70,7 +76,7 @@ class Rows:
 
     rank: int
     columns: dict[str, Any]
-    groups: list[dict[str, Any]]  # {"name", "desc", "size"}
+    groups: list[dict[str, Any]]  # {"name", "desc", "size", "ranks" (where known)}
     collectives: list[str]
     sites: list[str]
     run: str | None = None
@@ -88,8 +94,8 @@ class Rows:
         return len(self.columns["seq"]) if self.columns else self.count
 
 
-def from_launches(launches: list[Any], rank: int, **head: Any) -> Rows:
-    """Rows of ``launches`` (``skew.Launch``) of one rank."""
+def from_launches(launches: list[Launch], rank: int, **head: Any) -> Rows:
+    """Rows of ``launches`` (``launch.Launch``) of one rank."""
     groups: dict[str, int] = {}
     group_facts: list[dict[str, Any]] = []
     collectives: dict[str, int] = {}
@@ -102,6 +108,8 @@ def from_launches(launches: list[Any], rank: int, **head: Any) -> Rows:
             g = groups[launch.group] = len(group_facts)
             group_facts.append({"name": launch.group, "desc": launch.group_desc,
                                 "size": launch.group_size})
+            if launch.group_ranks is not None:
+                group_facts[-1]["ranks"] = list(launch.group_ranks)
         columns["group"].append(g)
         columns["seq"].append(launch.seq)
         columns["collective"].append(collectives.setdefault(launch.collective, len(collectives)))
@@ -111,6 +119,7 @@ def from_launches(launches: list[Any], rank: int, **head: Any) -> Rows:
         columns["site"].append(-1 if launch.call_site is None
                                else sites.setdefault(launch.call_site, len(sites)))
         columns["kernel"].append(1 if launch.kernel else 0)
+        columns["step"].append(launch.step)
     return Rows(rank, columns, group_facts, list(collectives), list(sites), **head)
 
 
@@ -155,9 +164,9 @@ def _parse_head(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
         head = json.loads(data[len(MAGIC):end])
         if not isinstance(head, dict):
             raise TypeError("not an object")
-        if head.get("version") != VERSION:
+        if head.get("version") not in READABLE:
             raise files.TraceError(f"{path}: rows of version {head.get('version')!r}; this "
-                                   f"autoannot reads version {VERSION}")
+                                   f"autoannot reads versions {', '.join(map(str, READABLE))}")
         head["count"], head["rank"] = int(head["count"]), int(head["rank"])
         head["columns"] = [(str(n), str(c)) for n, c in head["columns"]]
         if any(code not in _WIDTH for _, code in head["columns"]):
@@ -225,15 +234,16 @@ def read(path: Path, numpy: bool = False) -> Rows:
                 column.byteswap()
             columns[name] = column
         offset += size
+    if "step" not in columns:  # (version 1: no steps)
+        columns["step"] = (np.full(count, -1, dtype="<i4") if numpy
+                           else array("i", [-1]) * count)
     rows = _rows_of_head(head, columns)
     rows.path, rows.count = Path(path), count
     return rows
 
 
-def to_launches(rows: Rows) -> list[Any]:
-    """The rows as ``skew.Launch``es (for joining with traces and record files)."""
-    from autoannot.traces.skew import Launch
-
+def to_launches(rows: Rows) -> list[Launch]:
+    """The rows as ``Launch``es (for joining with traces and record files)."""
     c = rows.columns
     launches = []
     for i in range(len(rows)):
@@ -245,39 +255,7 @@ def to_launches(rows: Rows) -> list[Any]:
             rows.collectives[int(c["collective"][i])], int(c["size_bytes"][i]),
             int(group.get("size", 1)), float(c["start_us"][i]), None if end != end else end,
             rows.sites[site] if site >= 0 else None, str(group.get("desc", "")),
-            kernel=bool(c["kernel"][i])))
+            kernel=bool(c["kernel"][i]), step=int(c["step"][i]),
+            group_ranks=tuple(group["ranks"]) if isinstance(group.get("ranks"), list)
+            else None))
     return launches
-
-
-# --- in the job -----------------------------------------------------------------------------
-
-def of_trace(trace_path: Path, record_path: Path | None = None, run: str | None = None,
-             host: str | None = None) -> Rows | None:
-    """One rank's rows from its exported trace (annotated or eager NCCL kernels, gloo's ranges)
-    joined with its record file's lines of ``run`` (call sites; gloo's groups and sizes); None
-    where the trace holds no collective to make a row of."""
-    from autoannot.traces import skew
-
-    rank, launches, gloo = skew.trace_launches(trace_path)
-    recorded: list[Any] = []
-    if record_path is not None and Path(record_path).is_file():
-        record_rank, by_run, record_host = skew.record_launches(Path(record_path))
-        recorded = by_run.get(run, []) if run is not None else []
-        rank = rank if rank is not None else record_rank
-        host = host or record_host
-    if rank is None:
-        return None
-    for launch in launches:
-        launch.rank = rank
-    problems: list[str] = []
-    joined = skew.join(rank, launches, gloo, recorded, problems, str(trace_path))
-    if not launches and not gloo:
-        return None  # the record file alone is no trace's rows
-    if not joined:
-        return None
-    base = files.Trace(trace_path).metadata().get("baseTimeNanoseconds")
-    return from_launches(joined, rank, run=run, host=host, clock="trace",
-                         base_ns=base if isinstance(base, int) else None,
-                         source=Path(trace_path).name,
-                         extra={"pid": os.getpid(), "problems": problems} if problems
-                         else {"pid": os.getpid()})

@@ -60,8 +60,45 @@ def step_of(annotation: dict[str, Any], call_site: str | None = None) -> Step:
 #: (scope, group) -> rank -> its steps. scope: "eager", or a captured graph's name.
 Sequences = dict[tuple[str, str], dict[int, list[Step]]]
 
+#: group -> (its size, its member ranks where an input names them all).
+Members = dict[str, tuple[int, tuple[int, ...] | None]]
 
-def from_ledger(path: Path, sequences: Sequences) -> int:
+
+def note_members(members: Members, group: str, annotation: dict[str, Any]) -> None:
+    """What an annotation says of its group's members (size; ranks where torch lists all)."""
+    from autoannot.traces.skew import group_ranks
+
+    size = annotation.get(V.GROUP_SIZE)
+    if not isinstance(size, int):
+        return
+    known = members.get(group, (size, None))
+    members[group] = (max(size, known[0]), known[1] or group_ranks(annotation))
+
+
+def missing_ranks(sequences: Sequences, members: Members) -> list[str]:
+    """Per group whose members did not all leave a record of it: who is missing (a dead or
+    stuck rank leaves nothing: never an all-clear without it)."""
+    from autoannot.traces.matching import rank_list
+
+    held: dict[str, set[int]] = defaultdict(set)
+    for (_, group), per_rank in sequences.items():
+        held[group] |= set(per_rank)
+    found = []
+    for group, (size, ranks) in sorted(members.items()):
+        present = held.get(group, set())
+        if ranks is not None:
+            absent = sorted(set(ranks) - present)
+            if absent:
+                found.append(f"group {group}: {rank_list(absent)} of its {size} ranks left no "
+                             f"record (here: {rank_list(sorted(present))})")
+        elif len(present) < size:
+            found.append(f"group {group}: {size - len(present)} of its {size} ranks left no "
+                         f"record (here: {rank_list(sorted(present))}; the inputs do not name "
+                         "the group's ranks)")
+    return found
+
+
+def from_ledger(path: Path, sequences: Sequences, members: Members | None = None) -> int:
     from autoannot.traces import ledger
 
     document = ledger.load(path)
@@ -73,14 +110,17 @@ def from_ledger(path: Path, sequences: Sequences) -> int:
         for entry in entries:
             annotation = entry.get("annotation") or {}
             if V.COLLECTIVE_NAME in annotation:
-                per_group[str(annotation.get(V.PG_NAME, "?"))].append(
-                    step_of(annotation, entry.get("call_site")))
+                group = str(annotation.get(V.PG_NAME, "?"))
+                per_group[group].append(step_of(annotation, entry.get("call_site")))
+                if members is not None:
+                    note_members(members, group, annotation)
         for group, steps in per_group.items():
             sequences[(graph, group)][rank] = steps
     return rank
 
 
-def from_records(path: Path, sequences: Sequences) -> int:
+def from_records(path: Path, sequences: Sequences, members: Members | None = None,
+                 run: str | None = None) -> int:
     """A record file's eager sequences, per run of the job and group (runs never compared
     with each other)."""
     from autoannot.traces import record_files
@@ -91,9 +131,11 @@ def from_records(path: Path, sequences: Sequences) -> int:
     per_group: dict[tuple[str, str], list[Step]] = defaultdict(list)
     for entry in record.lines:
         annotation = entry["annotation"]
-        if record_files.is_collective(entry):
+        if record_files.is_collective(entry) and (run is None or run_of(entry) == run):
             group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
             per_group[(run_of(entry), group)].append(step_of(annotation, entry.get("call_site")))
+            if members is not None:
+                note_members(members, group, annotation)
     if rank is None:
         raise files.TraceError(f"{path}: names no rank")
     for (run, group), steps in per_group.items():
@@ -106,13 +148,19 @@ def from_records(path: Path, sequences: Sequences) -> int:
 ROWS_SCOPE = "eager (rows)"
 
 
-def from_rows(path: Path, by_seq: dict[str, dict[int, dict[int, Step]]]) -> int:
+def from_rows(path: Path, by_seq: dict[str, dict[int, dict[int, Step]]],
+              members: Members | None = None) -> int:
     """A rows file's steps per group, by sequence number (compared as traces are:
     collective and bytes)."""
     from autoannot.traces import rows
 
     one = rows.read(path)
     c = one.columns
+    for g in one.groups if members is not None else ():
+        ranks = g.get("ranks")
+        annotation = {V.GROUP_SIZE: int(g.get("size", 1)),
+                      V.PG_RANKS: str(ranks) if isinstance(ranks, list) else None}
+        note_members(members, str(g["name"]), annotation)
     for i in range(len(one)):
         group = str(one.groups[c["group"][i]]["name"])
         site = one.sites[c["site"][i]] if c["site"][i] >= 0 else None
@@ -132,7 +180,8 @@ def _rows_windows(by_seq: dict[str, dict[int, dict[int, Step]]], sequences: Sequ
                                                      for seq in range(low, high + 1)]
 
 
-def from_trace(path: Path, position: int, sequences: Sequences) -> int:
+def from_trace(path: Path, position: int, sequences: Sequences,
+               members: Members | None = None) -> int:
     """A trace's eager NCCL collectives, per group (compared with other traces only: a trace
     gives sizes in bytes, not the annotation's fields)."""
     from autoannot.traces import skew
@@ -142,6 +191,10 @@ def from_trace(path: Path, position: int, sequences: Sequences) -> int:
     per_group: dict[str, list[Step]] = defaultdict(list)
     for launch in launches:
         per_group[launch.group].append(Step((launch.collective, launch.size_bytes), None))
+        if members is not None:
+            note_members(members, launch.group, {
+                V.GROUP_SIZE: launch.group_size,
+                V.PG_RANKS: None if launch.group_ranks is None else str(list(launch.group_ranks))})
     for group, steps in per_group.items():
         sequences[("eager (traces)", group)][rank] = steps
     return rank
@@ -184,12 +237,30 @@ def compare(sequences: Sequences) -> tuple[list[Divergence], int]:
     return found, compared
 
 
-def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
-    """Read ledgers (``*.autoannot``), record files (``*.jsonl``), rows (``*.rows``) and
-    traces; compare.
-    Returns the divergences, the sequences compared and the ranks read."""
-    from autoannot.traces import ledger
+def check_files(paths: list[Path], run: str | None = None,
+                missing: list[str] | None = None) -> tuple[list[Divergence], int, int]:
+    """Read ledgers (``*.autoannot``), record files (``*.jsonl``: one run of the job, ``run``
+    or the only one), rows (``*.rows``) and traces; compare.
+    Returns the divergences, the sequences compared and the ranks read; the groups' missing
+    ranks go into ``missing``."""
+    from autoannot.traces import ledger, record_files, rows, runs
 
+    found: dict[str, list[Path]] = {}
+    run_of_rows: dict[Path, str] = {}
+    for path in paths:
+        if path.suffix == ".jsonl":
+            for name in record_files.read(path).runs():
+                found.setdefault(name, []).append(path)
+        elif path.suffix == ".rows":
+            name = rows.read_head(path)[0].run or runs.NO_RUN
+            run_of_rows[path] = name
+            found.setdefault(name, []).append(path)
+    if found:
+        run = runs.choose(found, run)
+    elif run is not None:
+        raise files.TraceError(f"--run {run}: only record files (*.jsonl) and rows name runs, "
+                               "and none is given")
+    members: Members = {}
     sequences: Sequences = defaultdict(dict)
     ranks: set[int] = set()
     traces = 0
@@ -197,13 +268,14 @@ def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
     rows_by_seq: dict[str, dict[int, dict[int, Step]]] = {}
     for path in paths:
         if path.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX)):
-            ranks.add(from_ledger(path, sequences))
+            ranks.add(from_ledger(path, sequences, members))
         elif path.suffix == ".jsonl":
-            ranks.add(from_records(path, sequences))
+            ranks.add(from_records(path, sequences, members, run))
         elif path.suffix == ".rows":
-            ranks.add(from_rows(path, rows_by_seq))
+            if run_of_rows[path] == run:
+                ranks.add(from_rows(path, rows_by_seq, members))
         else:
-            ranks.add(from_trace(path, traces, sequences))
+            ranks.add(from_trace(path, traces, sequences, members))
             traces += 1
             beside = ledger_of_trace(path)  # its graphs, as annotate reads them
             if beside is not None and os.path.realpath(beside) not in given:
@@ -211,6 +283,8 @@ def check_files(paths: list[Path]) -> tuple[list[Divergence], int, int]:
                 from_ledger(beside, sequences)
     _rows_windows(rows_by_seq, sequences)
     divergences, compared = compare(sequences)
+    if missing is not None:
+        missing += missing_ranks(sequences, members)
     return divergences, compared, len(ranks)
 
 

@@ -38,224 +38,28 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autoannot import vocabulary as V
 from autoannot.traces import files
-
-#: Below this, arrivals count as simultaneous: no straggler is named.
-IN_STEP_US = 2.0
-
-
-@dataclass(slots=True)
-class Launch:
-    """One rank's part in one collective."""
-
-    rank: int
-    group: str  # the process group's name ("0", "1", ...)
-    seq: int  # its position in the group's sequence on this rank
-    collective: str  # "Collective name"
-    size_bytes: int
-    group_size: int
-    start_us: float  # in the rank's own time base (its trace's, or monotonic for records)
-    end_us: float | None  # None where only the entry is known (a record file alone)
-    call_site: str | None = None
-    group_desc: str = ""
-    #: Timed by a GPU kernel: it ends within microseconds on every rank (what fits clocks).
-    #: gloo's CPU ranges end apart (its algorithm runs on each rank's CPU): not used to fit.
-    kernel: bool = False
-    #: When it was entered on the wall clock (us since the epoch; record files that say).
-    wall_us: float | None = None
-
-
-@dataclass
-class Instance:
-    """One collective on all its ranks; its times are in ``Analysis``'s matrices."""
-
-    group: str
-    seq: int
-    collective: str
-    size_bytes: int
-    group_desc: str
-    index: int  # its row in the matrices
-    kernel: bool = False  # every rank's part timed by a GPU kernel (see Launch.kernel)
-
-
-@dataclass
-class ClockFit:
-    rank: int
-    offset_us: float  # this rank's clock minus the reference rank's
-    spread_us: float  # median absolute deviation of the per-instance estimates
-    instances: int
-    applied: bool
-
-
-_NAN = float("nan")
-
-
-@dataclass
-class Figures:
-    """Per instance, as numpy arrays: its group and collective (codes into the name lists), size,
-    member ranks, skew, straggler (a column of ``Analysis.ranks``; -1: in step), transfer (NaN:
-    unknown) and last arrival."""
-
-    group: Any
-    collective: Any
-    size_bytes: Any
-    members: Any
-    skew: Any
-    straggler: Any
-    transfer: Any
-    last: Any
-    group_names: list[str] = field(default_factory=list)
-    group_descs: list[str] = field(default_factory=list)
-    collective_names: list[str] = field(default_factory=list)
-
-    @staticmethod
-    def empty(count: int) -> Figures:
-        import numpy as np
-
-        return Figures(np.zeros(count, np.int32), np.zeros(count, np.int32),
-                       np.zeros(count, np.int64), np.zeros(count, np.int32),
-                       np.zeros(count), np.full(count, -1, np.int32), np.full(count, np.nan),
-                       np.zeros(count))
-
-
-@dataclass
-class Analysis:
-    """The instances, with every rank's start and end in two instance x rank matrices (row-major
-    ``array('d')``, NaN where a rank took no part): 2M launches take 32 MB, not 2M objects."""
-
-    instances: list[Instance]
-    clocks: list[ClockFit]
-    problems: list[str] = field(default_factory=list)  # what could not be matched, and why
-    ranks: list[int] = field(default_factory=list)
-    starts: Any = None  # array('d'), len(instances) x len(ranks)
-    ends: Any = None
-    sites: dict[tuple[int, int], str] = field(default_factory=dict)  # (instance, column) -> site
-    notes: list[str] = field(default_factory=list)  # what to keep in mind (not a failure)
-    def figures(self) -> Figures:
-        """Every instance's figures as arrays (numpy), for whole-job views."""
-        import numpy as np
-
-        groups: dict[tuple[str, str], int] = {}
-        collectives: dict[str, int] = {}
-        table = Figures.empty(len(self.instances))
-        for i, instance in enumerate(self.instances):
-            straggler, skew, transfer, last = self.summary_of(instance)
-            table.group[i] = groups.setdefault((instance.group, instance.group_desc),
-                                               len(groups))
-            table.collective[i] = collectives.setdefault(instance.collective, len(collectives))
-            table.size_bytes[i] = instance.size_bytes
-            table.members[i] = len(self._times(instance))
-            table.skew[i] = skew
-            table.straggler[i] = -1 if straggler is None else self.ranks.index(straggler)
-            table.transfer[i] = np.nan if transfer is None else transfer
-            table.last[i] = last
-        table.group_names = [g for g, _ in groups]
-        table.group_descs = [d for _, d in groups]
-        table.collective_names = list(collectives)
-        return table
-
-    def largest_skews(self, top: int) -> list[Instance]:
-        """The ``top`` instances of largest skew, largest first."""
-        import numpy as np
-
-        skew = self.figures().skew
-        if top < len(skew):
-            head = np.sort(np.argpartition(-skew, top)[:top])  # (ties: in instance order)
-        else:
-            head = np.arange(len(skew))
-        head = head[np.argsort(-skew[head], kind="stable")]
-        return [self.instances[int(i)] for i in head]
-
-    def site(self, index: int, column: int) -> str | None:
-        """The call site of rank ``ranks[column]``'s part in instance ``index``."""
-        return self.sites.get((index, column))
-
-    def launch_arrays(self) -> tuple[Any, Any, Any, Any]:
-        """Every rank's part in every instance as numpy arrays: (instance, column, start,
-        end), by instance."""
-        import numpy as np
-
-        n, width = len(self.instances), len(self.ranks)
-        starts = np.asarray(self.starts, dtype=np.float64).reshape(n, width)
-        ends = np.asarray(self.ends, dtype=np.float64).reshape(n, width)
-        instance, column = np.nonzero(~np.isnan(starts))
-        return instance, column, starts[instance, column], ends[instance, column]
-
-    def _times(self, instance: Instance) -> list[tuple[int, float, float]]:
-        """(rank, start, end) of the ranks that took part."""
-        width = len(self.ranks)
-        base = instance.index * width
-        starts, ends = self.starts, self.ends
-        return [(rank, starts[base + c], ends[base + c]) for c, rank in enumerate(self.ranks)
-                if starts[base + c] == starts[base + c]]  # not NaN
-
-    def summary_of(self, instance: Instance) -> tuple[int | None, float, float | None, float]:
-        """(straggler or None when in step, skew, transfer or None, last arrival)."""
-        times = self._times(instance)
-        first = min(t[1] for t in times)
-        straggler, last, end = max(times, key=lambda t: (t[1], t[0]))
-        transfer = None if end != end else end - last
-        skew = last - first
-        return (straggler if skew >= IN_STEP_US else None), skew, transfer, last
-
-    def _parts(self, instance: Instance) -> list[tuple[int, float, str | None]]:
-        """(rank, start, call site) of the ranks that took part."""
-        column = {rank: c for c, rank in enumerate(self.ranks)}
-        return [(rank, start, self.site(instance.index, column[rank]))
-                for rank, start, _ in self._times(instance)]
-
-    def row(self, instance: Instance) -> dict[str, Any]:
-        from autoannot.traces.summary import bus_factor
-
-        straggler, skew, transfer, last = self.summary_of(instance)
-        parts = self._parts(instance)
-        busbw = None
-        if transfer and transfer > 0 and instance.size_bytes:
-            busbw = instance.size_bytes / (transfer * 1e-6) / 1e9 * bus_factor(
-                instance.collective, len(parts))
-        return {
-            "group": instance.group, "group_desc": instance.group_desc, "seq": instance.seq,
-            "collective": instance.collective, "size_bytes": instance.size_bytes,
-            "straggler": straggler, "skew_us": round(skew, 3),
-            "transfer_us": None if transfer is None else round(transfer, 3),
-            "busbw_gbps": None if busbw is None else round(busbw, 3),
-            "ranks": {str(rank): {"start_us": round(start, 3),
-                                  "wait_us": round(last - start, 3), "call_site": site}
-                      for rank, start, site in parts},
-        }
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [self.row(instance) for instance in self.instances]
-
-    def per_rank(self) -> list[dict[str, Any]]:
-        """Per rank: time waiting in collectives, and time the others waited for it."""
-        waited: dict[int, float] = defaultdict(float)
-        caused: dict[int, float] = defaultdict(float)
-        late: dict[int, int] = defaultdict(int)
-        for instance in self.instances:
-            straggler, _, _, last = self.summary_of(instance)
-            total = 0.0
-            for rank, start, _ in self._times(instance):
-                waited[rank] += last - start
-                total += last - start
-            if straggler is not None:
-                caused[straggler] += total
-                late[straggler] += 1
-        return [{"rank": r, "waited_us": round(waited[r], 3),
-                 "others_waited_for_it_us": round(caused[r], 3), "last_to_arrive": late[r]}
-                for r in self.ranks]
-
+from autoannot.traces.launch import Launch
+from autoannot.traces.matching import (  # noqa: F401  (the analysis, as the tools name it)
+    IN_STEP_US,
+    Analysis,
+    ClockFit,
+    Figures,
+    Instance,
+    analyze,
+    describe_missing,
+    rank_list,
+)
 
 # --- reading -----------------------------------------------------------------------------------
 
 #: A gloo range: (name, start, end, start on the wall clock in us since the epoch, where the
-#: trace gives its time base).
-GlooRange = tuple[str, float, float, float | None]
+#: trace gives its time base, the profiler step it ran in or -1).
+GlooRange = tuple[str, float, float, float | None, int]
 
 
 def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange]]:
@@ -268,7 +72,8 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
     rank = rank if isinstance(rank, int) else None
     kernels: list[tuple[float, float, dict[str, Any]]] = []
-    gloo: list[GlooRange] = []
+    gloo: list[tuple[str, float, float, float | None]] = []
+    steps: list[tuple[float, float, int]] = []  # (start, end, N) of ProfilerStep#N
     base = trace.metadata().get("baseTimeNanoseconds")  # Kineto's: its ts count from it
     base_us = base / 1e3 if isinstance(base, int | float) and base > 0 else None
     events = (trace.document["traceEvents"] if trace.document is not None
@@ -279,7 +84,9 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
             continue
         cat, name = event.get("cat"), str(event.get("name", ""))
         ts, dur = float(event.get("ts", 0)), float(event.get("dur", 0))
-        if cat == "user_annotation" and name.startswith("gloo:"):
+        if name.startswith("ProfilerStep#") and name[13:].isdigit():
+            steps.append((ts, ts + dur, int(name[13:])))
+        elif cat == "user_annotation" and name.startswith("gloo:"):
             gloo.append((name[len("gloo:"):], ts, ts + dur,
                          None if base_us is None else base_us + ts))
         elif cat == "kernel" and kernel_family(name):
@@ -288,6 +95,11 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
                 kernels.append((ts, ts + dur, args))
     kernels.sort(key=lambda k: k[0])
     gloo.sort(key=lambda g: g[1])
+    step_of = _step_finder(steps)
+    members = {str(g.get("pg_name")): tuple(g["ranks"])
+               for g in trace.metadata().get("distributedInfo", {}).get("pg_config", [])
+               if isinstance(g, dict) and isinstance(g.get("ranks"), list)
+               and len(g["ranks"]) == g.get("pg_size")}
     counters: dict[str, int] = defaultdict(int)
     launches = []
     for start, end, args in kernels:
@@ -301,8 +113,37 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
         launches.append(Launch(
             rank if rank is not None else -1, group, seq, str(args[V.COLLECTIVE_NAME]),
             nelems * DTYPE_BYTES.get(dtype, 0), int(args.get(V.GROUP_SIZE, 1)), start, end,
-            group_desc=str(args.get(V.PG_DESC, "")), kernel=True))
-    return rank, launches, gloo
+            group_desc=str(args.get(V.PG_DESC, "")), kernel=True, step=step_of(start),
+            group_ranks=group_ranks(args) or members.get(group)))
+    return rank, launches, [(*g, step_of(g[1])) for g in gloo]
+
+
+def _step_finder(steps: list[tuple[float, float, int]]) -> Any:
+    """A function of a time in the trace: the profiler step it falls in (a kernel queued in a
+    step may run just after it: the last step begun before it), or -1 before the first."""
+    import bisect
+
+    steps = sorted(steps)
+    begins = [s[0] for s in steps]
+
+    def step_of(ts: float) -> int:
+        at = bisect.bisect_right(begins, ts) - 1
+        return steps[at][2] if at >= 0 else -1
+
+    return step_of
+
+
+def group_ranks(annotation: dict[str, Any]) -> tuple[int, ...] | None:
+    """The group's member ranks from an annotation's "Process Group Ranks" (torch's text of a
+    list), where it names them all (torch cuts long lists short: then None)."""
+    text = annotation.get(V.PG_RANKS)
+    if not isinstance(text, str) or not text.startswith("[") or not text.endswith("]"):
+        return None
+    try:
+        ranks = tuple(int(r) for r in text[1:-1].split(",") if r.strip())
+    except ValueError:
+        return None
+    return ranks if len(ranks) == int(annotation.get(V.GROUP_SIZE, -1)) else None
 
 
 def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], str | None]:
@@ -332,7 +173,7 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], st
                 int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
                 entry.get("call_site"), str(annotation.get(V.PG_DESC, "")),
                 wall_us=(entry["wall_ns"] / 1e3 if isinstance(entry.get("wall_ns"), int)
-                         else None)))
+                         else None), group_ranks=group_ranks(annotation)))
     for launches in by_run.values():
         if launches and all(launch.wall_us is not None for launch in launches):
             offset = statistics.median(launch.wall_us - launch.start_us  # type: ignore[operator]
@@ -386,8 +227,8 @@ def join(rank: int, traced: list[Launch], gloo: list[GlooRange],
                             "than one): give the record file alone")
             return []
         return [Launch(rank, r.group, r.seq, r.collective, r.size_bytes, r.group_size, start,
-                       end, r.call_site, r.group_desc)
-                for (_, start, end, _), r in zip(gloo, recorded[offset:], strict=False)]
+                       end, r.call_site, r.group_desc, step=step, group_ranks=r.group_ranks)
+                for (_, start, end, _, step), r in zip(gloo, recorded[offset:], strict=False)]
     return recorded
 
 
@@ -444,128 +285,38 @@ def _alignment(kernels: list[Launch], records: list[Launch]) -> int | None:
     return None
 
 
-# --- matching ------------------------------------------------------------------------------------
+def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | None = None,
+             host: str | None = None) -> Any:
+    """One rank's rows from its exported trace (annotated or eager NCCL kernels, gloo's ranges)
+    joined with its record file's lines of ``run`` (call sites; gloo's groups and sizes); None
+    where the trace holds no collective to make a row of."""
+    import os
 
-def disagreement(group: str, seq: int, how: str) -> str:
-    """The problem of an instance its ranks launched differently."""
-    return f"group {group}, collective #{seq}: the ranks disagree ({how}): not matched"
+    from autoannot.traces import rows
 
-
-def missing_ranks(group: str, seq: int, absent: int, size: int) -> str:
-    """The problem of an instance some of its ranks have no trace or record of."""
-    return (f"group {group}, collective #{seq}: {absent} of its {size} ranks have no trace or "
-            "record of it: left out")
-
-
-def analyze(per_rank: dict[int, list[Launch]]) -> Analysis:
-    """Instances across ranks, clocks fitted, from each rank's launches."""
-    from array import array
-
-    problems: list[str] = []
-    ranks = sorted(per_rank)
-    column = {rank: c for c, rank in enumerate(ranks)}
-    keys: dict[tuple[str, int], int] = {}
-    first: list[Launch] = []  # each key's first launch: what the others must agree with
-    members: list[int] = []
-    conflict: dict[int, str] = {}
-    for rank in ranks:
-        for launch in per_rank[rank]:
-            key = (launch.group, launch.seq)
-            index = keys.get(key)
-            if index is None:
-                index = keys[key] = len(first)
-                first.append(launch)
-                members.append(0)
-            members[index] += 1
-            seen = first[index]
-            if (seen.collective, seen.size_bytes) != (launch.collective, launch.size_bytes) \
-                    and {seen.collective, launch.collective} != {"send", "recv"}:
-                conflict.setdefault(index, f"rank {seen.rank}: {seen.collective} "
-                                    f"{seen.size_bytes} B; rank {rank}: {launch.collective} "
-                                    f"{launch.size_bytes} B")
-    order = sorted(keys, key=lambda k: (k[0], k[1]))
-    instances: list[Instance] = []
-    row_of: dict[int, int] = {}
-    for key in order:
-        index = keys[key]
-        launch = first[index]
-        size = launch.group_size
-        if index in conflict:
-            problems.append(disagreement(key[0], key[1], conflict[index]))
-            continue
-        if members[index] < size:
-            problems.append(missing_ranks(key[0], key[1], size - members[index], size))
-            continue
-        collective = "send/recv" if launch.collective in ("send", "recv") else launch.collective
-        row_of[index] = len(instances)
-        instances.append(Instance(key[0], key[1], collective, launch.size_bytes,
-                                  launch.group_desc, len(instances)))
-    width = len(ranks)
-    starts = array("d", [_NAN]) * (len(instances) * width)
-    ends = array("d", [_NAN]) * (len(instances) * width)
-    sites: dict[tuple[int, int], str] = {}
-    for instance in instances:
-        instance.kernel = True
-    for rank in ranks:
-        c = column[rank]
-        for launch in per_rank[rank]:
-            row = row_of.get(keys[(launch.group, launch.seq)])
-            if row is None:
-                continue
-            if not launch.kernel:
-                instances[row].kernel = False
-            starts[row * width + c] = launch.start_us
-            ends[row * width + c] = _NAN if launch.end_us is None else launch.end_us
-            if launch.call_site is not None:
-                sites[(row, c)] = launch.call_site
-    analysis = Analysis(instances, [], problems, ranks, starts, ends, sites)
-    analysis.clocks = _fit_clocks(analysis)
-    note = far_clocks_note(analysis)
-    if note:
-        analysis.notes.append(note)
-    for fit in analysis.clocks:
-        if fit.applied:
-            c = column[fit.rank]
-            for row in range(len(instances)):
-                starts[row * width + c] -= fit.offset_us
-                ends[row * width + c] -= fit.offset_us
-    return analysis
-
-
-def far_clocks_note(analysis: Analysis) -> str | None:
-    """What to say of clock offsets taken out that are large (ranks of one host share a clock:
-    there, an offset means the traces cover different stretches)."""
-    far = [fit for fit in analysis.clocks if fit.applied and abs(fit.offset_us) > 50.0]
-    if not far:
+    rank, launches, gloo = trace_launches(trace_path)
+    recorded: list[Any] = []
+    if record_path is not None and Path(record_path).is_file():
+        record_rank, by_run, record_host = record_launches(Path(record_path))
+        recorded = by_run.get(run, []) if run is not None else []
+        rank = rank if rank is not None else record_rank
+        host = host or record_host
+    if rank is None:
         return None
-    return (f"{len(far)} ranks' clocks are more than 50 us off rank {analysis.ranks[0]}'s (rank "
-            f"{far[0].rank}: {far[0].offset_us:+.0f} us), taken out as clock offsets: right "
-            "for ranks on other hosts; ranks of one host share a clock, so there the traces "
-            "may cover different stretches of the run (profile the same steps on every rank)")
-
-
-def _fit_clocks(analysis: Analysis) -> list[ClockFit]:
-    """Each rank's clock offset from the first rank's, from the instances' end times."""
-    ranks = analysis.ranks
-    if not ranks:
-        return []
-    width, ends = len(ranks), analysis.ends
-    fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
-    kernel_rows = [i.index for i in analysis.instances if i.kernel]
-    for c in range(1, width):
-        estimates = []
-        for row in kernel_rows:
-            mine, theirs = ends[row * width + c], ends[row * width]
-            if mine == mine and theirs == theirs:  # neither NaN
-                estimates.append(mine - theirs)
-        if not estimates:
-            fits.append(ClockFit(ranks[c], 0.0, 0.0, 0, False))
-            continue
-        offset = statistics.median(estimates)
-        spread = statistics.median(abs(e - offset) for e in estimates)
-        applied = abs(offset) > max(1.0, 3 * spread)
-        fits.append(ClockFit(ranks[c], offset, spread, len(estimates), applied))
-    return fits
+    for launch in launches:
+        launch.rank = rank
+    problems: list[str] = []
+    joined = join(rank, launches, gloo, recorded, problems, str(trace_path))
+    if not launches and not gloo:
+        return None  # the record file alone is no trace's rows
+    if not joined:
+        return None
+    base = files.Trace(trace_path).metadata().get("baseTimeNanoseconds")
+    return rows.from_launches(joined, rank, run=run, host=host, clock="trace",
+                         base_ns=base if isinstance(base, int) else None,
+                         source=Path(trace_path).name,
+                         extra={"pid": os.getpid(), "problems": problems} if problems
+                         else {"pid": os.getpid()})
 
 
 def read_rows_files(paths: Iterable[Path], run: str | None = None,
@@ -599,7 +350,7 @@ def read_rows_files(paths: Iterable[Path], run: str | None = None,
 
 def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
                   progress: bool = False, run: str | None = None,
-                  rows: Iterable[Path] = ()) -> Analysis:
+                  rows: Iterable[Path] = (), include_warmup: bool = False) -> Analysis:
     """Read every trace (on ``jobs`` processes), record file and rows file (``traces.rows``),
     join them per rank, and match instances. Record files holding several runs of a job:
     ``run`` names the one to line up (TraceError naming them all where it is None). A rank's
@@ -612,7 +363,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     if not traces and not records and rows_of:
         from autoannot.traces import matching
 
-        return matching.analyze_rows(list(rows_of.values()))
+        return matching.analyze_rows(list(rows_of.values()), include_warmup)
     problems: list[str] = []
     traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
     read = parallel.map_files(trace_launches, traces, jobs, "read", show=progress)
@@ -671,7 +422,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
             wall = bool(launches) and all(launch.wall_us is not None for launch in launches)
             bases[rank] = ("record file", 0 if wall else None)
     _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
-    analysis = analyze(per_rank)
+    analysis = analyze(per_rank, include_warmup)
     analysis.problems[:0] = problems
     analysis.notes[:0] = notes
     timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
@@ -722,19 +473,62 @@ def _us(value: float | None) -> str:
     return f"{value / 1e3:.2f} ms" if value >= 1e4 else f"{value:.1f} us"
 
 
+def lead(analysis: Analysis) -> list[str]:
+    """The first lines to say of an analysis: missing ranks first (never an all-clear while a
+    rank is missing), then where the largest delay began."""
+    lines = [f"MISSING: {describe_missing(entry)}" for entry in analysis.missing]
+    origins = analysis.origins(1)
+    if origins:
+        top = origins[0]
+        lines.append(
+            f"rank {top['rank']} held the others up most: {_us(top['blamed_us'])} of their "
+            f"waiting began where it arrived {_us(top['late_us'])} late, at "
+            f"{top['group_desc'] or top['group']} #{top['seq']} {top['collective']}"
+            + (f" (step {top['step']})" if top["step"] >= 0 else "")
+            + f" {'at ' + top['call_site'] if top['call_site'] else '(no call site recorded)'}")
+    elif analysis.instances:
+        lines.append("no delay found outside warm-up: every instance started within "
+                     f"{IN_STEP_US:g} us on its ranks, or its lateness came from warm-up"
+                     if not analysis.warmup_counted else
+                     f"no rank arrived late: every instance started within {IN_STEP_US:g} us")
+    return lines
+
+
+def warmup_note(analysis: Analysis) -> str | None:
+    """What was left out of the ranking as warm-up, if anything."""
+    if analysis.warmup_counted or not len(analysis.instances):
+        return None
+    f = analysis.figures()
+    count = int(f.warmup.sum())
+    if not count:
+        return None
+    worst = float(f.skew[f.warmup].max())
+    return (f"{count} warm-up instances (profiler step 0, and each group's first collective: "
+            f"process and communicator start-up; largest skew {_us(worst)}) are shown but left "
+            "out of the ranking: --include-warmup counts them")
+
+
 def format_report(analysis: Analysis, top: int = 10) -> str:
-    try:
-        by_skew = analysis.largest_skews(top)
-    except ImportError:  # no numpy: the same, one instance at a time
-        by_skew = sorted(analysis.instances, key=lambda i: -analysis.summary_of(i)[1])[:top]
+    by_skew = analysis.largest_skews(top)
     column = {rank: c for c, rank in enumerate(analysis.ranks)}
-    lines = [f"{len(analysis.instances)} collective instances on {len(analysis.ranks)} ranks",
+    lines = [*lead(analysis),
+             f"{len(analysis.instances)} collective instances on {len(analysis.ranks)} ranks",
              "",
              f"{'rank':>4} {'waited in collectives':>22} {'others waited for it':>21} "
              f"{'last to arrive':>15}"]
     for r in analysis.per_rank():
         lines.append(f"{r['rank']:>4} {_us(r['waited_us']):>22} "
                      f"{_us(r['others_waited_for_it_us']):>21} {r['last_to_arrive']:>15}")
+    origins = analysis.origins(top)
+    if origins:
+        lines += ["", "where the waiting began (each delay blamed once, where it started):",
+                  f"{'rank':>4} {'blamed':>10} {'late by':>10} {'step':>4}  {'group':14} "
+                  f"{'#':>5} {'collective':24} call site"]
+        for o in origins:
+            group = f"{o['group_desc'] or '?'} ({o['group']})"
+            lines.append(f"{o['rank']:>4} {_us(o['blamed_us']):>10} {_us(o['late_us']):>10} "
+                         f"{o['step'] if o['step'] >= 0 else '-':>4}  {group[:14]:14} "
+                         f"{o['seq']:>5} {o['collective'][:24]:24} {o['call_site'] or '-'}")
     lines += ["", f"top {len(by_skew)} instances by skew:",
               f"{'group':14} {'#':>5} {'collective':24} {'size':>10} {'last':>5} {'skew':>10} "
               f"{'transfer':>10}  call site (the last rank's)"]
@@ -760,8 +554,9 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
                          + ("taken out" if c.applied else "within its spread: left as is"))
     for problem in analysis.problems:
         lines.append(f"not matched: {problem}")
-    for note in analysis.notes:
-        lines.append(f"note: {note}")
+    for note in [*analysis.notes, warmup_note(analysis)]:
+        if note:
+            lines.append(f"note: {note}")
     return "\n".join(lines)
 
 

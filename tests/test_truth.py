@@ -1,0 +1,148 @@
+"""Issue 37: the cross-rank answers against planted truth (``truth_jobs.py``: real 4-rank gloo
+jobs with one delay of known rank, step, size and call site). Every expectation comes from the
+plant: the rank that slept, where, and for how long; never from another path of the tool."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import truth_jobs as truth
+
+from autoannot import cli
+from autoannot.traces import skew
+
+DELAY_US = truth.DELAY_S * 1e6
+WAITING = truth.WORLD - 1  # the ranks that wait for the planted one
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
+    made = {}
+    for kind in ("compute", "chain", "hang"):
+        out = tmp_path_factory.mktemp(kind)
+        made[kind] = (out, truth.run(kind, out))
+    missing = tmp_path_factory.mktemp("missing")
+    for path in made["compute"][0].iterdir():  # rank 3's files gone: a dead node's shape
+        if "rank3" not in path.name:
+            shutil.copy(path, missing / path.name)
+    made["missing"] = (missing, made["compute"][1])
+    return made
+
+
+def _skew(capsys, *args: str) -> tuple[int, dict]:
+    code = cli.main(["skew", "-q", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _inputs(out: Path) -> dict[str, list[str]]:
+    """The same job given three ways: its folder (rows), traces with record files, records."""
+    traces = sorted(map(str, out.glob("trace_rank?.json")))
+    records = sorted(map(str, out.glob("rank?.jsonl")))
+    return {"folder": [str(out)], "traces": traces + records, "records": records}
+
+
+@pytest.mark.parametrize("kind, site", [("compute", "broadcast"), ("chain", "pair")])
+def test_the_planted_rank_and_call_site_come_first_with_the_whole_delay(jobs, capsys, kind,
+                                                                        site) -> None:
+    out, results = jobs[kind]
+    planted = truth.PLANTED_RANK[kind]
+    where = results[planted]["sites"][site]
+    for given, args in _inputs(out).items():
+        code, said = _skew(capsys, *args)
+        assert code == 0, (given, said["problems"])
+        top = said["origins"][0]
+        assert (top["rank"], top["call_site"]) == (planted, where), (given, top)
+        if given != "records":  # (record files carry no profiler steps)
+            assert top["step"] == truth.PLANTED_STEP, given
+        # blamed once: delay x the ranks that waited, within 10%
+        assert abs(top["blamed_us"] - DELAY_US * WAITING) <= 0.1 * DELAY_US * WAITING, (
+            given, top)
+        # and nobody else is blamed for a share of it
+        assert all(o["blamed_us"] < 0.1 * DELAY_US for o in said["origins"][1:]), given
+        ranks = {r["rank"]: r for r in said["ranks"]}
+        assert ranks[planted]["others_waited_for_it_us"] == pytest.approx(
+            DELAY_US * WAITING, rel=0.1)
+        assert said["lead"][0].startswith(f"rank {planted} held the others up most")
+
+
+@pytest.mark.parametrize("kind", ["compute", "chain"])
+def test_no_rank_waits_more_than_the_delay_in_the_planted_step(jobs, capsys, kind) -> None:
+    """A rank cannot wait in two collectives at once: over the planted step each rank waited at
+    most the delay (plus gloo's own time), never once per collective the delay went through."""
+    out, _ = jobs[kind]
+    for given, args in _inputs(out).items():
+        _, said = _skew(capsys, *args)
+        if given == "records":
+            step = [i for i in said["instances"]
+                    if i["group"] == "0" and 3 * 3 <= i["seq"] < 4 * 3]  # step 3's three
+        else:
+            step = [i for i in said["instances"] if i["step"] == truth.PLANTED_STEP]
+        assert step
+        for rank in range(truth.WORLD):
+            waited = sum(i["ranks"][str(rank)]["wait_us"] for i in step
+                         if str(rank) in i["ranks"])
+            assert waited <= 1.1 * DELAY_US, (given, rank, waited)
+
+
+def test_start_up_is_warm_up_not_the_straggler(jobs, capsys) -> None:
+    """Rank 3 starts late (before its first collective): shown, but not ranked, by default."""
+    out, _ = jobs["compute"]
+    _, said = _skew(capsys, str(out))
+    first = next(i for i in said["instances"] if i["seq"] == 0 and i["group"] == "0")
+    assert first["warmup"] and first["skew_us"] >= truth.WARMUP_S * 1e6 * 0.9
+    assert all(o["step"] != 0 for o in said["origins"])
+    _, counted = _skew(capsys, "--include-warmup", str(out))
+    assert any(o["step"] == 0 and o["blamed_us"] >= truth.WARMUP_S * 1e6
+               for o in counted["origins"])
+
+
+def test_a_rank_with_no_files_is_named_by_every_tool(jobs, capsys, tmp_path: Path) -> None:
+    out, _ = jobs["missing"]
+    code, said = _skew(capsys, str(out))
+    assert code == 1
+    assert said["lead"][0].startswith("MISSING: group 0 (default_pg): rank 3 left no record")
+    assert cli.main(["check", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert text.startswith("MISSING: group 0: rank 3 of its 4 ranks left no record")
+    page = tmp_path / "page.html"
+    assert cli.main(["report", "-q", str(out), "-o", str(page)]) == 1
+    first = re.search(r'<p class="lead[^"]*" id="(\w+)">(.*?)</p>', page.read_text())
+    assert first.group(1) == "missing" and "rank 3 left no record" in first.group(2)
+
+
+def test_a_hang_names_the_rank_that_never_came(jobs, capsys, tmp_path: Path) -> None:
+    """Rank 3 leaves before step 3's broadcast: the record files (all a hang leaves) say where
+    each rank stopped, rank 3 first."""
+    out, results = jobs["hang"]
+    assert results[3]["stuck"] is None and results[0]["stuck"]  # (the others were stuck)
+    code, said = _skew(capsys, str(out))
+    assert code == 1
+    line = said["lead"][0]
+    assert line.startswith("MISSING: group 0 (default_pg): rank 3's last launch was")
+    before = 3 * truth.PLANTED_STEP - 1  # its last: step 2's all-reduce
+    assert f"allreduce #{before} (it never entered #{before + 1})" in line
+    assert cli.main(["check", str(out)]) == 1
+    capsys.readouterr()
+    page = tmp_path / "hang.html"
+    assert cli.main(["report", "-q", str(out), "-o", str(page)]) == 1
+    assert "rank 3&#x27;s last launch was" in page.read_text()
+
+
+def test_the_analysis_of_the_same_files_is_the_same_however_they_are_named(jobs,
+                                                                           capsys) -> None:
+    """A folder, or its traces named one by one (their rows beside them): one answer."""
+    out, _ = jobs["compute"]
+    _, by_folder = _skew(capsys, str(out))
+    _, by_files = _skew(capsys, *sorted(map(str, out.glob("trace_rank?.json"))))
+    assert by_files["origins"][0] == by_folder["origins"][0]
+    assert len(by_files["instances"]) == len(by_folder["instances"]) == truth.STEPS * 3
+
+
+def test_lead_of_an_analysis(jobs) -> None:
+    out, _ = jobs["compute"]
+    analysis = skew.analyze_files([], [], rows=sorted(out.glob("*.rows")))
+    assert skew.lead(analysis)[0].startswith("rank 2 held the others up most")
