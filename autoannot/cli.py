@@ -31,6 +31,11 @@ from typing import Any
 import autoannot
 
 HOOK_DIR = Path(__file__).parent / "_hook"
+
+
+def count(number: int, noun: str) -> str:
+    """'1 trace', '3 traces'."""
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 FORCE_HELP = "write over an output file autoannot did not write (by default refused)"
 DONE, INCOMPLETE, BAD_INPUT = 0, 1, 2
 
@@ -291,13 +296,14 @@ def _split_records(arguments: list[str], rows: list[Path] | None = None,
     """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces; rows files
     (``*.rows``, folders' too) into ``rows`` where given. In folders, anything that is no
     regular file (a FIFO, a socket) is skipped, said, and never opened."""
-    from autoannot.traces.rows import SUFFIX, is_rows
+    from autoannot.traces.rows import is_rows, is_rows_name
 
     traces, records = [], []
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", SUFFIX))
+            found = sorted(p for p in path.iterdir()
+                           if p.suffix == ".jsonl" or is_rows_name(p))
             for odd in (p for p in found if not p.is_file()):
                 _say(command or "autoannot", f"{odd}: not a regular file (a FIFO or socket?): "
                      "skipped")
@@ -305,7 +311,7 @@ def _split_records(arguments: list[str], rows: list[Path] | None = None,
             inside = [p for p in found if p.suffix == ".jsonl"]
             records += inside
             found_rows = [] if rows is None else [
-                p for p in found if p.suffix == SUFFIX and is_rows(p)]
+                p for p in found if is_rows_name(p) and is_rows(p)]
             if rows is not None:
                 rows += found_rows
             if any(p.name.endswith((".json", ".json.gz")) for p in path.iterdir()) \
@@ -315,7 +321,7 @@ def _split_records(arguments: list[str], rows: list[Path] | None = None,
             if not path.exists():
                 raise FileNotFoundError(argument)
             records.append(path)
-        elif rows is not None and path.suffix == SUFFIX:
+        elif rows is not None and is_rows_name(path):
             if not path.exists():
                 raise FileNotFoundError(argument)
             rows.append(path)
@@ -329,7 +335,7 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
     """A cross-rank command's traces, record files and rows files. A folder's trace whose rows
     lie beside it (``NAME.rows``, written in the job) is read through its rows: said once."""
     from autoannot.traces import paths
-    from autoannot.traces.rows import is_rows, rows_path
+    from autoannot.traces.rows import rows_beside
 
     rows: list[Path] = []
     named, records = _split_records(arguments, rows, command)
@@ -338,21 +344,38 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
     for note in skipped:
         _say(command, note)
     have_rows = {os.path.realpath(p) for p in rows}
-    for trace in traces:  # a trace named as a file: its rows beside it, as a folder's
-        beside = rows_path(trace)
-        if os.path.realpath(beside) not in have_rows and beside.is_file() and is_rows(beside):
-            rows.append(beside)
-            have_rows.add(os.path.realpath(beside))
-    through_rows = [t for t in traces if os.path.realpath(rows_path(t)) in have_rows]
+    beside = {t: rows_beside(t) for t in traces}
+    for found in beside.values():  # a trace named as a file: its rows, as a folder's
+        if found is not None and os.path.realpath(found) not in have_rows:
+            rows.append(found)
+            have_rows.add(os.path.realpath(found))
+    through_rows = [t for t, found in beside.items() if found is not None]
     if through_rows:
-        _say(command, f"{len(through_rows)} traces read through the rows written beside them "
-             f"in the job ({', '.join(p.name for p in through_rows[:3])}"
+        _say(command, f"{count(len(through_rows), 'trace')} read through the rows written "
+             f"beside them in the job ({', '.join(p.name for p in through_rows[:3])}"
              f"{', ...' if len(through_rows) > 3 else ''})")
         traces = [t for t in traces if t not in through_rows]
         # their record files were joined into the rows too
-        ranks_rows = {rows_path(t).stem for t in through_rows}
+        ranks_rows = {t.name.split(".")[0] for t in through_rows}
         records = [r for r in records if r.stem not in ranks_rows]
     return traces, records, rows
+
+
+def _every_file(arguments: list[str]) -> list[Path]:
+    """Every file named, and every file in a folder named that autoannot did not write there
+    as another command's output (what a command may read)."""
+    from autoannot.traces import outputs
+
+    found = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            own = outputs.listed_outputs(path)
+            found += [p for p in path.iterdir() if not p.is_dir()
+                      and own.get(p.name) in (None, "annotate")]
+        else:
+            found.append(path)
+    return found
 
 
 def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
@@ -386,7 +409,8 @@ def _lined_up(command: str, args: argparse.Namespace,
     try:
         traces, records, rows = _cross_rank_inputs(command, args.inputs)
         inputs = [*rows, *traces, *records]
-        _check_written(inputs, outputs, args.force)
+        # never written over, even with --force: any file given, or in a folder given
+        _check_written([*inputs, *_every_file(args.inputs)], outputs, args.force)
         with tempfile.TemporaryDirectory(prefix=f"autoannot-{command}-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
             analysis = skew.analyze_files(readable, records, jobs=args.jobs,
@@ -438,7 +462,8 @@ def _skew(args: argparse.Namespace) -> int:
         _say("skew", "no collective instance across ranks in these inputs")
         return INCOMPLETE
     if analysis.missing:
-        _say("skew", f"ranks are missing from {len(analysis.missing)} groups (named above)")
+        _say("skew", f"ranks are missing from {count(len(analysis.missing), 'group')} (named "
+             "above)")
         return INCOMPLETE
     return INCOMPLETE if analysis.problems else DONE
 
@@ -452,8 +477,8 @@ def _check(args: argparse.Namespace) -> int:
             path = Path(argument)
             if path.is_dir():
                 found = sorted(p for p in path.iterdir() if p.is_file() and (
-                    p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX))
-                    or p.suffix in (".jsonl", ".rows")))
+                    p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX, ".rows",
+                                     ".rows.parquet")) or p.suffix == ".jsonl"))
                 if not found:
                     try:
                         found = paths.expand([argument], skip_outputs=False)
@@ -485,7 +510,7 @@ def _check(args: argparse.Namespace) -> int:
             print(f"DIVERGES: {divergence.describe()}")
         print(f"{compared} sequences (graph or eager, per process group) compared across "
               f"{ranks} ranks: {len(divergences)} diverge"
-              + (f"; ranks missing from {len(missing)} groups" if missing else ""))
+              + (f"; ranks missing from {count(len(missing), 'group')}" if missing else ""))
     if not compared:
         _say("check", "nothing to compare: give two ranks' ledgers, record files or traces")
         return INCOMPLETE
@@ -521,10 +546,16 @@ def _report(args: argparse.Namespace) -> int:
         return _bad_input("report", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
                           "written)")
     lead = skew.lead(analysis)
-    print(f"{output}: {len(analysis.instances)} instances on {len(analysis.ranks)} ranks; "
-          f"{len(analysis.problems)} not matched")
-    for line in lead:
-        print(f"  {line}")
+    if args.json:
+        print(json.dumps({"output": str(output), "instances": len(analysis.instances),
+                          "ranks": analysis.per_rank(), "lead": lead,
+                          "missing": analysis.missing, "origins": analysis.origins(),
+                          "problems": analysis.problems, "notes": analysis.notes}, indent=1))
+    else:
+        print(f"{output}: {len(analysis.instances)} instances on {len(analysis.ranks)} ranks; "
+              f"{len(analysis.problems)} not matched")
+        for line in lead:
+            print(f"  {line}")
     return (INCOMPLETE if analysis.problems or analysis.missing or not analysis.instances
             else DONE)
 
@@ -687,6 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--run", metavar="RUN", help="the run of the job, where the inputs hold "
                      "several (they name each)")
     rep.add_argument("--force", action="store_true", help=FORCE_HELP)
+    rep.add_argument("--json", action="store_true", help="print what the page leads with as "
+                     "JSON on stdout (missing ranks, where the waiting began, per rank)")
     rep.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     rep.add_argument("-j", "--jobs", type=_jobs, metavar="N",
                      help="traces read at once (default: the cores)")

@@ -74,8 +74,12 @@ def write_rows(trace_path: str, agent: Any, annotated: bool = False) -> str | No
     if made is None:
         return None
     made.source = Path(trace_path).name
-    out = rows.rows_path(trace_path)
-    rows.write(made, out)
+    if rows.parquet_available():  # the table any tool reads (pandas, polars, DuckDB)
+        out = rows.rows_path(trace_path, parquet=True)
+        rows.write_parquet(made, out)
+    else:  # no pyarrow in this job: the same rows in autoannot's own columns
+        out = rows.rows_path(trace_path)
+        rows.write(made, out)
     return str(out)
 
 
@@ -101,11 +105,15 @@ def _after_export(agent: Any) -> Any:
 
             diagnostics.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
         if settings.rows_on_export:
+            from autoannot import diagnostics
+            from autoannot.traces.files import TraceError
+
             try:
                 write_rows(path, agent, annotated)
+            except TraceError as exc:  # the trace's collectives could not be made rows
+                diagnostics.say_once(f"rows:{exc}", f"autoannot: no rows written beside {path}: "
+                                     f"{exc}")
             except Exception as exc:
-                from autoannot import diagnostics
-
                 diagnostics.warn_once("export rows", "writing the trace's rows", exc)
         return result
 

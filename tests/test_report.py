@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,16 +71,26 @@ def job(tmp_path_factory) -> tuple[Path, int]:
     return out, results[0]["line"]
 
 
-def test_every_rank_writes_its_rows_at_export(job) -> None:
+@pytest.fixture(scope="module")
+def binary(job, tmp_path_factory) -> Path:
+    """The job's rows in autoannot's own columns (what a job without pyarrow writes)."""
+    out, _ = job
+    folder = tmp_path_factory.mktemp("binary")
+    for rank in range(4):
+        rows.write(rows.read(out / f"rank{rank}.rows.parquet"), folder / f"rank{rank}.rows")
+    return folder
+
+
+def test_every_rank_writes_its_rows_at_export(job, binary) -> None:
     out, line = job
-    made = sorted(out.glob("*.rows"))
-    assert [p.name for p in made] == [f"rank{r}.rows" for r in range(4)]
+    made = sorted(out.glob("*.rows.parquet"))  # (pyarrow is here: Parquet)
+    assert [p.name for p in made] == [f"rank{r}.rows.parquet" for r in range(4)]
     for rank, path in enumerate(made):
         one = rows.read(path)
         assert one.rank == rank and one.source == f"rank{rank}.json"
         assert one.run and one.run == rows.read(made[0]).run  # the job's one run
         # the profiled step: a broadcast and two all-reduces (gloo's CPU ranges, named by the
-        # record file); compact: 49 bytes a row besides the head
+        # record file)
         assert len(one) == 3
         names = [one.collectives[c] for c in one.columns["collective"]]
         assert names == ["broadcast", "allreduce", "allreduce"]
@@ -87,10 +98,45 @@ def test_every_rank_writes_its_rows_at_export(job) -> None:
         assert f"{__file__}:{line}" in sites
         assert all(e >= s for s, e in zip(one.columns["start_us"], one.columns["end_us"],
                                           strict=True))
-        column_bytes = path.stat().st_size - len(rows.MAGIC) - len(
-            path.read_bytes().split(b"\n")[1]) - 1
-        width = sum(rows._WIDTH[code] for _, code in rows.COLUMNS)  # 49 bytes
-        assert column_bytes == width * len(one)
+        assert [one.dtypes[d] for d in one.columns["dtype"]] == ["Float"] * 3
+        assert one.groups[0]["ranks"] == [0, 1, 2, 3]
+        # without pyarrow: the same rows in autoannot's own columns, 53 bytes a row
+        plain = binary / f"rank{rank}.rows"
+        column_bytes = plain.stat().st_size - len(rows.MAGIC) - len(
+            plain.read_bytes().split(b"\n")[1]) - 1
+        width = sum(rows._WIDTH[code] for _, code in rows.COLUMNS)
+        assert column_bytes == width * len(one) == 53 * 3
+        again = rows.read(plain)
+        assert {k: list(v) for k, v in again.columns.items()} == {
+            k: list(v) for k, v in one.columns.items()}
+
+
+def test_rows_are_read_by_pandas_and_duckdb_without_autoannot(job) -> None:
+    """Issue 37: the job's rows are a table any tool reads; no autoannot module is imported."""
+    out, line = job
+    script = f"""
+import sys, glob, json
+import duckdb, pandas as pd
+files = sorted(glob.glob({str(out / "*.rows.parquet")!r}))
+frame = pd.concat(map(pd.read_parquet, files))
+late = frame[frame.call_site.str.endswith(":{line}")]
+by_rank = duckdb.sql("SELECT rank, count(*) AS n, min(step) AS step FROM frame "
+                     "GROUP BY rank ORDER BY rank").fetchall()
+print(json.dumps({{"rows": len(frame), "columns": list(frame.columns),
+                  "late_ranks": sorted(set(late["rank"].tolist())), "by_rank": by_rank,
+                  "timed_by": sorted(set(frame.timed_by)),
+                  "autoannot": [m for m in sys.modules if m.startswith("autoannot")]}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items()
+                                            if not k.startswith("AUTOANNOT")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout)
+    assert said["autoannot"] == []
+    assert said["rows"] == 4 * 3 and said["columns"] == [n for n, _ in rows.PARQUET_COLUMNS]
+    assert said["late_ranks"] == [0, 1, 2, 3]  # every rank's all-reduce at that line
+    assert said["by_rank"] == [[r, 3, PROFILED] for r in range(4)]
+    assert said["timed_by"] == ["cpu"]
 
 
 def test_rows_answer_as_the_traces_and_record_files_they_came_from(job) -> None:
@@ -99,7 +145,7 @@ def test_rows_answer_as_the_traces_and_record_files_they_came_from(job) -> None:
     out, _ = job
     from_files = skew.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
     # the record files hold all five steps; the traces one: the rows hold that one
-    from_rows = skew.analyze_files([], [], rows=sorted(out.glob("*.rows")))
+    from_rows = skew.analyze_files([], [], rows=sorted(out.glob("*.rows.parquet")))
     assert isinstance(from_rows, matching.RowsAnalysis)  # (the whole-array path)
     assert from_rows.rows() == from_files.rows()
     assert from_rows.per_rank() == from_files.per_rank()
@@ -138,20 +184,21 @@ def test_report_names_the_straggler_on_the_page(job, tmp_path: Path, capsys) -> 
 
 def test_report_takes_traces_and_record_files_alone_too(job, tmp_path: Path) -> None:
     out, _ = job
-    for pattern, code in (("rank?.jsonl", 0), ("rank?.json", 1)):
+    for pattern, code in (("rank?.jsonl", 0), ("rank?.json", 0)):
         page = tmp_path / f"{pattern[5:].replace('.', '')}.html"
         inputs = [str(p) for p in sorted(out.glob(pattern))]
-        # record files: all five steps, entry times only; traces alone: gloo's ranges carry no
-        # groups or sizes (nothing to line up: exit 1, said)
+        # record files: all five steps, entry times only; traces named as files: read through
+        # the rows beside them, as their folder is (issue 37: the same files, one answer)
         assert cli.main(["report", *inputs, "-o", str(page), "-q"]) == code
         if code == 0:  # rank 2 among the stragglers, late at its worst by the sleep at least
             # (the record files hold all five steps: on a loaded machine a rank may be late by
             # more elsewhere, and another rank more often)
             text = page.read_text()
             table = text.split('class="stragglers"')[1].split("</table>")[0]
+            unit = re.search(r"late by \((\w+)\)", table).group(1)
             mine = re.search(rf"<tr><td>{LATE_RANK}</td>.*?</tr>", table).group(0)
-            late_by = re.findall(r"<td>([\d.]+) ms</td>", mine)[-1]
-            assert float(late_by) > 0.8 * SLEEP_S * 1e3, mine
+            late_by = float(re.findall(r"<td>(.*?)</td>", mine)[4])
+            assert late_by * (1e3 if unit == "ms" else 1) > 0.8 * SLEEP_S * 1e6, mine
             assert "unknown" in text  # no transfer from entry times
 
 
@@ -179,7 +226,7 @@ def test_the_page_renders_in_a_real_browser(job, tmp_path: Path) -> None:
     attributes = dict(re.findall(r'data-([a-z]+)="([^"]*)"', body))
     assert "errors" not in attributes, attributes.get("errors")
     assert attributes["figures"] == attributes["drawn"] == "2"  # heat map and timeline
-    assert f"Rank {LATE_RANK} held the others up most" in dom
+    assert f"rank {LATE_RANK} held the others up most" in dom
     assert dom.count("main-svg") >= 2  # plotly drew its SVG
     shot = tmp_path / "report.png"
     _chromium(page, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1280,1800")
@@ -188,8 +235,13 @@ def test_the_page_renders_in_a_real_browser(job, tmp_path: Path) -> None:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_damaged_rows_file_is_refused_with_its_name(job, tmp_path: Path, capsys) -> None:
-    out, _ = job
+def test_a_damaged_rows_file_is_refused_with_its_name(job, binary, tmp_path: Path,
+                                                      capsys) -> None:
+    broken = tmp_path / "rank0.rows.parquet"
+    broken.write_bytes((job[0] / "rank0.rows.parquet").read_bytes()[:-20])
+    assert cli.main(["skew", str(broken), str(job[0] / "rank1.rows.parquet")]) == 2
+    assert f"{broken}: not autoannot's Parquet rows, or damaged" in capsys.readouterr().err
+    out = binary
     cut = tmp_path / "rank0.rows"
     cut.write_bytes((out / "rank0.rows").read_bytes()[:-5])
     assert cli.main(["skew", str(cut), str(out / "rank1.rows")]) == 2
@@ -208,7 +260,7 @@ def test_whole_array_matching_says_what_does_not_match(job) -> None:
     """A rank whose rows lack one instance, and one that disagrees on a size: both named, the
     rest matched (as skew's own path does)."""
     out, _ = job
-    ranks = [rows.read(p, numpy=True) for p in sorted(out.glob("*.rows"))]
+    ranks = [rows.read(p, numpy=True) for p in sorted(out.glob("*.rows.parquet"))]
     import numpy as np
 
     sizes = np.array(ranks[1].columns["size_bytes"])
@@ -231,25 +283,29 @@ def test_a_mix_of_rows_and_record_files_is_lined_up_on_one_clock(job) -> None:
     sleep; the other steps, which only the record files hold, are named as left out."""
     out, _ = job
     analysis = skew.analyze_files([], [out / "rank2.jsonl", out / "rank3.jsonl"],
-                                  rows=[out / "rank0.rows", out / "rank1.rows"])
+                                  rows=[out / "rank0.rows.parquet",
+                                        out / "rank1.rows.parquet"])
     # (the default group: the pair of ranks 2 and 3 holds all five steps, from records alone)
     default = [r for r in analysis.rows() if r["group"] == "0"]
     late = max(default, key=lambda r: r["skew_us"])
     assert late["straggler"] == LATE_RANK and late["collective"] == "allreduce"
     assert abs(late["skew_us"] - SLEEP_S * 1e6) < 0.2 * SLEEP_S * 1e6
-    others = [r for r in default if r["seq"] != late["seq"]]
+    others = [r for r in default if r["seq"] != late["seq"] and len(r["ranks"]) == 4]
     assert others and all(r["skew_us"] < 0.2 * SLEEP_S * 1e6 for r in others)
+    # the steps only ranks 2 and 3 hold (their record files): lined up on them, and named
+    assert any(len(r["ranks"]) == 2 for r in default)
     assert any("have no trace or record of it" in p for p in analysis.problems)
 
 
-def test_check_compares_rows_over_the_stretch_every_rank_holds(job, tmp_path: Path,
+def test_check_compares_rows_over_the_stretch_every_rank_holds(job, binary, tmp_path: Path,
                                                                capsys) -> None:
     out, _ = job
-    assert cli.main(["check", *map(str, sorted(out.glob("*.rows")))]) == 0
+    assert cli.main(["check", *map(str, sorted(out.glob("*.rows.parquet")))]) == 0
     assert "3 sequences" in capsys.readouterr().out  # the default group and the two pairs
     # rank 1 launched another size in its pair's all-reduce: named, with its call site
     import numpy as np
 
+    out = binary  # (the same rows, in autoannot's own columns)
     one = rows.read(out / "rank1.rows", numpy=True)
     sizes = np.array(one.columns["size_bytes"])
     sizes[2] *= 2
@@ -274,9 +330,9 @@ def test_rows_of_a_graphed_trace_are_written_through_its_ledger(tmp_path: Path) 
     for name in ("graph_rank1.json", "graph_rank1.autoannot"):
         shutil.copy(data / name, tmp_path / name)
     written = export.write_rows(str(tmp_path / "graph_rank1.json"), hooks.AGENT)
-    assert written == str(tmp_path / "graph_rank1.rows")
+    assert written == str(tmp_path / "graph_rank1.rows.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "graph_rank1.autoannot", "graph_rank1.json", "graph_rank1.rows"]
+        "graph_rank1.autoannot", "graph_rank1.json", "graph_rank1.rows.parquet"]
     annotated = tmp_path / "elsewhere" / "graph_rank1.json"
     annotated.parent.mkdir()
     annotate.annotate_file(tmp_path / "graph_rank1.json", annotated)
@@ -292,7 +348,7 @@ def test_summary_reads_rows(job, tmp_path: Path, capsys) -> None:
     """Rows alone: per group, collective and size, the instances and the last rank's transfer;
     beside traces, the traces are summarized (they hold more) and that is said."""
     out, _ = job
-    assert cli.main(["summary", "--json", *map(str, sorted(out.glob("*.rows")))]) == 0
+    assert cli.main(["summary", "--json", *map(str, sorted(out.glob("*.rows.parquet")))]) == 0
     said = json.loads(capsys.readouterr().out)
     table = {(r["group"], r["collective"]): r for r in said["instance_rows"]}
     assert set(table) == {("0", "broadcast"), ("0", "allreduce"), ("1", "allreduce"),

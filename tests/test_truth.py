@@ -61,8 +61,9 @@ def test_the_planted_rank_and_call_site_come_first_with_the_whole_delay(jobs, ca
         # blamed once: delay x the ranks that waited, within 10%
         assert abs(top["blamed_us"] - DELAY_US * WAITING) <= 0.1 * DELAY_US * WAITING, (
             given, top)
-        # and nobody else is blamed for a share of it
-        assert all(o["blamed_us"] < 0.1 * DELAY_US for o in said["origins"][1:]), given
+        # and nobody else is blamed for a share of it (what else is there: this busy
+        # machine's own hiccups, a few ms each, passed on to the ranks after them)
+        assert all(o["blamed_us"] < 0.2 * DELAY_US for o in said["origins"][1:]), given
         ranks = {r["rank"]: r for r in said["ranks"]}
         assert ranks[planted]["others_waited_for_it_us"] == pytest.approx(
             DELAY_US * WAITING, rel=0.1)
@@ -144,5 +145,79 @@ def test_the_analysis_of_the_same_files_is_the_same_however_they_are_named(jobs,
 
 def test_lead_of_an_analysis(jobs) -> None:
     out, _ = jobs["compute"]
-    analysis = skew.analyze_files([], [], rows=sorted(out.glob("*.rows")))
+    analysis = skew.analyze_files([], [], rows=sorted(out.glob("*.rows.parquet")))
     assert skew.lead(analysis)[0].startswith("rank 2 held the others up most")
+
+
+def test_two_runs_in_one_folder_are_lined_up_one_at_a_time(jobs, capsys, tmp_path: Path) -> None:
+    """A job run twice into one folder: its record files hold both runs (the template appends),
+    its traces and rows the first. Without --run every command refuses, naming both; with it,
+    each run is lined up on its own: the first from its rows, the second from its records."""
+    folder = tmp_path / "run"
+    shutil.copytree(jobs["compute"][0], folder)
+    for rank in range(truth.WORLD):  # the chain job as the folder's second run
+        later = (jobs["chain"][0] / f"rank{rank}.jsonl").read_text()
+        with open(folder / f"rank{rank}.jsonl", "a") as handle:
+            handle.write(later)
+    first = json.loads((folder / "rank0.jsonl").read_text().splitlines()[0])["run"]
+    second = json.loads(later.splitlines()[0])["run"]
+    for command in ("skew", "check", "report"):
+        extra = ["-o", str(tmp_path / "page.html")] if command == "report" else []
+        assert cli.main([command, str(folder), *extra]) == 2, command
+        said = capsys.readouterr().err
+        assert first in said and second in said and "--run" in said, (command, said)
+    code, by_first = _skew(capsys, str(folder), "--run", first)
+    assert code == 0 and by_first["origins"][0]["rank"] == truth.PLANTED_RANK["compute"]
+    code, by_second = _skew(capsys, str(folder), "--run", second)
+    assert code == 0 and by_second["origins"][0]["rank"] == truth.PLANTED_RANK["chain"]
+    assert by_second["origins"][0]["call_site"] == jobs["chain"][1][1]["sites"]["pair"]
+    assert cli.main(["check", str(folder), "--run", second]) == 0
+
+
+def test_an_output_never_overwrites_an_input_even_with_force(jobs, capsys,
+                                                             tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    shutil.copytree(jobs["compute"][0], folder)
+    trace = folder / "trace_rank0.json"
+    before = trace.read_bytes()
+    for out in (trace, folder / "notes.json"):  # a trace; any other file in the folder
+        out.touch()
+        kept = out.read_bytes()
+        assert cli.main(["skew", "-q", str(folder), "-o", str(out), "--force"]) == 2
+        assert "is an input of this command" in capsys.readouterr().err
+        assert out.read_bytes() == kept
+    assert trace.read_bytes() == before
+    # what autoannot wrote there itself is no input: a second run writes over its own page
+    page = folder / "report.html"
+    assert cli.main(["report", "-q", str(folder), "-o", str(page)]) == 0
+    assert cli.main(["report", "-q", str(folder), "-o", str(page)]) == 0
+
+
+def test_a_record_file_cut_by_a_killed_job_keeps_its_whole_lines(jobs, capsys,
+                                                                 tmp_path: Path) -> None:
+    folder = tmp_path / "killed"
+    folder.mkdir()
+    for rank in range(truth.WORLD):
+        text = (jobs["compute"][0] / f"rank{rank}.jsonl").read_text()
+        if rank == 1:
+            text = text[:-40]  # its last line cut short (no end of line)
+        (folder / f"rank{rank}.jsonl").write_text(text)
+    code, said = _skew(capsys, str(folder))
+    assert code == 1  # (rank 1's last collective is gone: rank 1 is named as stopped there)
+    assert any("rank1.jsonl:15: its last line was cut short" in n for n in said["notes"])
+    assert said["missing"][0]["behind"] == [{"rank": 1, "seq": 13, "collective": "_allgather_base"}]
+
+
+def test_a_fifo_in_a_folder_is_skipped_never_opened(jobs, capsys, tmp_path: Path) -> None:
+    import os
+
+    folder = tmp_path / "with-fifo"
+    shutil.copytree(jobs["compute"][0], folder)
+    os.mkfifo(folder / "stray.rows")
+    os.mkfifo(folder / "stray.jsonl")
+    code = cli.main(["skew", "-q", "--json", str(folder)])  # (a FIFO opened: blocked)
+    captured = capsys.readouterr()
+    assert code == 0
+    assert json.loads(captured.out)["origins"][0]["rank"] == truth.PLANTED_RANK["compute"]
+    assert "stray.rows: not a regular file" in captured.err
+    assert "stray.jsonl: not a regular file" in captured.err

@@ -70,8 +70,6 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
          "shard": torch.ones(1 << 8), "gathered": torch.zeros(world << 8),
          "small": torch.ones(64)}
     sites: dict[str, str] = {}
-    if rank == 3:
-        time.sleep(WARMUP_S)  # a late start: the first step's skew is warm-up, not a straggler
     stuck = None
     with warnings.catch_warnings():  # ("won't be using warmup": every step is recorded)
         warnings.simplefilter("ignore")
@@ -80,6 +78,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                  on_trace_ready=None if kind == "hang" else
                  lambda p: p.export_chrome_trace(f"{out}/trace_rank{rank}.json")) as prof:
         for step in range(STEPS):
+            if step == 0 and rank == 3:
+                time.sleep(WARMUP_S)  # a late start: warm-up's skew, not a straggler's
             if kind == "hang" and step == PLANTED_STEP and rank == 3:
                 break  # this rank is gone: it never enters step 3's broadcast
             try:

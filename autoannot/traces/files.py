@@ -13,10 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from autoannot.traces.annotate import Patches
+from typing import Any, NamedTuple
 
 
 class TraceError(Exception):
@@ -289,7 +286,7 @@ class Trace:
         except json.JSONDecodeError:
             return {}
 
-    def all_events(self, patches: Patches) -> list[dict[str, Any]]:
+    def all_events(self, patches: Any) -> list[dict[str, Any]]:
         """Every event, parsed and patched (for formats that need them all)."""
         if self.document is not None:
             events = self.document["traceEvents"]
@@ -298,7 +295,7 @@ class Trace:
         return [patches.apply_to_event(i, e) if i in patches else e
                 for i, e in enumerate(events)] + self.added
 
-    def write(self, output: Path, patches: Patches, marker: dict[str, Any]) -> None:
+    def write(self, output: Path, patches: Any, marker: dict[str, Any]) -> None:
         """Write the patched trace and the added events, atomically, with ``marker`` as the
         first top-level key (``MARKER``); streaming when the trace has Kineto's layout
         (unchanged events are copied as text)."""

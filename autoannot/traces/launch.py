@@ -29,3 +29,5 @@ class Launch:
     step: int = -1
     #: The group's member ranks, where the input names them all.
     group_ranks: tuple[int, ...] | None = None
+    #: Its "dtype" ("Float", "BFloat16", ...); "" where unknown.
+    dtype: str = ""

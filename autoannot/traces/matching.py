@@ -76,6 +76,8 @@ class Figures:
     cause: Any = None
     blame: Any = None
     warmup: Any = None
+    dtype: Any = None  # codes into ``dtype_names``
+    dtype_names: list[str] = field(default_factory=list)
     group_names: list[str] = field(default_factory=list)
     group_descs: list[str] = field(default_factory=list)
     collective_names: list[str] = field(default_factory=list)
@@ -238,7 +240,7 @@ class Analysis:
         return found
 
     def row(self, instance: Instance) -> dict[str, Any]:
-        from autoannot.traces.summary import bus_factor
+        from autoannot.traces.units import bus_factor
 
         f, i = self.figures(), instance.index
         straggler, skew, transfer, _ = self.summary_of(instance)
@@ -250,6 +252,7 @@ class Analysis:
         return {
             "group": instance.group, "group_desc": instance.group_desc, "seq": instance.seq,
             "collective": instance.collective, "size_bytes": instance.size_bytes,
+            "dtype": f.dtype_names[int(f.dtype[i])] if f.dtype_names else "",
             "step": int(f.step[i]), "warmup": bool(f.warmup[i]),
             "straggler": straggler, "skew_us": round(skew, 3),
             "transfer_us": None if transfer is None else round(transfer, 3),
@@ -313,6 +316,7 @@ class _Launches:
         self.kernel = np.empty(total, bool)
         self.column = np.empty(total, np.int32)
         self.step = np.empty(total, np.int32)
+        self.dtype = np.empty(total, np.int32)
 
 
 def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analysis:
@@ -329,6 +333,7 @@ def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analys
     group_members: list[tuple[int, ...] | None] = [None] * len(group_keys)
     collectives: dict[str, int] = {}
     sites: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
     epochs = {r.base_ns if r.clock == "trace" else 0 for r in ranks_rows}
     if len(epochs) > 1 and None in epochs:
         raise files.TraceError("these rows count their times from different epochs, and some "
@@ -341,9 +346,11 @@ def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analys
         if not c:  # (a head: its columns now, then let go)
             if rows.path is None:
                 raise files.TraceError(f"rank {rows.rank}'s rows have no columns")
-            c = read(rows.path, numpy=True).columns
-            if len(c["seq"]) != len(rows):
+            full = read(rows.path, numpy=True)
+            c = full.columns
+            if len(c["seq"]) != len(rows) or len(full.groups) != len(rows.groups):
                 raise files.TraceError(f"{rows.path}: changed while it was read")
+            rows = full  # (its string tables: the head's, extended by what the file adds)
         for g in rows.groups:
             gid = group_id[str(g["name"])]
             group_size[gid] = max(int(group_size[gid]), int(g.get("size", 1)))
@@ -374,10 +381,16 @@ def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analys
         launch.site[here] = local_site[np.asarray(c["site"], dtype=np.intp)]
         launch.kernel[here] = c["kernel"]
         launch.step[here] = c["step"]
+        local_dtype = np.array([dtypes.setdefault(d, len(dtypes)) for d in rows.dtypes] or [0],
+                               dtype=np.int32)
+        launch.dtype[here] = local_dtype[np.asarray(c["dtype"], dtype=np.intp)]
         launch.column[here] = column
         del c
-    return _match(launch, ranks, group_keys, group_size, group_desc, group_members,
-                  collectives, sites, include_warmup)
+    analysis = _match(launch, ranks, group_keys, group_size, group_desc, group_members,
+                      collectives, sites, include_warmup)
+    analysis.figures().dtype_names = [d for d, _ in sorted(dtypes.items(),
+                                                           key=lambda item: item[1])]
+    return analysis
 
 
 def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_size: Any,
@@ -423,6 +436,7 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     end = launch.end[keep]
     site = launch.site[keep]
     step = launch.step[keep]
+    dtype = launch.dtype[keep]
     del launch, keep
     n = int(valid.sum())
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -437,6 +451,7 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     table.members = np.diff(offsets).astype(np.int32)
     table.needed = needed[kept].astype(np.int32)
     table.step = (np.maximum.reduceat(step, offsets[:-1]) if n else np.zeros(0, np.int32))
+    table.dtype = dtype[offsets[:-1]] if n else np.zeros(0, np.int32)
     table.group_names, table.group_descs = group_keys, group_desc
     table.collective_names = [name for name, _ in sorted(collectives.items(),
                                                          key=lambda item: item[1])]
@@ -588,6 +603,11 @@ def rank_list(ranks: list[int]) -> str:
     return f"ranks {', '.join(shown[:-1])} and {shown[-1]}"
 
 
+def count(number: int, noun: str) -> str:
+    """'1 trace', '3 traces'."""
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def natural_key(name: str) -> tuple[Any, ...]:
     """Sort key of a name with numbers in it: tp2 before tp10."""
     import re
@@ -641,7 +661,8 @@ def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
 
     Blame: the last rank's lateness at an instance is its own (new) or carried over from its
     previous collective, which it left later than the first rank to arrive left its own
-    (``carried``: the difference of the two exits, at most the skew). The others' waits are
+    (``carried``: the difference of the two exits, at most the skew, and at most how late the
+    previous collective itself was). The others' waits are
     split in that proportion: the new part is blamed on this instance's last rank at its call
     site, the carried part on whatever caused the previous collective's lateness (followed
     back to where the delay began), so a delay travelling through a chain of collectives is
@@ -696,14 +717,22 @@ def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
     bounded = ~np.isnan(own)
     waits[bounded] = np.clip(np.minimum(waits[bounded], own[bounded]), 0.0, None)
     analysis.launch_wait = waits
+    if np.isnan(end).any():
+        analysis.notes.append(
+            f"{int(np.isnan(end).sum())} launches are known by their entry times alone (record "
+            "files): there is no transfer time for them, and their waits are bounded by the "
+            "rank's next entry only (upper bounds)")
     total = np.add.reduceat(waits, heads)
     # warm-up: the first profiler step (ProfilerStep#0), and each group's first collective
     table.warmup = (table.step == 0) | (analysis.seq == 0)
     before_last, before_first = previous[at_straggler], previous[at_first]
     known = (before_last >= 0) & (before_first >= 0) & late
     carried = np.zeros(n)
+    # (no more than the previous collective was itself held up: a rank that simply has more
+    # to do between its collectives is late by itself, not by what came before)
+    came_from = instance_of[before_last[known]]
     carried[known] = np.clip(left[before_last[known]] - left[before_first[known]], 0.0,
-                             skew[known])
+                             np.minimum(skew[known], skew[came_from]))
     # the cause of each late instance: its own straggler, or the cause of the instance the
     # straggler came from where most of its lateness was carried from there
     parent = np.arange(n)

@@ -22,6 +22,8 @@ class RecordFile:
     rank: int | None = None
     host: str | None = None
     lines: list[dict[str, Any]] = field(default_factory=list)
+    #: The number of a last line cut short (a job killed while writing it), left out.
+    cut: int | None = None
 
     def runs(self) -> dict[str, list[dict[str, Any]]]:
         """Its lines per run of the job, in order."""
@@ -34,11 +36,20 @@ class RecordFile:
 def read(path: Path, require: tuple[str, ...] = (), why: str = "") -> RecordFile:
     """A record file; TraceError naming the file and line where a line is no record line (no
     JSON object with an ``annotation`` object, or without a field of ``require``: ``why`` says
-    what needs it)."""
+    what needs it). A last line with no end (a job killed while writing it) is left out and
+    its number kept in ``cut``."""
     record = RecordFile(Path(path))
-    for number, text in enumerate(files.read_text(Path(path)).splitlines(), 1):
+    whole = files.read_text(Path(path))
+    lines = whole.splitlines()
+    for number, text in enumerate(lines, 1):
         if not text.strip():
             continue
+        if number == len(lines) and not whole.endswith("\n"):
+            try:
+                json.loads(text)
+            except ValueError:
+                record.cut = number
+                break
         try:
             entry = json.loads(text)
             if not isinstance(entry, dict) or not isinstance(entry["annotation"], dict):
@@ -64,7 +75,7 @@ def is_collective(line: dict[str, Any]) -> bool:
 
 def size_of(annotation: dict[str, Any]) -> tuple[str, int, int]:
     """(dtype, elements, bytes) of a launch: the larger of its in and out messages."""
-    from autoannot.traces.summary import DTYPE_BYTES
+    from autoannot.traces.units import DTYPE_BYTES
 
     dtype = str(annotation.get(V.DTYPE, "?"))
     nelems = max(int(annotation.get(V.IN_NELEMS, 0)), int(annotation.get(V.OUT_NELEMS, 0)))

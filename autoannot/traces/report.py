@@ -17,10 +17,6 @@ from typing import Any
 
 from autoannot.traces.skew import Analysis, _us
 
-#: The heat map's largest size in cells (rows x columns); beyond it, cells take the largest
-#: value of a block of ranks x instances (a late rank never averages away).
-MAX_HEAT_RANKS = 512
-MAX_HEAT_INSTANCES = 1500
 #: Ranks drawn in the step's timeline (the straggler, the most delayed, then spread out).
 TIMELINE_RANKS = 16
 
@@ -30,7 +26,8 @@ def stragglers(analysis: Analysis, top: int = 20) -> list[dict[str, Any]]:
     import numpy as np
 
     figures = analysis.figures()
-    late = np.flatnonzero(figures.straggler >= 0)
+    late = np.flatnonzero((figures.straggler >= 0)
+                          & (~figures.warmup | analysis.warmup_counted))
     # each straggler's worst instance: the last of its instances by skew
     by_skew = late[np.argsort(figures.skew[late], kind="stable")]
     worst = np.full(len(analysis.ranks), -1, dtype=np.int64)
@@ -49,16 +46,20 @@ def stragglers(analysis: Analysis, top: int = 20) -> list[dict[str, Any]]:
 
 
 def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
-    """Per (group, collective, size): instances, median transfer and bus bandwidth (where the
-    transfer is known: kernels and gloo's ranges, not entry times)."""
+    """Per (group, collective, dtype, size), groups in natural order (tp2 before tp10):
+    instances, median transfer and bus bandwidth (where the transfer is known: kernels and
+    gloo's ranges, not entry times)."""
     import numpy as np
 
-    from autoannot.traces.summary import bus_factor
+    from autoannot.traces.matching import natural_key
+    from autoannot.traces.units import bus_factor
 
     f = analysis.figures()
     if not len(f.group):
         return []
-    keys = np.stack([f.group.astype(np.int64), f.collective.astype(np.int64), f.size_bytes])
+    dtype = f.dtype if f.dtype is not None else np.zeros(len(f.group), np.int32)
+    keys = np.stack([f.group.astype(np.int64), f.collective.astype(np.int64),
+                     dtype.astype(np.int64), f.size_bytes])
     unique, inverse = np.unique(keys, axis=1, return_inverse=True)
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
@@ -66,7 +67,7 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     rows = []
     for k in range(unique.shape[1]):
         mine = order[bounds[k]:bounds[k + 1]]
-        group, collective, size = (int(v) for v in unique[:, k])
+        group, collective, dtype_code, size = (int(v) for v in unique[:, k])
         transfers = f.transfer[mine]
         transfers = transfers[~np.isnan(transfers) & (transfers > 0)]
         members = int(f.members[mine[0]])
@@ -75,9 +76,14 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
         busbw = (size / (median * 1e-6) / 1e9 * bus_factor(name, members)
                  if median and size else None)
         rows.append({"group": f.group_names[group], "group_desc": f.group_descs[group],
-                     "collective": name, "size_bytes": size, "instances": len(mine),
+                     "collective": name,
+                     "dtype": f.dtype_names[dtype_code] if f.dtype_names else "",
+                     "size_bytes": size, "instances": len(mine),
                      "ranks": members, "median_transfer_us": median,
                      "median_busbw_gbps": busbw})
+    rows.sort(key=lambda r: (natural_key(r["group_desc"] or r["group"]),
+                             natural_key(r["group"]), r["collective"], r["dtype"],
+                             r["size_bytes"]))
     return rows
 
 
@@ -88,45 +94,77 @@ def _launches(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
     return instance, column, start, end, figures.last - figures.skew
 
 
+#: Groups offered in the heat map's menu, those with the most waiting first.
+MAX_HEAT_GROUPS = 64
+
+
 def _heat_map(analysis: Analysis) -> tuple[Any, str]:
-    """Ranks x instances in the order they started, each cell how late the rank arrived;
-    blocks of ranks and instances take their largest value beyond ``MAX_HEAT_*``."""
+    """Per process group, its member ranks x profiler steps (instances in time order where no
+    step is known), each cell how late the rank arrived at the group's collectives in that
+    step (the most of them); one group shown at a time, picked from a menu: the group where
+    the most waiting began first."""
     import numpy as np
     import plotly.graph_objects as go
 
     instance, column, start, _, first = _launches(analysis)
+    f = analysis.figures()
     late = start - first[instance]
-    ranks, count = analysis.ranks, len(analysis.instances)
-    in_time = np.empty(count, dtype=np.int64)
-    in_time[np.argsort(first, kind="stable")] = np.arange(count)
-    height = max(1, -(-len(ranks) // MAX_HEAT_RANKS))
-    width = max(1, -(-count // MAX_HEAT_INSTANCES))
-    rows, columns = -(-len(ranks) // height), -(-count // width)
     unit, scale = ("ms", 1e3) if np.nanmax(late, initial=0.0) >= 1e3 else ("us", 1.0)
-    cells = np.full(rows * columns, -np.inf)
-    np.maximum.at(cells, (column // height) * columns + in_time[instance] // width,
-                  late / scale)
-    cells[np.isneginf(cells)] = np.nan  # no launch there: the rank is no member
-    cells = cells.reshape(rows, columns)
-    y = [str(ranks[i * height]) if height == 1 else
-         f"{ranks[i * height]}-{ranks[min(len(ranks), (i + 1) * height) - 1]}"
-         for i in range(rows)]
-    figure = go.Figure(go.Heatmap(
-        z=cells, x=np.arange(columns) * width, y=y, colorscale="Inferno", zmin=0,
-        colorbar={"title": {"text": f"late ({unit})"}},
-        hovertemplate=f"rank %{{y}}<br>instance %{{x}} (in time order)<br>late %{{z:.3f}} "
-                      f"{unit}<extra></extra>"))
-    figure.update_layout(height=min(900, 260 + 14 * rows),
-                         margin={"l": 90, "r": 20, "t": 30, "b": 50},
-                         xaxis_title="collective instances, in the order they started",
-                         yaxis_title="rank", yaxis={"type": "category", "autorange": "reversed"})
-    note = ("How late each rank arrived at each collective instance: its arrival minus the "
-            "first rank's, instances in the order they started (every group's). The others "
-            "wait that long for the latest; bright cells are the ranks that held the rest up. "
-            "Blank: the rank is no member of that instance's group.")
-    if height > 1 or width > 1:
-        note += (f" Each cell is the largest of {height} ranks x {width} instances (a late "
-                 "rank is never averaged away).")
+    group_of = f.group[instance]
+    has_steps = bool((f.step >= 0).any())
+    # the groups by the waiting that began in them (then by skew), at most MAX_HEAT_GROUPS
+    weight = np.bincount(f.group, weights=f.blame, minlength=len(f.group_names))
+    worst = np.zeros(len(f.group_names))
+    np.maximum.at(worst, f.group, f.skew)
+    present = np.unique(f.group)
+    chosen = present[np.lexsort((present, -worst[present], -weight[present]))][:MAX_HEAT_GROUPS]
+    figure = go.Figure()
+    labels = []
+    order = np.argsort(group_of, kind="stable")
+    bounds = np.searchsorted(group_of[order], np.arange(len(f.group_names) + 1))
+    tallest = 1
+    for position, g in enumerate(chosen.tolist()):
+        mine = order[bounds[g]:bounds[g + 1]]
+        members, rows = np.unique(column[mine], return_inverse=True)
+        if has_steps:
+            key = f.step[instance[mine]]
+            axis_title = "profiler step"
+        else:  # instances of the group in the order they started, in at most 200 bins
+            in_time = np.argsort(np.argsort(first[instance[mine]], kind="stable"),
+                                 kind="stable")
+            key = in_time * 200 // max(1, len(in_time))
+            axis_title = "the group's instances, in the order they started (binned)"
+        steps, cols = np.unique(key, return_inverse=True)
+        cells = np.full((len(members), len(steps)), -np.inf)
+        np.maximum.at(cells, (rows.reshape(-1), cols.reshape(-1)), late[mine] / scale)
+        cells[np.isneginf(cells)] = np.nan
+        name = f"{f.group_descs[g] or '?'} ({f.group_names[g]})"
+        labels.append(name)
+        tallest = max(tallest, len(members))
+        figure.add_trace(go.Heatmap(
+            z=cells, x=[str(s) for s in steps.tolist()],
+            y=[f"rank {analysis.ranks[c]}" for c in members.tolist()],
+            colorscale="Inferno", zmin=0, visible=position == 0, name=name,
+            colorbar={"title": {"text": f"late ({unit})"}},
+            hovertemplate=f"%{{y}}<br>{'step' if has_steps else 'bin'} %{{x}}<br>late "
+                          f"%{{z:.3f}} {unit}<extra>{name}</extra>"))
+    buttons = [{"label": label, "method": "update",
+                "args": [{"visible": [i == k for i in range(len(labels))]},
+                         {"title": {"text": label}}]} for k, label in enumerate(labels)]
+    figure.update_layout(
+        height=min(900, 300 + 12 * tallest), title={"text": labels[0] if labels else ""},
+        margin={"l": 110, "r": 20, "t": 60, "b": 50}, xaxis_title=axis_title,
+        xaxis={"type": "category"}, yaxis={"type": "category", "autorange": "reversed"},
+        updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15,
+                      "direction": "down"}] if len(buttons) > 1 else [])
+    note = ("How late each member rank arrived at its group's collectives, per "
+            f"{'profiler step' if has_steps else 'stretch of instances'}: its arrival minus "
+            "the first rank's, the most of the step's instances. Bright cells are the ranks "
+            "the others waited for. One group at a time (the menu, top right): first the "
+            "group where the most waiting began.")
+    if len(present) > len(chosen):
+        note += (f" The menu holds the {len(chosen)} groups with the most waiting of "
+                 f"{len(present)}.")
     return figure, note
 
 
@@ -140,8 +178,10 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     if not instances:
         return None
     given = around is not None
-    if around is None:
-        around = int(np.argmax(analysis.figures().skew))
+    if around is None:  # where the most waiting began; else the largest skew past warm-up
+        f = analysis.figures()
+        skew = np.where(f.warmup & ~analysis.warmup_counted, -1.0, f.skew)
+        around = int(np.argmax(f.blame)) if f.blame.any() else int(np.argmax(skew))
     instance, column, start, end, firsts = _launches(analysis)
     late = start - firsts[instance]
     straggler = analysis.summary_of(instances[around])[0]
@@ -167,25 +207,28 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     bars: dict[str, dict[str, list[Any]]] = {
         "wait": {"y": [], "base": [], "x": [], "text": []},
         "move": {"y": [], "base": [], "x": [], "text": []}}
+    waits = analysis.launch_wait
     for i in np.flatnonzero(shown & np.isin(instance, list(chosen))):
         one = instances[int(instance[i])]
-        last = analysis.summary_of(one)[3]
         label = f"rank {analysis.ranks[int(column[i])]}"
         what = f"{one.group_desc or one.group} #{one.seq} {one.collective}"
+        waited = float(waits[i])  # (bounded by the rank's own time in it)
         bars["wait"]["y"].append(label)
         bars["wait"]["base"].append((start[i] - origin) / 1e3)
-        bars["wait"]["x"].append(max(0.0, (last - start[i]) / 1e3))
-        bars["wait"]["text"].append(f"{what}: waited {_us(last - start[i])}")
+        bars["wait"]["x"].append(max(0.0, waited / 1e3))
+        bars["wait"]["text"].append(f"{what}: waited {_us(waited)}")
         if end[i] == end[i]:
+            moved = end[i] - start[i] - waited
             bars["move"]["y"].append(label)
-            bars["move"]["base"].append((last - origin) / 1e3)
-            bars["move"]["x"].append(max(0.0, (end[i] - last) / 1e3))
-            bars["move"]["text"].append(f"{what}: transfer {_us(end[i] - last)}")
+            bars["move"]["base"].append((start[i] + waited - origin) / 1e3)
+            bars["move"]["x"].append(max(0.0, moved / 1e3))
+            bars["move"]["text"].append(f"{what}: in the collective {_us(moved)} after "
+                                        "waiting")
     figure = go.Figure()
     figure.add_bar(orientation="h", name="waiting for the last rank", marker_color="#b8b8b8",
                    hovertemplate="%{text}<extra></extra>", textposition="none", **bars["wait"])
     if bars["move"]["x"]:
-        figure.add_bar(orientation="h", name="transfer (after the last arrival)",
+        figure.add_bar(orientation="h", name="in the collective, after waiting",
                        marker_color="#1f77b4", hovertemplate="%{text}<extra></extra>",
                        textposition="none", **bars["move"])
     figure.update_layout(barmode="overlay", height=160 + 26 * len(picked),
@@ -198,10 +241,11 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     i = instances[around]
     note = (f"The {len(chosen)} instances nearest in time to #{i.seq} of "
             f"{i.group_desc or i.group} ({i.collective}, the "
-            f"{'chosen instance' if given else 'one with the largest skew'}), on "
+            f"{'chosen instance' if given else 'where the most waiting began'}), on "
             f"{len(picked)} of {len(analysis.ranks)} ranks: the straggler, those that waited "
-            "most, and others spread over the job. Grey: waiting for the last rank to arrive; "
-            "blue: the transfer, from the last arrival to the rank's end.")
+            "most, and others spread over the job. Grey: waiting for the last rank to arrive "
+            "(never more than the rank's own time in the collective); blue: the rest of its "
+            "time in it, to its end.")
     if not bars["move"]["x"]:
         note += " No transfer is known here: these times are launches' entry times."
     return figure, note
@@ -248,7 +292,7 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    from autoannot.traces.summary import _size
+    from autoannot.traces.units import size_text as _size
 
     parts: list[str] = []
 
@@ -280,9 +324,13 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     parts.append("<h2>Where the waiting began</h2>")
     origins = analysis.origins()
     if origins:
+        blamed_unit, blamed_scale = _unit([o["blamed_us"] for o in origins])
+        late_unit, late_scale = _unit([o["late_us"] for o in origins])
         parts.append(_table(
-            ["rank", "others waited for it", "late by", "step", "instance", "call site"],
-            [[o["rank"], _us(o["blamed_us"]), _us(o["late_us"]),
+            ["rank", f"others waited for it ({blamed_unit})", f"late by ({late_unit})", "step",
+             "instance", "call site"],
+            [[o["rank"], f"{o['blamed_us'] / blamed_scale:.4g}",
+              f"{o['late_us'] / late_scale:.4g}",
               o["step"] if o["step"] >= 0 else "-",
               f"{o['group_desc'] or o['group']} #{o['seq']} {o['collective']}",
               o["call_site"] or "-"] for o in origins], "origins"))
@@ -296,25 +344,31 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
 
     parts.append("<h2>Stragglers</h2>")
     if ranked:
+        waited_unit, waited_scale = _unit([r["others_waited_for_it_us"] for r in ranked])
+        worst_unit, worst_scale = _unit([r["worst_skew_us"] for r in ranked])
         parts.append(_table(
-            ["rank", "last to arrive", "others waited for it", "its worst instance", "late by",
-             "call site there"],
-            [[r["rank"], r["last_to_arrive"], _us(r["others_waited_for_it_us"]),
+            ["rank", "last to arrive", f"others waited for it ({waited_unit})",
+             "its worst instance", f"late by ({worst_unit})", "call site there"],
+            [[r["rank"], r["last_to_arrive"],
+              f"{r['others_waited_for_it_us'] / waited_scale:.4g}",
               f"{r['group_desc'] or r['group']} #{r['seq']} {r['collective']}",
-              _us(r["worst_skew_us"]), r["call_site"] or "-"] for r in ranked],
+              f"{r['worst_skew_us'] / worst_scale:.4g}", r["call_site"] or "-"]
+             for r in ranked],
             "stragglers"))
     else:
         parts.append("<p>None.</p>")
 
     parts.append("<h2>Transfer time and bus bandwidth per group</h2>")
     by_group = group_rows(analysis)
+    transfer_unit, transfer_scale = _unit([r["median_transfer_us"] for r in by_group])
     parts.append(_table(
-        ["group", "collective", "size", "instances", "ranks", "median transfer",
-         "median bus bw"],
-        [[f"{r['group_desc'] or '?'} ({r['group']})", r["collective"], _size(r["size_bytes"]),
-          r["instances"], r["ranks"],
-          "unknown" if r["median_transfer_us"] is None else _us(r["median_transfer_us"]),
-          "-" if r["median_busbw_gbps"] is None else _bandwidth(r["median_busbw_gbps"])]
+        ["group", "collective", "dtype", "size", "instances", "ranks",
+         f"median transfer ({transfer_unit})", "median bus bw (GB/s)"],
+        [[f"{r['group_desc'] or '?'} ({r['group']})", r["collective"], r["dtype"] or "?",
+          _size(r["size_bytes"]), r["instances"], r["ranks"],
+          "unknown" if r["median_transfer_us"] is None
+          else f"{r['median_transfer_us'] / transfer_scale:.3g}",
+          "-" if r["median_busbw_gbps"] is None else f"{r['median_busbw_gbps']:.3g}"]
          for r in by_group], "groups"))
     parts.append('<p class="note">The transfer is the last rank\'s own time in the collective, '
                  "from its arrival to its end (waiting is not bandwidth); bus bandwidth uses "
@@ -347,8 +401,10 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
             + "\n".join(parts) + "</body></html>\n")
 
 
-def _bandwidth(gbps: float) -> str:
-    return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
+def _unit(values_us: list[float | None]) -> tuple[str, float]:
+    """One unit for a column of times: ms where its largest is 10 ms or more, else us."""
+    largest = max((v for v in values_us if v is not None), default=0.0)
+    return ("ms", 1e3) if largest >= 1e4 else ("us", 1.0)
 
 
 def _inputs(inputs: list[str]) -> str:

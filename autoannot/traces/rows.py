@@ -31,11 +31,14 @@ from autoannot.traces import files
 from autoannot.traces.launch import Launch
 
 MAGIC = b"AUTOANNOT-ROWS 1\n"
-#: 2 added the "step" column and each group's "ranks"; files of version 1 read with step -1.
+#: 2 added the "step" and "dtype" columns and each group's "ranks"; files of version 1 read
+#: with step -1 and dtype "".
 VERSION = 2
 READABLE = (1, 2)
 #: A rows file beside ``NAME.json``: ``NAME.rows`` (as the ledger is ``NAME.autoannot``).
 SUFFIX = ".rows"
+#: The same rows as Parquet (where the job has pyarrow): ``NAME.rows.parquet``.
+PARQUET_SUFFIX = ".rows.parquet"
 
 #: (column, array typecode): the order and width of the columns in the file.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -48,23 +51,42 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("site", "i"),  # index into "sites"; -1: none
     ("kernel", "B"),  # 1: timed by a GPU kernel (ends within microseconds on every rank)
     ("step", "i"),  # the profiler step it ran in (ProfilerStep#N); -1: none known
+    ("dtype", "I"),  # index into "dtypes" ("Float", ...; "": unknown)
 )
 
 
-def rows_path(trace_path: str | Path) -> Path:
-    """Where the rows of the trace ``trace_path`` go: beside it, ``NAME.rows``."""
+def rows_path(trace_path: str | Path, parquet: bool = False) -> Path:
+    """Where the rows of the trace ``trace_path`` go: beside it, ``NAME.rows`` (or
+    ``NAME.rows.parquet``)."""
     from autoannot.traces import ledger
 
-    return Path(ledger.ledger_path(str(trace_path))).with_suffix(SUFFIX)
+    plain = Path(ledger.ledger_path(str(trace_path))).with_suffix(SUFFIX)
+    return plain.with_name(plain.stem + PARQUET_SUFFIX) if parquet else plain
+
+
+def rows_beside(trace_path: str | Path) -> Path | None:
+    """The rows a job wrote beside a trace (Parquet first), or None."""
+    for parquet in (True, False):
+        path = rows_path(trace_path, parquet)
+        if is_rows(path):
+            return path
+    return None
+
+
+def is_rows_name(path: Path) -> bool:
+    """Whether ``path`` is named as rows are (``*.rows``, ``*.rows.parquet``)."""
+    return path.name.endswith((SUFFIX, PARQUET_SUFFIX))
 
 
 def is_rows(path: Path) -> bool:
-    """Whether ``path`` is a rows file (a regular file only: a FIFO is never opened)."""
-    if not Path(path).is_file():
+    """Whether ``path`` is a rows file, of either format (a regular file only: a FIFO is
+    never opened)."""
+    if not Path(path).is_file() or not is_rows_name(Path(path)):
         return False
+    magic = b"PAR1" if Path(path).name.endswith(PARQUET_SUFFIX) else MAGIC
     try:
         with open(path, "rb") as handle:
-            return handle.read(len(MAGIC)) == MAGIC
+            return handle.read(len(magic)) == magic
     except OSError:
         return False
 
@@ -89,6 +111,7 @@ class Rows:
     #: are read later, one file at a time).
     path: Path | None = None
     count: int = 0
+    dtypes: list[str] = field(default_factory=lambda: [""])  # what "dtype" indexes
 
     def __len__(self) -> int:
         return len(self.columns["seq"]) if self.columns else self.count
@@ -100,6 +123,7 @@ def from_launches(launches: list[Launch], rank: int, **head: Any) -> Rows:
     group_facts: list[dict[str, Any]] = []
     collectives: dict[str, int] = {}
     sites: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
     columns = {name: array(code) for name, code in COLUMNS}
     nan = float("nan")
     for launch in launches:
@@ -120,7 +144,9 @@ def from_launches(launches: list[Launch], rank: int, **head: Any) -> Rows:
                                else sites.setdefault(launch.call_site, len(sites)))
         columns["kernel"].append(1 if launch.kernel else 0)
         columns["step"].append(launch.step)
-    return Rows(rank, columns, group_facts, list(collectives), list(sites), **head)
+        columns["dtype"].append(dtypes.setdefault(launch.dtype, len(dtypes)))
+    return Rows(rank, columns, group_facts, list(collectives), list(sites),
+                dtypes=list(dtypes) or [""], **head)
 
 
 def encode(rows: Rows) -> bytes:
@@ -128,6 +154,7 @@ def encode(rows: Rows) -> bytes:
             "clock": rows.clock, "base_ns": rows.base_ns, "source": rows.source,
             "count": len(rows), "byteorder": "little", "columns": [list(c) for c in COLUMNS],
             "groups": rows.groups, "collectives": rows.collectives, "sites": rows.sites,
+            "dtypes": rows.dtypes,
             **rows.extra}
     parts = [MAGIC, json.dumps(head, separators=(",", ":")).encode(), b"\n"]
     for name, code in COLUMNS:
@@ -178,17 +205,20 @@ def _parse_head(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
 
 def _rows_of_head(head: dict[str, Any], columns: dict[str, Any]) -> Rows:
     known = {"version", "rank", "run", "host", "clock", "base_ns", "source", "count",
-             "byteorder", "columns", "groups", "collectives", "sites"}
+             "byteorder", "columns", "groups", "collectives", "sites", "dtypes"}
     return Rows(head["rank"], columns, list(head.get("groups", [])),
                 list(head.get("collectives", [])), list(head.get("sites", [])),
                 head.get("run"), head.get("host"), str(head.get("clock", "trace")),
                 head.get("base_ns"), str(head.get("source", "")),
-                {k: v for k, v in head.items() if k not in known})
+                {k: v for k, v in head.items() if k not in known},
+                dtypes=list(head.get("dtypes", [""])) or [""])
 
 
 def read_head(path: Path) -> tuple[Rows, int]:
     """A rows file's head (its ``Rows`` with no columns) and its row count, without reading
     the columns."""
+    if Path(path).name.endswith(PARQUET_SUFFIX):
+        return _parquet_head(Path(path))
     try:
         with open(path, "rb") as handle:
             data = handle.read(1 << 16)
@@ -207,7 +237,9 @@ def read_head(path: Path) -> tuple[Rows, int]:
 
 def read(path: Path, numpy: bool = False) -> Rows:
     """A rows file; TraceError where it is none, or cut short. ``numpy``: the columns as numpy
-    arrays (views of the file's bytes)."""
+    arrays (views of the file's bytes). Parquet rows are read with pyarrow."""
+    if Path(path).name.endswith(PARQUET_SUFFIX):
+        return _read_parquet(Path(path))
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -234,9 +266,12 @@ def read(path: Path, numpy: bool = False) -> Rows:
                 column.byteswap()
             columns[name] = column
         offset += size
-    if "step" not in columns:  # (version 1: no steps)
+    if "step" not in columns:  # (version 1: no steps, no dtypes)
         columns["step"] = (np.full(count, -1, dtype="<i4") if numpy
                            else array("i", [-1]) * count)
+    if "dtype" not in columns:
+        columns["dtype"] = (np.zeros(count, dtype="<u4") if numpy
+                            else array("I", [0]) * count)
     rows = _rows_of_head(head, columns)
     rows.path, rows.count = Path(path), count
     return rows
@@ -256,6 +291,184 @@ def to_launches(rows: Rows) -> list[Launch]:
             int(group.get("size", 1)), float(c["start_us"][i]), None if end != end else end,
             rows.sites[site] if site >= 0 else None, str(group.get("desc", "")),
             kernel=bool(c["kernel"][i]), step=int(c["step"][i]),
+            dtype=rows.dtypes[int(c["dtype"][i])],
             group_ranks=tuple(group["ranks"]) if isinstance(group.get("ranks"), list)
             else None))
     return launches
+
+
+# --- Parquet: the same table, for any tool ------------------------------------------------------
+
+#: The Parquet schema: one row per launch of one rank, every value spelled out (strings are
+#: dictionary-encoded by Parquet: a name repeated on every row costs almost nothing). pandas,
+#: polars, DuckDB and Spark read it with no autoannot import; docs/tools.md documents it.
+PARQUET_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rank", "int32"), ("run", "string"), ("host", "string"),
+    ("group", "string"), ("group_desc", "string"), ("group_size", "int32"),
+    ("group_ranks", "list<int32>"),  # null where the inputs do not name them all
+    ("seq", "int64"), ("collective", "string"), ("dtype", "string"), ("size_bytes", "int64"),
+    ("step", "int32"),  # the profiler step (ProfilerStep#N); null: none known
+    ("call_site", "string"),  # null: none recorded
+    ("start_us", "float64"), ("end_us", "float64"),  # end null: only the entry is known
+    ("timed_by", "string"),  # "kernel" (a GPU kernel), "cpu" (a CPU range: gloo), "entry"
+    ("time_base", "string"),  # "trace": us from base_ns; "wall": us since the epoch
+    ("base_ns", "int64"),  # the wall-clock time of the time base's zero; null: unknown
+)
+_HEAD_KEY = b"autoannot.rows"
+
+
+def parquet_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def encode_parquet(rows: Rows) -> bytes:
+    """The rows as a Parquet file's bytes (pyarrow)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    c = {name: np.asarray(rows.columns[name]) for name, _ in COLUMNS}
+    count = len(rows)
+
+    def strings(codes: Any, names: list[str], missing: int | None = None) -> Any:
+        codes = np.asarray(codes, dtype=np.int32)
+        mask = None if missing is None else codes == missing
+        return pa.DictionaryArray.from_arrays(
+            pa.array(np.where(codes < 0, 0, codes), pa.int32(), mask=mask),
+            pa.array(names or [""], pa.string()))
+
+    def constant(value: Any, kind: Any) -> Any:
+        return pa.array([value] * count, kind)
+
+    groups = rows.groups
+    group_codes = c["group"].astype(np.int32)
+    ranks_of = [g.get("ranks") if isinstance(g.get("ranks"), list) else None for g in groups]
+    end = c["end_us"].astype(np.float64)
+    timed_by = np.where(c["kernel"].astype(bool), 0, np.where(np.isnan(end), 2, 1))
+    table = pa.table({
+        "rank": constant(rows.rank, pa.int32()), "run": constant(rows.run, pa.string()),
+        "host": constant(rows.host, pa.string()),
+        "group": strings(group_codes, [str(g["name"]) for g in groups]),
+        "group_desc": strings(group_codes, [str(g.get("desc", "")) for g in groups]),
+        "group_size": pa.array(np.array([int(g.get("size", 1)) for g in groups] or [1],
+                                        np.int32)[group_codes], pa.int32()),
+        "group_ranks": pa.array([ranks_of[g] for g in group_codes.tolist()],
+                                pa.list_(pa.int32())),
+        "seq": pa.array(c["seq"].astype(np.int64)),
+        "collective": strings(c["collective"], rows.collectives),
+        "dtype": strings(c["dtype"], rows.dtypes),
+        "size_bytes": pa.array(c["size_bytes"].astype(np.int64)),
+        "step": pa.array(c["step"].astype(np.int32), mask=c["step"] < 0),
+        "call_site": strings(c["site"], rows.sites, missing=-1),
+        "start_us": pa.array(c["start_us"].astype(np.float64)),
+        "end_us": pa.array(end, mask=np.isnan(end)),
+        "timed_by": strings(timed_by, ["kernel", "cpu", "entry"]),
+        "time_base": constant(rows.clock, pa.string()),
+        "base_ns": constant(rows.base_ns, pa.int64()),
+    })
+    head = {"version": VERSION, "rank": rows.rank, "run": rows.run, "host": rows.host,
+            "clock": rows.clock, "base_ns": rows.base_ns, "source": rows.source,
+            "count": count, "groups": rows.groups, "collectives": rows.collectives,
+            "sites": rows.sites, "dtypes": rows.dtypes, **rows.extra}
+    table = table.replace_schema_metadata({_HEAD_KEY: json.dumps(head).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def write_parquet(rows: Rows, path: Path) -> None:
+    """``path`` written whole or not at all."""
+    files.atomic_write_bytes(str(path), encode_parquet(rows))
+
+
+def _parquet_head(path: Path) -> tuple[Rows, int]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise files.TraceError(f"{path}: Parquet rows need pyarrow (pip install pyarrow)") \
+            from None
+    try:
+        meta = pq.read_metadata(path)
+        head = json.loads((meta.metadata or {})[_HEAD_KEY])
+    except (OSError, KeyError, ValueError) as exc:
+        raise files.TraceError(f"{path}: not autoannot's Parquet rows, or damaged ({exc})") \
+            from None
+    known = {"version", "rank", "run", "host", "clock", "base_ns", "source", "count", "groups",
+             "collectives", "sites", "dtypes"}
+    one = Rows(int(head["rank"]), {}, list(head.get("groups", [])),
+               list(head.get("collectives", [])), list(head.get("sites", [])),
+               head.get("run"), head.get("host"), str(head.get("clock", "trace")),
+               head.get("base_ns"), str(head.get("source", "")),
+               {k: v for k, v in head.items() if k not in known},
+               dtypes=list(head.get("dtypes", [""])) or [""])
+    one.path, one.count = path, meta.num_rows
+    return one, meta.num_rows
+
+
+def _read_parquet(path: Path) -> Rows:
+    """Parquet rows as ``Rows`` (numpy columns; strings as codes into their tables)."""
+    import numpy as np
+
+    head, count = _parquet_head(path)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise files.TraceError(f"{path}: cannot read its Parquet ({exc})") from None
+    missing = {name for name, _ in PARQUET_COLUMNS} - set(table.column_names)
+    if missing:
+        raise files.TraceError(f"{path}: Parquet rows without {', '.join(sorted(missing))}")
+
+    def codes(name: str, names: list[str]) -> tuple[Any, list[str]]:
+        """A string column as codes into ``names`` (the head's table, extended by any name
+        it lacks); -1 for nulls."""
+        column = table.column(name).combine_chunks()
+        if not pa.types.is_dictionary(column.type):
+            column = column.dictionary_encode()
+        names = list(names)
+        where = {n: i for i, n in enumerate(names)}
+        lookup = np.array([where.setdefault(n, len(where)) for n in
+                           column.dictionary.to_pylist()] or [0], dtype=np.int32)
+        names += [n for n in list(where)[len(names):]]
+        indices = column.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        valid = column.indices.is_valid().to_numpy(zero_copy_only=False)
+        return np.where(valid, lookup[indices.astype(np.intp)], -1).astype(np.int32), names
+
+    group, group_names = codes("group", [str(g["name"]) for g in head.groups])
+    known = {str(g["name"]): g for g in head.groups}
+    first = {int(g): int(i) for i, g in reversed(list(enumerate(group.tolist())))}
+    descs = table.column("group_desc").to_pylist() if first else []
+    sizes = table.column("group_size").to_numpy() if first else []
+    ranks = table.column("group_ranks").to_pylist() if first else []
+    groups = []
+    for code, name in enumerate(group_names):
+        at = first.get(code)
+        if name in known or at is None:
+            groups.append(known.get(name, {"name": name, "desc": "", "size": 1}))
+            continue
+        fact = {"name": name, "desc": descs[at], "size": int(sizes[at])}
+        if ranks[at] is not None:
+            fact["ranks"] = ranks[at]
+        groups.append(fact)
+    collective, collectives = codes("collective", head.collectives)
+    dtype, dtypes = codes("dtype", head.dtypes)
+    site, sites = codes("call_site", head.sites)
+    step = table.column("step").to_numpy(zero_copy_only=False)
+    timed_by = table.column("timed_by").to_pylist() if count else []
+    columns = {
+        "group": group.astype(np.uint32), "seq": table.column("seq").to_numpy(),
+        "collective": collective.astype(np.uint32),
+        "size_bytes": table.column("size_bytes").to_numpy(),
+        "start_us": table.column("start_us").to_numpy(),
+        "end_us": table.column("end_us").to_numpy(zero_copy_only=False).astype(np.float64),
+        "site": site, "kernel": np.array([t == "kernel" for t in timed_by], dtype=np.uint8),
+        "step": np.where(np.isnan(step.astype(np.float64)), -1, step).astype(np.int32),
+        "dtype": dtype.astype(np.uint32)}
+    head.columns, head.groups = columns, groups
+    head.collectives, head.sites, head.dtypes = collectives, sites, dtypes or [""]
+    return head
+

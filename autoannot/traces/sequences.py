@@ -251,7 +251,7 @@ def check_files(paths: list[Path], run: str | None = None,
         if path.suffix == ".jsonl":
             for name in record_files.read(path).runs():
                 found.setdefault(name, []).append(path)
-        elif path.suffix == ".rows":
+        elif rows.is_rows_name(path):
             name = rows.read_head(path)[0].run or runs.NO_RUN
             run_of_rows[path] = name
             found.setdefault(name, []).append(path)
@@ -271,7 +271,7 @@ def check_files(paths: list[Path], run: str | None = None,
             ranks.add(from_ledger(path, sequences, members))
         elif path.suffix == ".jsonl":
             ranks.add(from_records(path, sequences, members, run))
-        elif path.suffix == ".rows":
+        elif rows.is_rows_name(path):
             if run_of_rows[path] == run:
                 ranks.add(from_rows(path, rows_by_seq, members))
         else:

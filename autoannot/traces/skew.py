@@ -54,6 +54,7 @@ from autoannot.traces.matching import (  # noqa: F401  (the analysis, as the too
     describe_missing,
     rank_list,
 )
+from autoannot.traces.matching import count as count_of
 
 # --- reading -----------------------------------------------------------------------------------
 
@@ -66,7 +67,7 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
     """A trace's rank, its NCCL launches with collective args, and its gloo ranges in start
     order."""
     from autoannot.traces.annotate import kernel_family
-    from autoannot.traces.summary import DTYPE_BYTES
+    from autoannot.traces.units import DTYPE_BYTES
 
     trace = files.Trace(path)
     rank = trace.metadata().get("distributedInfo", {}).get("rank")
@@ -114,7 +115,7 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
             rank if rank is not None else -1, group, seq, str(args[V.COLLECTIVE_NAME]),
             nelems * DTYPE_BYTES.get(dtype, 0), int(args.get(V.GROUP_SIZE, 1)), start, end,
             group_desc=str(args.get(V.PG_DESC, "")), kernel=True, step=step_of(start),
-            group_ranks=group_ranks(args) or members.get(group)))
+            group_ranks=group_ranks(args) or members.get(group), dtype=dtype))
     return rank, launches, [(*g, step_of(g[1])) for g in gloo]
 
 
@@ -146,7 +147,8 @@ def group_ranks(annotation: dict[str, Any]) -> tuple[int, ...] | None:
     return ranks if len(ranks) == int(annotation.get(V.GROUP_SIZE, -1)) else None
 
 
-def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], str | None]:
+def record_launches(path: Path, notes: list[str] | None = None
+                    ) -> tuple[int | None, dict[str, list[Launch]], str | None]:
     """A record file's rank, launches (entry times, call sites) per run of the job, and host
     (None where its lines do not say).
 
@@ -160,6 +162,9 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], st
                                "files written before autoannot 0.1 (no seq) cannot be lined up "
                                "across ranks")
     rank = record.rank
+    if record.cut is not None and notes is not None:
+        notes.append(f"{path}:{record.cut}: its last line was cut short (the job was killed "
+                     "while writing it?): left out")
     by_run: dict[str, list[Launch]] = {}
     for run, lines in record.runs().items():
         launches = by_run[run] = []
@@ -173,7 +178,8 @@ def record_launches(path: Path) -> tuple[int | None, dict[str, list[Launch]], st
                 int(annotation.get(V.GROUP_SIZE, 1)), entry["monotonic_ns"] / 1e3, None,
                 entry.get("call_site"), str(annotation.get(V.PG_DESC, "")),
                 wall_us=(entry["wall_ns"] / 1e3 if isinstance(entry.get("wall_ns"), int)
-                         else None), group_ranks=group_ranks(annotation)))
+                         else None), group_ranks=group_ranks(annotation),
+                dtype=str(annotation.get(V.DTYPE, ""))))
     for launches in by_run.values():
         if launches and all(launch.wall_us is not None for launch in launches):
             offset = statistics.median(launch.wall_us - launch.start_us  # type: ignore[operator]
@@ -227,7 +233,8 @@ def join(rank: int, traced: list[Launch], gloo: list[GlooRange],
                             "than one): give the record file alone")
             return []
         return [Launch(rank, r.group, r.seq, r.collective, r.size_bytes, r.group_size, start,
-                       end, r.call_site, r.group_desc, step=step, group_ranks=r.group_ranks)
+                       end, r.call_site, r.group_desc, step=step, group_ranks=r.group_ranks,
+                       dtype=r.dtype)
                 for (_, start, end, _, step), r in zip(gloo, recorded[offset:], strict=False)]
     return recorded
 
@@ -309,8 +316,10 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
     joined = join(rank, launches, gloo, recorded, problems, str(trace_path))
     if not launches and not gloo:
         return None  # the record file alone is no trace's rows
-    if not joined:
-        return None
+    if not joined:  # collectives there, but none could be made a row of: say why
+        raise files.TraceError("; ".join(problems) or f"{trace_path}: its {len(gloo)} gloo "
+                               "collectives have no record file lines to name them (run with "
+                               "AUTOANNOT_RECORD)")
     base = files.Trace(trace_path).metadata().get("baseTimeNanoseconds")
     return rows.from_launches(joined, rank, run=run, host=host, clock="trace",
                          base_ns=base if isinstance(base, int) else None,
@@ -321,9 +330,10 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
 
 def read_rows_files(paths: Iterable[Path], run: str | None = None,
                     heads_only: bool = False) -> dict[int, Any]:
-    """Rows files by rank, of one run (``run``, or the only one: TraceError naming them where
-    they hold several), a rank given twice refused. ``heads_only``: their columns are left to
-    be read one file at a time (``matching.analyze_rows``)."""
+    """Rows files by rank, of one run (``run``: rows of other runs are left out, and none
+    may be left; else the only one: TraceError naming them where they hold several), a rank
+    given twice refused. ``heads_only``: their columns are left to be read one file at a time
+    (``matching.analyze_rows``)."""
     from autoannot.traces import rows, runs
 
     paths = list(paths)
@@ -335,7 +345,7 @@ def read_rows_files(paths: Iterable[Path], run: str | None = None,
         one = rows.read_head(path)[0] if heads_only else rows.read(path)
         read.append((path, one))
         found.setdefault(one.run or runs.NO_RUN, []).append(path)
-    chosen = runs.choose(found, run)
+    chosen = run if run is not None else runs.choose(found, None)
     by_rank: dict[int, Any] = {}
     where: dict[int, Path] = {}
     for path, one in read:
@@ -374,7 +384,8 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
                                    "trace: give one trace per rank of one job")
         traced[rank] = (launches, gloo, path)
     recorded: dict[int, tuple[list[Launch], Path]] = {}
-    read_records = [(path, *record_launches(path)) for path in records]
+    cut_notes: list[str] = []
+    read_records = [(path, *record_launches(path, cut_notes)) for path in records]
     found: dict[str, list[Path]] = {}
     for path, _, by_run, _ in read_records:
         for name in by_run:
@@ -424,7 +435,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
     analysis = analyze(per_rank, include_warmup)
     analysis.problems[:0] = problems
-    analysis.notes[:0] = notes
+    analysis.notes[:0] = notes + cut_notes
     timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
     if len(timed_by_entry) > 1:
         analysis.notes.append(
@@ -450,7 +461,8 @@ def _one_time_base(per_rank: dict[int, list[Launch]],
     unknown = sorted(rank for rank, (_, base) in bases.items() if base is None)
     if unknown:
         raise files.TraceError(
-            f"ranks {', '.join(map(str, unknown[:8]))} are timed by inputs of no known epoch "
+            f"{rank_list(unknown)} {'is' if len(unknown) == 1 else 'are'} timed by inputs of "
+            "no known epoch "
             "(a trace without baseTimeNanoseconds, or record lines without wall_ns) and the "
             "others by other kinds of input: their times cannot be lined up; give one kind "
             "of input for every rank")
@@ -503,9 +515,9 @@ def warmup_note(analysis: Analysis) -> str | None:
     if not count:
         return None
     worst = float(f.skew[f.warmup].max())
-    return (f"{count} warm-up instances (profiler step 0, and each group's first collective: "
-            f"process and communicator start-up; largest skew {_us(worst)}) are shown but left "
-            "out of the ranking: --include-warmup counts them")
+    return (f"{count_of(count, 'warm-up instance')} (profiler step 0, and each group's first "
+            f"collective: process and communicator start-up; largest skew {_us(worst)}): shown "
+            "but left out of the ranking (--include-warmup counts them)")
 
 
 def format_report(analysis: Analysis, top: int = 10) -> str:
@@ -532,7 +544,7 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
     lines += ["", f"top {len(by_skew)} instances by skew:",
               f"{'group':14} {'#':>5} {'collective':24} {'size':>10} {'last':>5} {'skew':>10} "
               f"{'transfer':>10}  call site (the last rank's)"]
-    from autoannot.traces.summary import _size
+    from autoannot.traces.units import size_text as _size
 
     for instance in by_skew:
         straggler, skew, transfer, _ = analysis.summary_of(instance)

@@ -1,0 +1,159 @@
+"""Which columnar engine runs the one analysis: the matcher's core on the same launches in numpy,
+polars, DuckDB and Arrow compute — wall time and peak memory, each engine in its own process.
+
+    python benchmarks/engines.py [--ranks 8192] [--instances 2000] [--out FILE]
+
+The core (``autoannot/traces/matching.py``): launches keyed by (group, seq, rank) matched into
+instances (one sort), per instance the first and last arrival and the member count; each
+launch's wait (last - its start); per rank, launches in time order and each one's previous.
+The launches are those of ``benchmarks/report_scale.py``: every rank in the default group and
+its 8-rank tensor-parallel group. Prints one line of JSON per engine, then the summary. A
+benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+TP = 8
+
+
+def launches(ranks: int, instances: int):  # -> dict of numpy arrays
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    half = instances // 2
+    rank = np.repeat(np.arange(ranks, dtype=np.int32), instances)
+    seq = np.tile(np.concatenate([np.arange(half), np.arange(instances - half)]), ranks)
+    in_tp = np.tile(np.arange(instances) >= half, ranks)
+    group = np.where(in_tp, 1 + rank // TP, 0).astype(np.int64)
+    start = 1e6 + 100.0 * np.tile(np.arange(instances), ranks) + rng.uniform(0, 1.5, rank.size)
+    return {"rank": rank, "group": group, "seq": seq.astype(np.int64), "start": start}
+
+
+def run_numpy(c):
+    import numpy as np
+
+    key = (c["group"] << 40) | c["seq"]
+    order = np.lexsort((c["rank"], key))
+    key, start = key[order], c["start"][order]
+    head = np.ones(len(key), bool)
+    head[1:] = key[1:] != key[:-1]
+    heads = np.flatnonzero(head)
+    first = np.minimum.reduceat(start, heads)
+    last = np.maximum.reduceat(start, heads)
+    members = np.diff(np.append(heads, len(key)))
+    segment = np.cumsum(head) - 1
+    wait = last[segment] - start
+    by_time = np.lexsort((c["start"], c["rank"]))
+    same = c["rank"][by_time][1:] == c["rank"][by_time][:-1]
+    previous = np.full(len(start), -1)
+    previous[by_time[1:][same]] = by_time[:-1][same]
+    return len(heads), float(wait.sum()), int(members.max()), int((previous >= 0).sum()), first
+
+
+def run_polars(c):
+    import polars as pl
+
+    frame = pl.DataFrame(c)
+    instances = frame.group_by(["group", "seq"]).agg(
+        pl.col("start").min().alias("first"), pl.col("start").max().alias("last"),
+        pl.len().alias("members"))
+    joined = frame.join(instances, on=["group", "seq"])
+    wait = joined.select((pl.col("last") - pl.col("start")).sum()).item()
+    timeline = frame.sort(["rank", "start"]).with_columns(
+        pl.col("start").shift(1).over("rank").alias("previous"))
+    return (instances.height, float(wait), int(instances["members"].max()),
+            int(timeline["previous"].is_not_null().sum()), None)
+
+
+def run_duckdb(c):
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads TO 2")
+    import pyarrow as pa
+
+    launches_table = pa.table(c)  # noqa: F841  (DuckDB reads it by name)
+    instances = con.execute(
+        "CREATE TABLE i AS SELECT \"group\", seq, min(start) AS first, max(start) AS last, "
+        "count(*) AS members FROM launches_table GROUP BY ALL")
+    count, members = con.execute("SELECT count(*), max(members) FROM i").fetchone()
+    wait = con.execute("SELECT sum(i.last - t.start) FROM launches_table t "
+                       "JOIN i USING (\"group\", seq)").fetchone()[0]
+    previous = con.execute("SELECT count(p) FROM (SELECT lag(start) OVER (PARTITION BY rank "
+                           "ORDER BY start) AS p FROM launches_table)").fetchone()[0]
+    del instances
+    return count, float(wait), int(members), int(previous), None
+
+
+def run_arrow(c):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = pa.table(c)
+    instances = table.group_by(["group", "seq"]).aggregate(
+        [("start", "min"), ("start", "max"), ("start", "count")])
+    joined = table.join(instances, ["group", "seq"])
+    wait = pc.sum(pc.subtract(joined["start_max"], joined["start"])).as_py()
+    order = pc.sort_indices(table, [("rank", "ascending"), ("start", "ascending")])
+    ranks = pc.take(table["rank"], order).to_numpy()
+    previous = int((ranks[1:] == ranks[:-1]).sum())  # (no windowed shift in Arrow compute)
+    return (instances.num_rows, float(wait), int(pc.max(instances["start_count"]).as_py()),
+            previous, None)
+
+
+ENGINES = {"numpy": run_numpy, "polars": run_polars, "duckdb": run_duckdb, "arrow": run_arrow}
+
+
+def child(engine: str, ranks: int, instances: int) -> None:
+    columns = launches(ranks, instances)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    count, wait, members, previous, _ = ENGINES[engine](columns)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"engine": engine, "seconds": round(seconds, 2),
+                      "peak_mib": round(peak), "added_mib": round(peak - base),
+                      "instances": count, "wait_sum_us": round(wait, 1),
+                      "most_members": members, "with_previous": previous}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=8192)
+    parser.add_argument("--instances", type=int, default=2000)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="also write the results here (JSON)")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.ranks, args.instances)
+        return 0
+    results = []
+    for engine in ENGINES:
+        done = subprocess.run([sys.executable, __file__, "--child", engine, "--ranks",
+                               str(args.ranks), "--instances", str(args.instances)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"{engine}: failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            continue
+        results.append(json.loads(done.stdout))
+        print(done.stdout.strip())
+    answers = {(r["instances"], r["most_members"], r["with_previous"]) for r in results}
+    summary = {"ranks": args.ranks, "instances_per_rank": args.instances,
+               "launches": args.ranks * args.instances, "same_answers": len(answers) == 1,
+               "results": results}
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(summary, handle, indent=1)
+    print(json.dumps({k: v for k, v in summary.items() if k != "results"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
