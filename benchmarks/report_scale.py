@@ -30,8 +30,9 @@ from autoannot.traces import rows, skew
 TP = 8  # the tensor-parallel group's size
 
 
-def write_rows(folder: Path, ranks: int, instances: int) -> float:
-    """The rows files; their total size in MiB."""
+def write_rows(folder: Path, ranks: int, instances: int, straggler: int | None = None) -> float:
+    """The rows files; their total size in MiB. ``straggler``: that rank alone is the late one
+    (35 us, at every 10th default-group instance)."""
     rng = np.random.default_rng(0)
     half = instances // 2
     seq = np.concatenate([np.arange(half), np.arange(instances - half)])
@@ -41,7 +42,8 @@ def write_rows(folder: Path, ranks: int, instances: int) -> float:
     for rank in range(ranks):
         offset = rng.choice([-1.0, 1.0]) * rng.uniform(1.5, 3.0)  # this rank's clock: fitted
         start = true_time + rng.uniform(0.0, 1.5, instances) + offset  # in step: < 2 us
-        late = (group == 0) & (seq % 10 == 0) & (seq % ranks == rank)
+        late = (group == 0) & (seq % 10 == 0) & (
+            seq % ranks == rank if straggler is None else np.full(instances, rank == straggler))
         start[late] = true_time[late] + 35.0 + offset
         end = true_time + 55.0 + rng.uniform(0.0, 0.5, instances) + offset
         columns = {

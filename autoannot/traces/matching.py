@@ -306,7 +306,7 @@ class _Launches:
     def __init__(self, total: int) -> None:
         import numpy as np
 
-        self.group = np.empty(total, np.int64)
+        self.group = np.empty(total, np.int32)
         self.seq = np.empty(total, np.int64)
         self.collective = np.empty(total, np.int32)
         self.size = np.empty(total, np.int64)
@@ -316,7 +316,7 @@ class _Launches:
         self.kernel = np.empty(total, bool)
         self.column = np.empty(total, np.int32)
         self.step = np.empty(total, np.int32)
-        self.dtype = np.empty(total, np.int32)
+        self.dtype = np.empty(total, np.int16)
 
 
 def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analysis:
@@ -360,7 +360,7 @@ def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analys
         here = slice(at, at + len(rows))
         at += len(rows)
         local_group = np.array([group_id[str(g["name"])] for g in rows.groups] or [0],
-                               dtype=np.int64)
+                               dtype=np.int32)
         # send and recv are one instance's two sides: compared as one
         local_collective = np.array(
             [collectives.setdefault("send/recv" if n in ("send", "recv") else n,
@@ -382,7 +382,7 @@ def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False) -> Analys
         launch.kernel[here] = c["kernel"]
         launch.step[here] = c["step"]
         local_dtype = np.array([dtypes.setdefault(d, len(dtypes)) for d in rows.dtypes] or [0],
-                               dtype=np.int32)
+                               dtype=np.int16)
         launch.dtype[here] = local_dtype[np.asarray(c["dtype"], dtype=np.intp)]
         launch.column[here] = column
         del c
@@ -409,7 +409,7 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     head[1:] = instance_key[1:] != instance_key[:-1]
     unique = instance_key[head]
     del instance_key
-    segment = np.cumsum(head) - 1  # each sorted launch's instance (all instances)
+    segment = np.cumsum(head, dtype=np.int64) - 1  # each sorted launch's instance
     first = np.flatnonzero(head)  # each instance's first sorted launch (its lowest rank)
     del head
     count = len(unique)
@@ -428,15 +428,20 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     problems = _problems(unique, conflict, valid & (members < needed), members, needed,
                          group_keys)
 
-    keep = order[valid[segment]]  # the valid instances' launches, in sorted order
-    instance_of = (np.cumsum(valid) - 1)[segment[valid[segment]]]
-    del order, segment
+    kept_launch = valid[segment]
+    keep = order[kept_launch]  # the valid instances' launches, in sorted order
+    del order
+    index_type = np.int32 if len(unique) < 2**31 else np.int64
+    instance_of = (np.cumsum(valid, dtype=np.int64) - 1).astype(index_type)[segment[kept_launch]]
+    del segment, kept_launch
     column = launch.column[keep]
     start = launch.start[keep]
     end = launch.end[keep]
     site = launch.site[keep]
     step = launch.step[keep]
     dtype = launch.dtype[keep]
+    # (the caller holds ``launch``: its columns go here, not with the name)
+    del launch.column, launch.start, launch.end, launch.site, launch.step, launch.dtype
     del launch, keep
     n = int(valid.sum())
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -452,6 +457,7 @@ def _match(launch: _Launches, ranks: list[int], group_keys: list[str], group_siz
     table.needed = needed[kept].astype(np.int32)
     table.step = (np.maximum.reduceat(step, offsets[:-1]) if n else np.zeros(0, np.int32))
     table.dtype = dtype[offsets[:-1]] if n else np.zeros(0, np.int32)
+    del coll, size, step, dtype  # (per launch: no longer needed)
     table.group_names, table.group_descs = group_keys, group_desc
     table.collective_names = [name for name, _ in sorted(collectives.items(),
                                                          key=lambda item: item[1])]
@@ -492,12 +498,16 @@ def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
     rank_bits = max(1, (width - 1).bit_length())
     group_bits = max(1, (groups - 1).bit_length())
     if group_bits + seq_bits + rank_bits <= 63:
-        composite = (group << (seq_bits + rank_bits)) | (seq << rank_bits) | column
+        composite = group.astype(np.int64) << (seq_bits + rank_bits)
+        composite |= seq << rank_bits
+        composite |= column
         order = np.argsort(composite)
         del composite
     else:
-        order = np.argsort((group << _SEQ_BITS) | seq, kind="stable")
-    return order, (group[order] << _SEQ_BITS) | seq[order]
+        order = np.argsort((group.astype(np.int64) << _SEQ_BITS) | seq, kind="stable")
+    key = group[order].astype(np.int64) << _SEQ_BITS
+    key |= seq[order]
+    return order, key
 
 
 def _problems(unique: Any, conflict: Any, partial: Any, members: Any, needed: Any,
@@ -532,8 +542,18 @@ def _missing(analysis: Analysis, instance_of: Any, group_keys: list[str], group_
 
     table, ranks, seq = analysis.table, analysis.ranks, analysis.seq
     assert table is not None
-    found = []
-    column = analysis.launch_column
+    found: list[dict[str, Any]] = []
+    if not len(table.group):
+        return found
+    # a group whose last instance every member reached is whole: only the others are read
+    # (instances are in (group, seq) order)
+    last = np.flatnonzero(np.r_[table.group[1:] != table.group[:-1], True])
+    short = table.group[last[table.members[last] < table.needed[last]]]
+    if not len(short):
+        return found
+    mine = np.flatnonzero(np.isin(table.group[instance_of], short))
+    column = analysis.launch_column[mine]
+    instance_of = instance_of[mine]
     group_of_launch = table.group[instance_of]
     order = np.lexsort((seq[instance_of], column, group_of_launch))
     g_sorted, c_sorted = group_of_launch[order], column[order]
@@ -678,8 +698,8 @@ def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
     table.blame = np.zeros(n)
     table.waited = np.zeros(n)
     table.warmup = np.zeros(n, dtype=bool)
-    analysis.launch_wait = np.zeros(len(start))
     if n == 0:
+        analysis.launch_wait = np.zeros(len(start))
         analysis.ranks_figures = [{"rank": r, "waited_us": 0.0, "others_waited_for_it_us": 0.0,
                                    "last_to_arrive": 0} for r in analysis.ranks]
         return
@@ -687,52 +707,90 @@ def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
     first = np.minimum.reduceat(start, heads)
     last = np.maximum.reduceat(start, heads)
     # the straggler: the last to arrive, the highest rank among equals; the first: the lowest
-    arrived_last = start == last[instance_of]
-    straggler = np.maximum.reduceat(np.where(arrived_last, column, -1), heads)
+    straggler = np.maximum.reduceat(np.where(start == last[instance_of], column, -1), heads)
     at_straggler = np.flatnonzero(column == straggler[instance_of])  # a launch per instance
     first_column = np.minimum.reduceat(np.where(start == first[instance_of], column, width),
                                        heads)
     at_first = np.flatnonzero(column == first_column[instance_of])
-    del arrived_last
-    straggler_end = np.full(n, np.nan)
-    straggler_end[instance_of[at_straggler]] = end[at_straggler]
+    straggler_end = end[at_straggler]
     skew = last - first
     transfer = straggler_end - last
     late = skew >= IN_STEP_US
-    # each rank's launches in its own time order: the previous one, the next one's entry
-    by_time = np.lexsort((start, column))
-    previous = np.full(len(start), -1, dtype=np.int64)
-    same = column[by_time][1:] == column[by_time][:-1]
-    previous[by_time[1:][same]] = by_time[:-1][same]
-    next_entry = np.full(len(start), np.nan)
-    next_entry[by_time[:-1][same]] = start[by_time[1:][same]]
-    # when each rank left: its end; where only its entry is known, the last arrival (no
-    # collective ends before it), or its next launch's entry where that came first (it had
-    # left: a gloo broadcast's receivers may)
-    left = np.where(np.isnan(end), np.fmin(last[instance_of], next_entry), end)
     # waits, bounded by each rank's own time in the collective less the transfer
-    waits = last[instance_of] - start
-    own = np.where(np.isnan(end), next_entry - start,
-                   end - start - np.nan_to_num(transfer, nan=0.0)[instance_of])
-    bounded = ~np.isnan(own)
-    waits[bounded] = np.clip(np.minimum(waits[bounded], own[bounded]), 0.0, None)
-    analysis.launch_wait = waits
-    if np.isnan(end).any():
+    # (min(last arrival, own end - transfer) - start, in two arrays' room)
+    bound = np.nan_to_num(transfer, nan=0.0)[instance_of]
+    np.subtract(end, bound, out=bound)  # NaN where only the entry is known: bounded below
+    waits = last[instance_of]
+    np.fmin(waits, bound, out=waits)
+    del bound
+    waits -= start
+    # each rank's launches in its own time order (a stable sort by rank, whose blocks are a
+    # few runs already in time order, one per group: then a merge of those runs)
+    index_type = np.int32 if len(start) < 2**31 else np.int64
+    by_rank = np.argsort(column, kind="stable")
+    if index_type is np.int32:
+        by_rank = by_rank.astype(np.int32)
+    low = float(start.min()) if len(start) else 0.0
+    span = float(start.max()) - low + 1.0 if len(start) else 1.0
+    key = column[by_rank] * span
+    key += start[by_rank]
+    key -= low
+    by_time = by_rank[np.argsort(key, kind="stable")]
+    del by_rank, key
+    position = np.empty(len(start), dtype=index_type)
+    position[by_time] = np.arange(len(start), dtype=index_type)
+    timeline = {"by_time": by_time, "position": position}  # (let go once the causes are known)
+    del by_time, position
+    entries_only = bool(np.isnan(end).any())
+
+    def neighbour(launch: Any, step: int) -> Any:
+        """The launch before (-1) or after (+1) each of ``launch`` on its rank; -1: none."""
+        by_time = timeline["by_time"]
+        at = timeline["position"][launch].astype(np.int64) + step
+        inside = (at >= 0) & (at < len(by_time))
+        found = np.full(len(launch), -1, dtype=np.int64)
+        found[inside] = by_time[at[inside]]
+        found[found >= 0] = np.where(column[found[found >= 0]] == column[launch[found >= 0]],
+                                     found[found >= 0], -1)
+        return found
+
+    if entries_only:  # known by entry alone: in it at most until its next entry
+        bare = np.flatnonzero(np.isnan(end))
+        after = neighbour(bare, +1)
+        bounded = after >= 0
+        waits[bare[bounded]] = np.fmin(waits[bare[bounded]],
+                                       start[after[bounded]] - start[bare[bounded]])
         analysis.notes.append(
-            f"{int(np.isnan(end).sum())} launches are known by their entry times alone (record "
-            "files): there is no transfer time for them, and their waits are bounded by the "
-            "rank's next entry only (upper bounds)")
+            f"{len(bare)} launches are known by their entry times alone (record files): there "
+            "is no transfer time for them, and their waits are bounded by the rank's next "
+            "entry only (upper bounds)")
+    np.maximum(waits, 0.0, out=waits)
+    analysis.launch_wait = waits
     total = np.add.reduceat(waits, heads)
     # warm-up: the first profiler step (ProfilerStep#0), and each group's first collective
     table.warmup = (table.step == 0) | (analysis.seq == 0)
-    before_last, before_first = previous[at_straggler], previous[at_first]
+
+    def left(launch: Any) -> Any:
+        """When each of ``launch`` left its collective: its end; where only its entry is known,
+        the last arrival (no collective ends before it), or its next launch's entry where that
+        came first (it had left: a gloo broadcast's receivers may)."""
+        when = end[launch].copy()
+        bare = np.isnan(when)
+        if bare.any():
+            after = neighbour(launch[bare], +1)
+            nxt = np.where(after >= 0, start[np.maximum(after, 0)], np.nan)
+            when[bare] = np.fmin(last[instance_of[launch[bare]]], nxt)
+        return when
+
+    before_last, before_first = neighbour(at_straggler, -1), neighbour(at_first, -1)
     known = (before_last >= 0) & (before_first >= 0) & late
     carried = np.zeros(n)
     # (no more than the previous collective was itself held up: a rank that simply has more
     # to do between its collectives is late by itself, not by what came before)
     came_from = instance_of[before_last[known]]
-    carried[known] = np.clip(left[before_last[known]] - left[before_first[known]], 0.0,
+    carried[known] = np.clip(left(before_last[known]) - left(before_first[known]), 0.0,
                              np.minimum(skew[known], skew[came_from]))
+    timeline.clear()
     # the cause of each late instance: its own straggler, or the cause of the instance the
     # straggler came from where most of its lateness was carried from there
     parent = np.arange(n)

@@ -145,6 +145,8 @@ def plan_outputs(inputs: list[Path], output: str | None, fmt: str | None) -> lis
 
 def check_outputs(inputs: list[Path], outputs: list[Path]) -> None:
     """Refuse outputs that are an input, or the output of another input."""
+    if not outputs:
+        return
     read = {os.path.realpath(p): p for p in inputs}
     written: dict[str, Path] = {}
     for out in outputs:

@@ -58,16 +58,17 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     if not len(f.group):
         return []
     dtype = f.dtype if f.dtype is not None else np.zeros(len(f.group), np.int32)
-    keys = np.stack([f.group.astype(np.int64), f.collective.astype(np.int64),
-                     dtype.astype(np.int64), f.size_bytes])
-    unique, inverse = np.unique(keys, axis=1, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(unique.shape[1] + 1))
+    keys = (f.group, f.collective, dtype, f.size_bytes)
+    order = np.lexsort(keys[::-1])  # (one sort: np.unique over rows of keys is far slower)
+    changes = np.zeros(len(order), dtype=bool)
+    changes[0] = True
+    for key in keys:
+        changes[1:] |= key[order][1:] != key[order][:-1]
+    bounds = np.append(np.flatnonzero(changes), len(order))
     rows = []
-    for k in range(unique.shape[1]):
+    for k in range(len(bounds) - 1):
         mine = order[bounds[k]:bounds[k + 1]]
-        group, collective, dtype_code, size = (int(v) for v in unique[:, k])
+        group, collective, dtype_code, size = (int(key[mine[0]]) for key in keys)
         transfers = f.transfer[mine]
         transfers = transfers[~np.isnan(transfers) & (transfers > 0)]
         members = int(f.members[mine[0]])
@@ -96,6 +97,9 @@ def _launches(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
 
 #: Groups offered in the heat map's menu, those with the most waiting first.
 MAX_HEAT_GROUPS = 64
+#: The heat map's most rows; a larger group's members are drawn in blocks (each cell the
+#: largest of its block).
+MAX_HEAT_ROWS = 128
 
 
 def _heat_map(analysis: Analysis) -> tuple[Any, str]:
@@ -110,7 +114,6 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     f = analysis.figures()
     late = start - first[instance]
     unit, scale = ("ms", 1e3) if np.nanmax(late, initial=0.0) >= 1e3 else ("us", 1.0)
-    group_of = f.group[instance]
     has_steps = bool((f.step >= 0).any())
     # the groups by the waiting that began in them (then by skew), at most MAX_HEAT_GROUPS
     weight = np.bincount(f.group, weights=f.blame, minlength=len(f.group_names))
@@ -120,30 +123,42 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     chosen = present[np.lexsort((present, -worst[present], -weight[present]))][:MAX_HEAT_GROUPS]
     figure = go.Figure()
     labels = []
-    order = np.argsort(group_of, kind="stable")
-    bounds = np.searchsorted(group_of[order], np.arange(len(f.group_names) + 1))
+    # a group's instances are consecutive (by group, then seq), and so are their launches
+    first_instance = np.searchsorted(f.group, np.arange(len(f.group_names) + 1))
+    launch_at = analysis.offsets[first_instance]
     tallest = 1
+    width = len(analysis.ranks)
     for position, g in enumerate(chosen.tolist()):
-        mine = order[bounds[g]:bounds[g + 1]]
-        members, rows = np.unique(column[mine], return_inverse=True)
+        mine = np.arange(launch_at[g], launch_at[g + 1])
+        member = np.zeros(width, dtype=bool)
+        member[column[mine]] = True
+        members = np.flatnonzero(member)
+        rows = (np.cumsum(member) - 1)[column[mine]]
+        # more members than a page has room for: blocks of consecutive members, each cell the
+        # largest of its block (a late rank is never averaged away, nor drawn thinner than a
+        # pixel)
+        block = max(1, -(-len(members) // MAX_HEAT_ROWS))
+        rows = rows // block
         if has_steps:
             key = f.step[instance[mine]]
             axis_title = "profiler step"
-        else:  # instances of the group in the order they started, in at most 200 bins
-            in_time = np.argsort(np.argsort(first[instance[mine]], kind="stable"),
-                                 kind="stable")
-            key = in_time * 200 // max(1, len(in_time))
+        else:  # the group's instances in the order they started, in at most 200 bins
+            own = np.arange(first_instance[g], first_instance[g + 1])
+            in_time = np.empty(len(own), dtype=np.int64)
+            in_time[np.argsort(first[own], kind="stable")] = np.arange(len(own))
+            bins = min(200, len(own))
+            key = in_time[instance[mine] - first_instance[g]] * bins // max(1, len(own))
             axis_title = "the group's instances, in the order they started (binned)"
         steps, cols = np.unique(key, return_inverse=True)
-        cells = np.full((len(members), len(steps)), -np.inf)
+        cells = np.full((-(-len(members) // block), len(steps)), -np.inf)
         np.maximum.at(cells, (rows.reshape(-1), cols.reshape(-1)), late[mine] / scale)
         cells[np.isneginf(cells)] = np.nan
         name = f"{f.group_descs[g] or '?'} ({f.group_names[g]})"
         labels.append(name)
-        tallest = max(tallest, len(members))
+        tallest = max(tallest, len(cells))
         figure.add_trace(go.Heatmap(
             z=cells, x=[str(s) for s in steps.tolist()],
-            y=[f"rank {analysis.ranks[c]}" for c in members.tolist()],
+            y=_block_labels([analysis.ranks[c] for c in members.tolist()], block),
             colorscale="Inferno", zmin=0, visible=position == 0, name=name,
             colorbar={"title": {"text": f"late ({unit})"}},
             hovertemplate=f"%{{y}}<br>{'step' if has_steps else 'bin'} %{{x}}<br>late "
@@ -161,11 +176,21 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
             f"{'profiler step' if has_steps else 'stretch of instances'}: its arrival minus "
             "the first rank's, the most of the step's instances. Bright cells are the ranks "
             "the others waited for. One group at a time (the menu, top right): first the "
-            "group where the most waiting began.")
+            "group where the most waiting began. A group of more than "
+            f"{MAX_HEAT_ROWS} ranks is drawn in blocks of ranks, each cell the largest of its "
+            "block (a late rank is never averaged away).")
     if len(present) > len(chosen):
         note += (f" The menu holds the {len(chosen)} groups with the most waiting of "
                  f"{len(present)}.")
     return figure, note
+
+
+def _block_labels(ranks: list[int], block: int) -> list[str]:
+    """'rank 5' per row, or 'ranks 608-615' per block of ``block`` ranks."""
+    if block == 1:
+        return [f"rank {r}" for r in ranks]
+    return [f"ranks {ranks[k]}-{ranks[min(len(ranks), k + block) - 1]}"
+            for k in range(0, len(ranks), block)]
 
 
 def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, str] | None:
