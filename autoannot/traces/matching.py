@@ -178,14 +178,6 @@ class Analysis:
                                                 self.launch_wait[part].tolist(),
                                                 self.launch_site[part].tolist(), strict=True)]
 
-    def launch_arrays(self) -> tuple[Any, Any, Any, Any]:
-        """Every rank's part in every instance: (instance, column, start, end), by instance."""
-        import numpy as np
-
-        counts = np.diff(self.offsets)
-        return (np.repeat(np.arange(len(counts)), counts), self.launch_column,
-                self.launch_start, self.launch_end)
-
     def summary_of(self, instance: Instance) -> tuple[int | None, float, float | None, float]:
         """(straggler or None when in step, skew, transfer or None, last arrival)."""
         f, i = self.figures(), instance.index

@@ -147,7 +147,10 @@ def check_outputs(inputs: list[Path], outputs: list[Path]) -> None:
     """Refuse outputs that are an input, or the output of another input."""
     if not outputs:
         return
-    read = {os.path.realpath(p): p for p in inputs}
+    # (an input an output can be: its name, or a link; thousands of inputs: no realpath each)
+    names = {Path(os.path.realpath(out)).name for out in outputs} | {out.name for out in outputs}
+    read = {os.path.realpath(p): p for p in inputs
+            if Path(p).name in names or os.path.islink(p)}
     written: dict[str, Path] = {}
     for out in outputs:
         key = os.path.realpath(out)

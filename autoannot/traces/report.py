@@ -88,11 +88,12 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     return rows
 
 
-def _launches(analysis: Analysis) -> tuple[Any, Any, Any, Any, Any]:
-    """Every launch's (instance, column, start, end), and each instance's first arrival."""
-    instance, column, start, end = analysis.launch_arrays()
-    figures = analysis.figures()
-    return instance, column, start, end, figures.last - figures.skew
+def _instances_of(analysis: Analysis, launches: Any) -> Any:
+    """The instance of each of ``launches`` (indices into the launch arrays, which are in
+    instance order): no array over every launch is made."""
+    import numpy as np
+
+    return np.searchsorted(analysis.offsets, launches, side="right") - 1
 
 
 #: Groups offered in the heat map's menu, those with the most waiting first.
@@ -110,10 +111,10 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     import numpy as np
     import plotly.graph_objects as go
 
-    instance, column, start, _, first = _launches(analysis)
     f = analysis.figures()
-    late = start - first[instance]
-    unit, scale = ("ms", 1e3) if np.nanmax(late, initial=0.0) >= 1e3 else ("us", 1.0)
+    column, start = analysis.launch_column, analysis.launch_start
+    first = f.last - f.skew
+    unit, scale = ("ms", 1e3) if np.nanmax(f.skew, initial=0.0) >= 1e3 else ("us", 1.0)
     has_steps = bool((f.step >= 0).any())
     # the groups by the waiting that began in them (then by skew), at most MAX_HEAT_GROUPS
     weight = np.bincount(f.group, weights=f.blame, minlength=len(f.group_names))
@@ -130,6 +131,8 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     width = len(analysis.ranks)
     for position, g in enumerate(chosen.tolist()):
         mine = np.arange(launch_at[g], launch_at[g + 1])
+        instance = _instances_of(analysis, mine)
+        late = start[mine] - first[instance]
         member = np.zeros(width, dtype=bool)
         member[column[mine]] = True
         members = np.flatnonzero(member)
@@ -140,18 +143,18 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
         block = max(1, -(-len(members) // MAX_HEAT_ROWS))
         rows = rows // block
         if has_steps:
-            key = f.step[instance[mine]]
+            key = f.step[instance]
             axis_title = "profiler step"
         else:  # the group's instances in the order they started, in at most 200 bins
             own = np.arange(first_instance[g], first_instance[g + 1])
             in_time = np.empty(len(own), dtype=np.int64)
             in_time[np.argsort(first[own], kind="stable")] = np.arange(len(own))
             bins = min(200, len(own))
-            key = in_time[instance[mine] - first_instance[g]] * bins // max(1, len(own))
+            key = in_time[instance - first_instance[g]] * bins // max(1, len(own))
             axis_title = "the group's instances, in the order they started (binned)"
         steps, cols = np.unique(key, return_inverse=True)
         cells = np.full((-(-len(members) // block), len(steps)), -np.inf)
-        np.maximum.at(cells, (rows.reshape(-1), cols.reshape(-1)), late[mine] / scale)
+        np.maximum.at(cells, (rows.reshape(-1), cols.reshape(-1)), late / scale)
         cells[np.isneginf(cells)] = np.nan
         name = f"{f.group_descs[g] or '?'} ({f.group_names[g]})"
         labels.append(name)
@@ -207,12 +210,13 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
         f = analysis.figures()
         skew = np.where(f.warmup & ~analysis.warmup_counted, -1.0, f.skew)
         around = int(np.argmax(f.blame)) if f.blame.any() else int(np.argmax(skew))
-    instance, column, start, end, firsts = _launches(analysis)
-    late = start - firsts[instance]
+    f = analysis.figures()
+    column, start, end = analysis.launch_column, analysis.launch_start, analysis.launch_end
+    firsts = f.last - f.skew
     straggler = analysis.summary_of(instances[around])[0]
-    mine = instance == around
+    mine = np.arange(analysis.offsets[around], analysis.offsets[around + 1])
     waits = np.full(len(analysis.ranks), -1.0)
-    waits[column[mine]] = late[mine].max() - late[mine]
+    waits[column[mine]] = start[mine].max() - start[mine]
     picked: list[int] = []
     if straggler is not None:
         picked.append(analysis.ranks.index(straggler))
@@ -222,9 +226,10 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     step = max(1, len(rest) // max(1, TIMELINE_RANKS - len(picked)))
     picked += rest[::step][:max(0, TIMELINE_RANKS - len(picked))]
     picked.sort()
-    shown = np.isin(column, picked)
+    shown = np.flatnonzero(np.isin(column, picked))  # (their launches: a few per instance)
+    instance = _instances_of(analysis, shown)
     # the instances of those ranks nearest in time to the chosen one
-    candidates = np.unique(instance[shown])
+    candidates = np.unique(instance)
     by_time = candidates[np.argsort(firsts[candidates], kind="stable")]
     at = int(np.flatnonzero(by_time == around)[0])
     chosen = set(by_time[max(0, at - span): at + span + 1].tolist())
@@ -233,8 +238,10 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
         "wait": {"y": [], "base": [], "x": [], "text": []},
         "move": {"y": [], "base": [], "x": [], "text": []}}
     waits = analysis.launch_wait
-    for i in np.flatnonzero(shown & np.isin(instance, list(chosen))):
-        one = instances[int(instance[i])]
+    for i, index in zip(shown.tolist(), instance.tolist(), strict=True):
+        if index not in chosen:
+            continue
+        one = instances[index]
         label = f"rank {analysis.ranks[int(column[i])]}"
         what = f"{one.group_desc or one.group} #{one.seq} {one.collective}"
         waited = float(waits[i])  # (bounded by the rank's own time in it)
