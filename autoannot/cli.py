@@ -673,13 +673,17 @@ def build_parser() -> argparse.ArgumentParser:
     skew_ = sub.add_parser(
         "skew", help="per collective across ranks: who arrived last, who waited, the transfer",
         description="Line up each collective across its ranks (same process group, same place "
-        "in its sequence) from one trace per rank (eager NCCL, or graphed after `autoannot "
-        "annotate`) and/or the ranks' AUTOANNOT_RECORD files (*.jsonl: call sites; gloo "
-        "groups and sizes): per instance the last rank to arrive, the skew, each rank's wait "
-        "and the transfer time; per rank the time it waited and the time others waited for it. "
-        "Clock offsets between ranks are fitted on the instances' end times and reported.")
-    skew_.add_argument("inputs", nargs="+", metavar="TRACE_OR_RECORDS",
-                       help=f"{traces_help}; AUTOANNOT_RECORD files (*.jsonl)")
+        "in its sequence) from the rows each rank wrote at export (*.rows.parquet, *.rows), one "
+        "trace per rank (eager NCCL, or graphed after `autoannot annotate`) and/or the ranks' "
+        "AUTOANNOT_RECORD files (*.jsonl: call sites; gloo groups and sizes): missing ranks "
+        "first; per instance the last rank to arrive, the skew, each rank's wait (never more "
+        "than its own time in it) and the transfer; where each delay began, blamed once; per "
+        "rank the time it waited and the others' wait blamed on it. Clock offsets between "
+        "ranks are fitted on the instances' end times and reported. Exit 1 where ranks are "
+        "missing or collectives could not be matched.")
+    skew_.add_argument("inputs", nargs="+", metavar="ROWS_TRACES_OR_RECORDS",
+                       help="rows files (*.rows.parquet, *.rows), traces, AUTOANNOT_RECORD "
+                       "files (*.jsonl), or folders of them")
     skew_.add_argument("-o", "--output", metavar="FILE", action="append",
                        help="write one row per instance to FILE (.json; .csv: one row per "
                        "instance and rank); may be repeated")
@@ -699,15 +703,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report", help="one self-contained HTML page of the whole job: who was late, the "
         "stragglers, bandwidth per group, agreement, one step's timeline",
-        description="Line up every rank's collectives (as skew does: rows files written in "
-        "the job, *.rows; traces; AUTOANNOT_RECORD files; or a mix) and write one HTML page "
-        "that opens from disk with no network: a rank x instance heat map of lateness, the "
-        "stragglers ranked with their call sites, transfer time and bus bandwidth per group, "
-        "whether the ranks agree, and one step's timeline rank by rank (needs numpy and "
-        "plotly). Exit 1 where some collectives could not be matched (the page says which).")
+        description="Line up every rank's collectives (as skew does: rows written in the job, "
+        "*.rows.parquet or *.rows; traces; AUTOANNOT_RECORD files; or a mix) and write one HTML "
+        "page that opens from disk with no network: missing ranks first, where the most "
+        "waiting began, a heat map per group of its ranks x profiler steps, where each delay "
+        "began with its call site, the stragglers, transfer time and bus bandwidth per group "
+        "and dtype, whether the ranks agree, and one step's timeline rank by rank (needs numpy "
+        "and plotly; pyarrow for Parquet rows). Exit 1 where ranks are missing or some "
+        "collectives could not be matched (the page says which).")
     rep.add_argument("inputs", nargs="+", metavar="ROWS_TRACES_OR_RECORDS",
-                     help="rows files (*.rows), traces, AUTOANNOT_RECORD files (*.jsonl), or "
-                     "folders of them")
+                     help="rows files (*.rows.parquet, *.rows), traces, AUTOANNOT_RECORD files "
+                     "(*.jsonl), or folders of them")
     rep.add_argument("-o", "--output", required=True, metavar="HTML", help="the page (.html)")
     rep.add_argument("--include-warmup", action="store_true",
                        help="count warm-up (profiler step 0 and each group's first "
@@ -728,10 +734,12 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="do the ranks launch the same collectives in the same order?",
         description="Compare every rank's collective sequences, per captured graph and "
         "process group (ledgers, *.autoannot) and per process group eagerly (AUTOANNOT_RECORD "
-        "files, *.jsonl; or eager traces): the first place each diverges, with each rank's "
-        "collective, sizes, dtype and call site. Exit 1 if any diverges.")
-    check.add_argument("inputs", nargs="+", metavar="LEDGER_RECORDS_OR_TRACE",
-                       help="ledgers (*.autoannot), record files (*.jsonl), traces, or folders")
+        "files, *.jsonl; rows, *.rows.parquet and *.rows; or eager traces): ranks missing from "
+        "a group first, then the first place each diverges, with each rank's collective, sizes, "
+        "dtype and call site. Exit 1 if a rank is missing or any diverges.")
+    check.add_argument("inputs", nargs="+", metavar="LEDGERS_RECORDS_ROWS_OR_TRACES",
+                       help="ledgers (*.autoannot), record files (*.jsonl), rows "
+                       "(*.rows.parquet, *.rows), traces, or folders")
     check.add_argument("--run", metavar="RUN", help="the run of the job to compare, where "
                        "record files or rows hold several (they name each)")
     check.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")

@@ -189,9 +189,11 @@ def record_launches(path: Path, notes: list[str] | None = None
     return rank, by_run, record.host
 
 
-#: gloo's profiler range name -> the "Collective name"s of launches that run as it.
+#: gloo's profiler range name -> the "Collective name"s of launches that run as it (gloo runs
+#: a reduce-scatter of one tensor — FSDP2's gradients — as an all-reduce).
 _GLOO_NAMES = {
-    "all_reduce": {"allreduce", "allreduce_coalesced"},
+    "all_reduce": {"allreduce", "allreduce_coalesced", "_reduce_scatter_base",
+                   "reduce_scatter_tensor_coalesced"},
     "all_gather": {"all_gather", "_allgather_base", "allgather_into_tensor_coalesced"},
     "reduce_scatter": {"reduce_scatter", "_reduce_scatter_base",
                        "reduce_scatter_tensor_coalesced"},
