@@ -743,6 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--run", metavar="RUN", help="the run of the job to compare, where "
                        "record files or rows hold several (they name each)")
     check.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
+    check.add_argument("-q", "--quiet", action="store_true",
+                       help="no progress display (as every command takes; check shows none)")
     check.set_defaults(func=_check)
     plot = sub.add_parser("plot", help="a timeline picture: one band per rank, a lane per group",
                           description="Draw compute and each process group's collectives, "

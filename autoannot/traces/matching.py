@@ -504,23 +504,31 @@ def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
 
 def _problems(unique: Any, conflict: Any, partial: Any, members: Any, needed: Any,
               groups: list[str]) -> list[str]:
+    """The instances the ranks launched differently, one by one (up to ``LISTED_PROBLEMS``);
+    those some member ranks have no record of, one line per group (they are lined up on the
+    ranks present)."""
     import numpy as np
 
     problems: list[str] = []
-    bad = np.flatnonzero(conflict | partial)
+    bad = np.flatnonzero(conflict)
     for index in bad[:LISTED_PROBLEMS]:
         group = groups[int(unique[index] >> _SEQ_BITS)]
         seq = int(unique[index] & ((1 << _SEQ_BITS) - 1))
-        if conflict[index]:
-            problems.append(disagreement(group, seq, "on the collective or its size"))
-        else:
-            problems.append(f"group {group}, collective #{seq}: "
-                            f"{int(needed[index] - members[index])} of its {int(needed[index])} "
-                            "ranks have no trace or record of it: lined up on the "
-                            f"{int(members[index])} present")
+        problems.append(disagreement(group, seq, "on the collective or its size"))
     if len(bad) > LISTED_PROBLEMS:
-        problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances not matched "
-                        "on every rank")
+        problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances the ranks "
+                        "disagree on")
+    short = np.flatnonzero(partial)
+    for group_code in np.unique(unique[short] >> _SEQ_BITS).tolist():
+        mine = short[(unique[short] >> _SEQ_BITS) == group_code]
+        seqs = (unique[mine] & ((1 << _SEQ_BITS) - 1)).tolist()
+        size = int(needed[mine[0]])
+        fewest = int(members[mine].min())
+        shown = ", ".join(f"#{s}" for s in seqs[:5]) + (", ..." if len(seqs) > 5 else "")
+        problems.append(
+            f"group {groups[group_code]}: {count(len(seqs), 'collective')} ({shown}) some of "
+            f"its {size} ranks have no trace or record of (down to {fewest} present): lined up "
+            "on the ranks present")
     return problems
 
 
