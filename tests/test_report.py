@@ -407,3 +407,7 @@ def test_the_page_at_1024_ranks_names_the_planted_straggler(tmp_path: Path) -> N
     # its 10 late steps (every 10th of 100 instances, 5 a step) stand 10x over every cell
     # of the 1,023 others
     assert (cells[mine] > 10 * np.nanmax(others)).sum() == 10
+    # bandwidth: one row for the default group, one for its 128 tensor-parallel groups
+    table = text.split('class="groups"')[1].split("</table>")[0]
+    labels = re.findall(r"<tr><td>(.*?)</td>", table)
+    assert labels == ["default_pg (0)", "tensor_parallel (128 groups: tp0 ... tp127)"]

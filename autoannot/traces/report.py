@@ -391,12 +391,13 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
         parts.append("<p>None.</p>")
 
     parts.append("<h2>Transfer time and bus bandwidth per group</h2>")
-    by_group = group_rows(analysis)
+    by_group = _by_kind(group_rows(analysis))
     transfer_unit, transfer_scale = _unit([r["median_transfer_us"] for r in by_group])
     parts.append(_table(
         ["group", "collective", "dtype", "size", "instances", "ranks",
          f"median transfer ({transfer_unit})", "median bus bw (GB/s)"],
-        [[f"{r['group_desc'] or '?'} ({r['group']})", r["collective"], r["dtype"] or "?",
+        [[r.get("label") or f"{r['group_desc'] or '?'} ({r['group']})", r["collective"],
+          r["dtype"] or "?",
           _size(r["size_bytes"]), r["instances"], r["ranks"],
           "unknown" if r["median_transfer_us"] is None
           else f"{r['median_transfer_us'] / transfer_scale:.3g}",
@@ -405,7 +406,9 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     parts.append('<p class="note">The transfer is the last rank\'s own time in the collective, '
                  "from its arrival to its end (waiting is not bandwidth); bus bandwidth uses "
                  "nccl-tests' factors. Unknown where only entry times are known (record files "
-                 "alone). gloo's times are CPU ranges.</p>")
+                 "alone). gloo's times are CPU ranges. Groups of one description and size (a "
+                 "job's tensor-parallel groups) share a row: its median is the median of their "
+                 "medians (<code>autoannot summary</code> lists each group).</p>")
 
     parts.append("<h2>Do the ranks agree?</h2>")
     if analysis.problems:
@@ -431,6 +434,36 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
             f"<title>{html.escape(heading)}</title><style>{_STYLE}</style>"
             f"<script>{_CHECK}</script><script>{get_plotlyjs()}</script></head><body>"
             + "\n".join(parts) + "</body></html>\n")
+
+
+def _by_kind(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of groups that share a description and size (tp0 ... tp1023) as one row each per
+    collective, dtype and size: instances added up, the median of the groups' medians."""
+    import statistics
+
+    from autoannot.traces.matching import natural_key
+
+    kinds: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        kind = (r["group_desc"] or r["group"], r["ranks"], r["collective"], r["dtype"],
+                r["size_bytes"])
+        kinds.setdefault(kind, []).append(r)
+    merged = []
+    for members in kinds.values():
+        if len(members) == 1 or not members[0]["group_desc"]:
+            merged += members
+            continue
+        names = sorted((r["group"] for r in members), key=natural_key)
+        known = [r for r in members if r["median_transfer_us"] is not None]
+        merged.append({**members[0], "group": names[0],
+                       "label": f"{members[0]['group_desc']} ({len(members)} groups: "
+                                f"{names[0]} ... {names[-1]})",
+                       "instances": sum(r["instances"] for r in members),
+                       "median_transfer_us": statistics.median(
+                           r["median_transfer_us"] for r in known) if known else None,
+                       "median_busbw_gbps": statistics.median(
+                           r["median_busbw_gbps"] for r in known) if known else None})
+    return merged
 
 
 def _unit(values_us: list[float | None]) -> tuple[str, float]:
