@@ -340,11 +340,13 @@ def encode_parquet(rows: Rows) -> bytes:
             pa.array(names or [""], pa.string()))
 
     def constant(value: Any, kind: Any) -> Any:
-        return pa.array([value] * count, kind)
+        return pa.repeat(pa.scalar(value, kind), count)
 
     groups = rows.groups
     group_codes = c["group"].astype(np.int32)
-    ranks_of = [g.get("ranks") if isinstance(g.get("ranks"), list) else None for g in groups]
+    # each row's group's ranks: the groups' lists, taken by code (no Python list a row)
+    ranks_of = pa.array([g.get("ranks") if isinstance(g.get("ranks"), list) else None
+                         for g in groups] or [None], pa.list_(pa.int32()))
     end = c["end_us"].astype(np.float64)
     timed_by = np.where(c["kernel"].astype(bool), 0, np.where(np.isnan(end), 2, 1))
     table = pa.table({
@@ -354,8 +356,7 @@ def encode_parquet(rows: Rows) -> bytes:
         "group_desc": strings(group_codes, [str(g.get("desc", "")) for g in groups]),
         "group_size": pa.array(np.array([int(g.get("size", 1)) for g in groups] or [1],
                                         np.int32)[group_codes], pa.int32()),
-        "group_ranks": pa.array([ranks_of[g] for g in group_codes.tolist()],
-                                pa.list_(pa.int32())),
+        "group_ranks": ranks_of.take(pa.array(group_codes)),
         "seq": pa.array(c["seq"].astype(np.int64)),
         "collective": strings(c["collective"], rows.collectives),
         "dtype": strings(c["dtype"], rows.dtypes),

@@ -1,0 +1,56 @@
+"""What writing a rank's rows at export costs on a large trace: the steps ``export.write_rows``
+takes after torch has written the trace — read it back and annotate it through its ledger (a
+graphed trace), make the rows, write them (Parquet, or autoannot's own columns) — each timed,
+on one generated trace (``benchmarks/trace_tool.py``'s: replays of two CUDA graphs among CPU
+operator events).
+
+    python benchmarks/export_rows.py [--events N]
+
+Prints one line of JSON. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> int:
+    import trace_tool
+
+    from autoannot.traces import annotate, rows, skew
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, _, _ = trace_tool.generate(Path(tmp), args.events)
+        figures: dict[str, object] = {"events": args.events,
+                                      "trace_mib": round(trace.stat().st_size / 2**20)}
+        started = time.perf_counter()
+        readable = Path(tmp) / "scratch" / trace.name
+        readable.parent.mkdir()
+        annotate.annotate_file(trace, readable)
+        figures["read_back_and_annotate_s"] = round(time.perf_counter() - started, 2)
+        started = time.perf_counter()
+        made = skew.rows_of_trace(readable)
+        figures["make_rows_s"] = round(time.perf_counter() - started, 2)
+        figures["rows"] = len(made)
+        for name, write, path in (("parquet", rows.write_parquet, "t.rows.parquet"),
+                                  ("binary", rows.write, "t.rows")):
+            started = time.perf_counter()
+            write(made, Path(tmp) / path)
+            figures[f"write_{name}_s"] = round(time.perf_counter() - started, 3)
+            figures[f"{name}_kib"] = round((Path(tmp) / path).stat().st_size / 1024)
+        print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
