@@ -65,6 +65,25 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_lines(path: str | os.PathLike[str], lines: Iterator[str]) -> None:
+    """``atomic_write_text`` of text made a piece at a time (never all held at once)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = _temporary(folder)
+    except OSError as exc:
+        raise _named(exc, path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.writelines(lines)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise _named(exc, path) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
 #: The top-level key of every trace autoannot writes: what it was annotated from. Tools read it
 #: to never take an output for an input (``annotate``) or for a second trace of a rank.
 MARKER = "autoannotAnnotated"

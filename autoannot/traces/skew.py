@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -579,22 +579,35 @@ CSV_FIELDS = ("group", "group_desc", "seq", "collective", "size_bytes", "straggl
 
 
 def write_json(analysis: Analysis, path: Path) -> None:
-    """One row per instance (built one at a time: a million-row job fits in memory)."""
-    parts = (json.dumps(analysis.row(instance)) for instance in analysis.instances)
-    files.atomic_write_text(str(path), "[\n" + ",\n".join(parts) + "\n]\n")
+    """One row per instance, each made and written in turn (a job of a million instances of
+    thousands of ranks is never held as one text)."""
+    def pieces() -> Iterator[str]:
+        yield "["
+        for number, instance in enumerate(analysis.instances):
+            yield ("\n" if number == 0 else ",\n") + json.dumps(analysis.row(instance))
+        yield "\n]\n"
+
+    files.atomic_write_lines(str(path), pieces())
 
 
 def write_csv(analysis: Analysis, path: Path) -> None:
-    """One CSV row per instance and rank."""
+    """One CSV row per instance and rank, written an instance at a time."""
     import csv
     import io
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(CSV_FIELDS)
-    for instance in analysis.instances:
-        row = analysis.row(instance)
-        head = [row[k] for k in CSV_FIELDS[:9]]
-        for rank, part in row["ranks"].items():
-            writer.writerow([*head, rank, part["start_us"], part["wait_us"], part["call_site"]])
-    files.atomic_write_text(str(path), buffer.getvalue())
+    def pieces() -> Iterator[str]:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(CSV_FIELDS)
+        for instance in analysis.instances:
+            row = analysis.row(instance)
+            head = [row[k] for k in CSV_FIELDS[:9]]
+            for rank, part in row["ranks"].items():
+                writer.writerow([*head, rank, part["start_us"], part["wait_us"],
+                                 part["call_site"]])
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+        yield buffer.getvalue()
+
+    files.atomic_write_lines(str(path), pieces())
