@@ -411,3 +411,28 @@ def test_the_page_at_1024_ranks_names_the_planted_straggler(tmp_path: Path) -> N
     table = text.split('class="groups"')[1].split("</table>")[0]
     labels = re.findall(r"<tr><td>(.*?)</td>", table)
     assert labels == ["default_pg (0)", "tensor_parallel (128 groups: tp0 ... tp127)"]
+
+
+def test_rows_of_version_1_still_read(tmp_path: Path, capsys) -> None:
+    """Rows files written before steps and dtypes (version 1, made by 9141d7a from the committed
+    2 x H200 graph traces: ``tests/data/rows_v1``) are read as they were: the same instances,
+    stragglers and skews as the traces give now, with no step and no dtype known."""
+    from autoannot.traces import annotate
+
+    old = sorted((Path(__file__).parent / "data" / "rows_v1").glob("*.rows"))
+    assert [json.loads(p.read_bytes().split(b"\n")[1])["version"] for p in old] == [1, 1]
+    assert all(rows.read(p).columns["step"].tolist() == [-1] * 36 for p in old)
+    from_old = skew.analyze_files([], [], rows=old)
+    data = Path(__file__).parent / "data" / "gpu" / "graphs"
+    traces = []
+    for rank in (0, 1):
+        traces.append(tmp_path / f"graph_rank{rank}.json")
+        annotate.annotate_file(data / f"graph_rank{rank}.json", traces[-1])
+    from_traces = skew.analyze_files(traces, [])
+    assert len(from_old.instances) == len(from_traces.instances) == 36
+    for a, b in zip(from_old.rows(), from_traces.rows(), strict=True):
+        assert (a["group"], a["seq"], a["collective"], a["straggler"], a["skew_us"]) == (
+            b["group"], b["seq"], b["collective"], b["straggler"], b["skew_us"])
+        assert a["dtype"] == "" and a["step"] == -1
+    assert cli.main(["skew", "-q", str(old[0].parent)]) == 0
+    capsys.readouterr()
