@@ -221,3 +221,14 @@ def test_a_fifo_in_a_folder_is_skipped_never_opened(jobs, capsys, tmp_path: Path
     assert json.loads(captured.out)["origins"][0]["rank"] == truth.PLANTED_RANK["compute"]
     assert "stray.rows: not a regular file" in captured.err
     assert "stray.jsonl: not a regular file" in captured.err
+
+
+def test_the_page_shows_the_planted_step(jobs, tmp_path: Path) -> None:
+    """The page's axis is the profiler's steps, and its one-step view is the step where the
+    most waiting began: the planted one."""
+    out, _ = jobs["compute"]
+    page = tmp_path / "page.html"
+    assert cli.main(["report", "-q", str(out), "-o", str(page)]) == 0
+    text = page.read_text()
+    assert f"Profiler step {truth.PLANTED_STEP}: the " in text
+    assert '"title":{"text":"profiler step"}' in text  # (the heat map's x axis)

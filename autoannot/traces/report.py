@@ -230,6 +230,9 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     instance = _instances_of(analysis, shown)
     # the instances of those ranks nearest in time to the chosen one
     candidates = np.unique(instance)
+    profiler_step = int(f.step[around])
+    if profiler_step >= 0:  # one profiler step: the instances of the chosen one's step
+        candidates = candidates[f.step[candidates] == profiler_step]
     by_time = candidates[np.argsort(firsts[candidates], kind="stable")]
     at = int(np.flatnonzero(by_time == around)[0])
     chosen = set(by_time[max(0, at - span): at + span + 1].tolist())
@@ -271,9 +274,11 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
                                 "categoryarray": [f"rank {analysis.ranks[c]}" for c in picked]},
                          legend={"orientation": "h"})
     i = instances[around]
-    note = (f"The {len(chosen)} instances nearest in time to #{i.seq} of "
+    note = (f"{f'Profiler step {profiler_step}: t' if profiler_step >= 0 else 'T'}he "
+            f"{len(chosen)} "
+            f"instances nearest in time to #{i.seq} of "
             f"{i.group_desc or i.group} ({i.collective}, the "
-            f"{'chosen instance' if given else 'where the most waiting began'}), on "
+            f"{'chosen instance' if given else 'instance where the most waiting began'}), on "
             f"{len(picked)} of {len(analysis.ranks)} ranks: the straggler, those that waited "
             "most, and others spread over the job. Grey: waiting for the last rank to arrive "
             "(never more than the rank's own time in the collective); blue: the rest of its "
