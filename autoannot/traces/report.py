@@ -160,7 +160,8 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
         labels.append(name)
         tallest = max(tallest, len(cells))
         figure.add_trace(go.Heatmap(
-            z=cells, x=[str(s) for s in steps.tolist()],
+            z=cells, x=[("0 (warm-up)" if s == 0 and has_steps else str(s))
+                        for s in steps.tolist()],
             y=_block_labels([analysis.ranks[c] for c in members.tolist()], block),
             colorscale="Inferno", zmin=0, visible=position == 0, name=name,
             colorbar={"title": {"text": f"late ({unit})"}},
