@@ -20,6 +20,13 @@ def pytest_configure(config: pytest.Config) -> None:
     import tempfile
 
     os.environ["AUTOANNOT_NATIVE_DIR"] = tempfile.mkdtemp(prefix="autoannot-no-native-")
+    # Nothing in the user's home: matplotlib's font cache and config, and what the browser
+    # the page tests open keeps (dconf, crash reports), go to this run's temporary folder
+    # (the variables reach every process the tests start).
+    home = tempfile.mkdtemp(prefix="autoannot-test-home-")
+    for variable, name in (("MPLCONFIGDIR", "matplotlib"), ("XDG_CACHE_HOME", "cache"),
+                           ("XDG_CONFIG_HOME", "config")):
+        os.environ[variable] = os.path.join(home, name)
 
 
 @pytest.fixture(scope="session")

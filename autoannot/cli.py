@@ -32,10 +32,6 @@ import autoannot
 
 HOOK_DIR = Path(__file__).parent / "_hook"
 
-
-def count(number: int, noun: str) -> str:
-    """'1 trace', '3 traces'."""
-    return f"{number} {noun}" + ("" if number == 1 else "s")
 FORCE_HELP = "write over an output file autoannot did not write (by default refused)"
 DONE, INCOMPLETE, BAD_INPUT = 0, 1, 2
 
@@ -351,6 +347,8 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
             have_rows.add(os.path.realpath(found))
     through_rows = [t for t, found in beside.items() if found is not None]
     if through_rows:
+        from autoannot.traces.matching import count
+
         _say(command, f"{count(len(through_rows), 'trace')} read through the rows written "
              f"beside them in the job ({', '.join(p.name for p in through_rows[:3])}"
              f"{', ...' if len(through_rows) > 3 else ''})")
@@ -462,6 +460,8 @@ def _skew(args: argparse.Namespace) -> int:
         _say("skew", "no collective instance across ranks in these inputs")
         return INCOMPLETE
     if analysis.missing:
+        from autoannot.traces.matching import count
+
         _say("skew", f"ranks are missing from {count(len(analysis.missing), 'group')} (named "
              "above)")
         return INCOMPLETE
@@ -504,6 +504,8 @@ def _check(args: argparse.Namespace) -> int:
         print(json.dumps({"ranks": ranks, "sequences_compared": compared, "missing": missing,
                           "divergences": [d.as_dict() for d in divergences]}, indent=1))
     else:
+        from autoannot.traces.matching import count
+
         for line in missing:
             print(f"MISSING: {line}")
         for divergence in divergences:

@@ -109,6 +109,23 @@ def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",
     return [res["ok"] for res in results]
 
 
+def run_job(fn: Callable[..., Any], world: int, out: Path, args: tuple = (),
+            timeout_s: float = 300) -> list[Any]:
+    """``run_ranks`` as users run a job: ``AUTOANNOT=1`` and ``AUTOANNOT_RECORD`` into ``out``
+    (``rank{rank}.jsonl``) in the ranks' environment, this process's restored after."""
+    saved = {k: os.environ.get(k) for k in ("AUTOANNOT", "AUTOANNOT_RECORD")}
+    os.environ["AUTOANNOT"] = "1"
+    os.environ["AUTOANNOT_RECORD"] = f"{out}/rank{{rank}}.jsonl"
+    try:
+        return run_ranks(fn, world, "gloo", args, timeout_s=timeout_s)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def launch_on_gpus(worker: Callable[..., Any], world: int, out: Path) -> bool:
     """``worker(rank, world, out_dir, port)`` on ``world`` GPUs (the GPU scripts), with NCCL's
     multicast paths off as the lent machines need. False, with a message, if there are too few

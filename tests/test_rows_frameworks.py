@@ -5,12 +5,11 @@ lined up, every collective of the record file there."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from harness import run_ranks, skip_if_torch_cannot, torch_cannot
+from harness import run_job, skip_if_torch_cannot, torch_cannot
 
 from autoannot import cli
 from autoannot.traces import rows
@@ -41,17 +40,7 @@ def fsdp2_steps(rank: int, world: int, out: str) -> dict:
 
 
 def test_fsdp2_reduce_scatters_on_gloo_become_rows(tmp_path: Path, capsys) -> None:
-    saved = {k: os.environ.get(k) for k in ("AUTOANNOT", "AUTOANNOT_RECORD")}
-    os.environ["AUTOANNOT"] = "1"
-    os.environ["AUTOANNOT_RECORD"] = f"{tmp_path}/rank{{rank}}.jsonl"
-    try:
-        results = run_ranks(fsdp2_steps, 2, "gloo", (str(tmp_path),))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    results = run_job(fsdp2_steps, 2, tmp_path, (str(tmp_path),))
     skip_if_torch_cannot(results)
     made = sorted(tmp_path.glob("trace_rank?.rows*"))
     assert len(made) == 2, sorted(p.name for p in tmp_path.iterdir())

@@ -14,7 +14,6 @@ plant, never from the tools themselves.
 from __future__ import annotations
 
 import inspect
-import os
 import time
 import warnings
 from pathlib import Path
@@ -94,20 +93,9 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
 def run(kind: str, out: Path) -> list[dict[str, Any]]:
     """Run the ``kind`` job into ``out`` (traces, record files and rows as the job writes
     them); each rank's result."""
-    from harness import run_ranks
+    from harness import run_job
 
-    saved = {k: os.environ.get(k) for k in ("AUTOANNOT", "AUTOANNOT_RECORD")}
-    os.environ["AUTOANNOT"] = "1"
-    os.environ["AUTOANNOT_RECORD"] = f"{out}/rank{{rank}}.jsonl"
-    try:
-        return run_ranks(train, WORLD, "gloo", (str(out), kind),
-                         timeout_s=30 if kind == "hang" else 300)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return run_job(train, WORLD, out, (str(out), kind), timeout_s=30 if kind == "hang" else 300)
 
 
 if __name__ == "__main__":  # python tests/truth_jobs.py KIND OUT: a job to look at by hand

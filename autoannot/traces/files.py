@@ -39,14 +39,20 @@ def _named(exc: OSError, path: str | os.PathLike[str]) -> OSError:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write to a temporary file in the same folder, then rename: never a half-written file.
     An error names ``path``, not the temporary file."""
+    _atomic(path, "wb", lambda out: out.write(data))
+
+
+def _atomic(path: str | os.PathLike[str], mode: str, write: Callable[[Any], Any]) -> None:
+    """``write(file)`` into a temporary file beside ``path`` opened with ``mode``, renamed to
+    ``path`` once written; removed on any failure, whose error names ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = _temporary(folder)
     except OSError as exc:
         raise _named(exc, path) from None
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as out:
+            write(out)
         os.replace(tmp, path)
     except OSError as exc:
         _remove(tmp)
@@ -67,21 +73,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def atomic_write_lines(path: str | os.PathLike[str], lines: Iterator[str]) -> None:
     """``atomic_write_text`` of text made a piece at a time (never all held at once)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = _temporary(folder)
-    except OSError as exc:
-        raise _named(exc, path) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.writelines(lines)
-        os.replace(tmp, path)
-    except OSError as exc:
-        _remove(tmp)
-        raise _named(exc, path) from None
-    except BaseException:
-        _remove(tmp)
-        raise
+    _atomic(path, "w", lambda out: out.writelines(lines))
 
 
 #: The top-level key of every trace autoannot writes: what it was annotated from. Tools read it

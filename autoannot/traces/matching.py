@@ -57,7 +57,7 @@ class Figures:
     """Per instance, as numpy arrays: its group and collective (codes into the name lists),
     size, member ranks present and the group's size, profiler step (-1: none known), skew,
     straggler (a column of ``Analysis.ranks``; -1: in step), transfer (NaN: unknown), last
-    arrival, the others' total wait, the lateness carried from the straggler's previous
+    arrival, the lateness carried from the straggler's previous
     collective, the instance where the delay began (``cause``; -1: none), the wait blamed on
     this instance as a cause, and whether it is warm-up (left out of the ranking)."""
 
@@ -71,7 +71,6 @@ class Figures:
     last: Any
     needed: Any = None
     step: Any = None
-    waited: Any = None
     carried: Any = None
     cause: Any = None
     blame: Any = None
@@ -262,10 +261,6 @@ class Analysis:
         """Per rank: time waiting in collectives, and the others' wait blamed on it."""
         assert self.ranks_figures is not None
         return self.ranks_figures
-
-
-#: The name the array analysis had when there were two.
-RowsAnalysis = Analysis
 
 
 def disagreement(group: str, seq: int, how: str) -> str:
@@ -696,7 +691,6 @@ def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
     table.cause = np.full(n, -1, dtype=np.int64)
     table.carried = np.zeros(n)
     table.blame = np.zeros(n)
-    table.waited = np.zeros(n)
     table.warmup = np.zeros(n, dtype=bool)
     if n == 0:
         analysis.launch_wait = np.zeros(len(start))
@@ -817,7 +811,6 @@ def _figures(analysis: Analysis, instance_of: Any, width: int) -> None:
     table.cause = np.where(late, root, -1)
     table.carried = carried
     table.blame = blame
-    table.waited = total
     waited = np.bincount(column, weights=waits, minlength=width)
     caused = np.bincount(straggler[blame > 0], weights=blame[blame > 0], minlength=width)
     times_late = np.bincount(straggler[counted], minlength=width)
