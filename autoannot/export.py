@@ -38,39 +38,56 @@ def write_ledger(trace_path: str, agent: Any) -> str | None:
     return ledgers.write(trace_path, document)
 
 
-def write_rows(trace_path: str, agent: Any, annotated: bool = False) -> str | None:
+class Exported:
+    """The trace this rank just exported, read once into memory: its events' index
+    (``annotate.Scan``) and, where it replays graphs this process captured, their annotation
+    (``annotate.Patches``, from the ledger). Rows and the in-place annotation both come from
+    it: the trace is neither written to a temporary nor read again."""
+
+    def __init__(self, trace_path: str, lanes: bool = False) -> None:
+        from pathlib import Path
+
+        from autoannot.traces import annotate
+        from autoannot.traces import ledger as ledgers
+        from autoannot.traces.files import Trace
+
+        self.path = Path(trace_path)
+        self.trace = Trace(self.path)
+        self.scan = annotate.Scan.of(self.trace)
+        self.patches: Any = None
+        self.report: Any = None
+        self.ledger_file: Any = None
+        if ledgers.find(trace_path) is not None:
+            with contextlib.suppress(annotate.NothingToAnnotate):  # (no replay: as it is)
+                self.report, self.patches, self.ledger_file = annotate.prepare(
+                    self.trace, self.scan, lanes=lanes)
+
+    def annotate_in_place(self) -> bool:
+        """Write the annotation into the trace (atomically); whether there was one."""
+        if self.patches is None:
+            return False
+        from autoannot.traces import annotate
+
+        annotate.write(self.trace, self.patches, self.path, self.report, self.ledger_file)
+        return True
+
+
+def write_rows(trace_path: str, agent: Any, exported: Exported | None = None) -> str | None:
     """The rows of the trace this rank just exported (``traces.rows``), beside it, joined
     with this process's record file (its run): call sites, and gloo's groups and sizes. A
-    graphed trace with a ledger is read as ``annotate`` would write it (a temporary beside
-    it). None where the trace holds no collective."""
+    graphed trace's kernels are read as ``annotate`` annotates them, in memory (``exported``:
+    the trace as read already). None where the trace holds no collective."""
     import socket
-    import tempfile
     from pathlib import Path
 
-    from autoannot.traces import ledger as ledgers
     from autoannot.traces import rows, skew
 
     journal = next((j for j in agent.state.journals if j.path is not None), None)
-    readable = Path(trace_path)
-    scratch = None
-    if not annotated and ledgers.find(trace_path) is not None:
-        from autoannot.traces import annotate
-
-        scratch = tempfile.TemporaryDirectory(prefix=".autoannot-rows-",
-                                              dir=os.path.dirname(os.path.abspath(trace_path)))
-        candidate = Path(scratch.name) / readable.name
-        try:
-            annotate.annotate_file(readable, candidate)
-            readable = candidate
-        except annotate.NothingToAnnotate:  # (no replay in it: read it as it is)
-            pass
-    try:
-        made = skew.rows_of_trace(readable, None if journal is None else Path(journal.path),
-                             run=None if journal is None else journal.run,
-                             host=socket.gethostname())
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
+    exported = exported or Exported(trace_path)
+    made = skew.rows_of_trace(exported.path, None if journal is None else Path(journal.path),
+                              run=None if journal is None else journal.run,
+                              host=socket.gethostname(),
+                              scanned=(exported.trace, exported.scan, exported.patches))
     if made is None:
         return None
     made.source = Path(trace_path).name
@@ -84,32 +101,35 @@ def write_rows(trace_path: str, agent: Any, annotated: bool = False) -> str | No
 
 
 def _after_export(agent: Any) -> Any:
-    """``export_chrome_trace``'s wrapper: the ledger file, then (if asked) the annotation."""
+    """``export_chrome_trace``'s wrapper: the ledger file; then the trace read once, to
+    annotate it in place (if asked) and to write its rows."""
 
     def after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
         path = args[0] if args else kwargs.get("path")
         if path is None or not agent.state.live:
             return result
+        from autoannot import diagnostics
+        from autoannot.traces.files import TraceError
+
         settings = agent.config
-        annotated = False
+        exported = None
         try:
-            if write_ledger(path, agent) is not None and settings.annotate_on_export:
-                from autoannot.traces import annotate
-
-                with contextlib.suppress(annotate.NothingToAnnotate):  # no replay traced
-                    annotate.annotate_file(path, path, lanes=settings.lanes)
-                    annotated = True
+            ledger = write_ledger(path, agent)
+            if settings.rows_on_export or (ledger is not None and settings.annotate_on_export):
+                exported = Exported(path, lanes=settings.lanes)
+                if settings.annotate_on_export:
+                    exported.annotate_in_place()
+        except TraceError as exc:  # the trace is exported; it could not be read or annotated
+            diagnostics.say_once(f"export:{exc}", f"autoannot: {path}: no annotation or rows: "
+                                 f"{exc}")
+            return result
         except Exception as exc:  # the trace is exported; our part failed
-            from autoannot import diagnostics
-
             diagnostics.warn_once("export_chrome_trace", "writing the autoannot ledger", exc)
-        if settings.rows_on_export:
-            from autoannot import diagnostics
-            from autoannot.traces.files import TraceError
-
+            return result
+        if settings.rows_on_export and exported is not None:
             try:
-                write_rows(path, agent, annotated)
+                write_rows(path, agent, exported)
             except TraceError as exc:  # the trace's collectives could not be made rows
                 diagnostics.say_once(f"rows:{exc}", f"autoannot: no rows written beside {path}: "
                                      f"{exc}")

@@ -1,8 +1,13 @@
-"""What writing a rank's rows at export costs on a large trace: the steps ``export.write_rows``
-takes after torch has written the trace — read it back and annotate it through its ledger (a
-graphed trace), make the rows, write them (Parquet, or autoannot's own columns) — each timed,
-on one generated trace (``benchmarks/trace_tool.py``'s: replays of two CUDA graphs among CPU
-operator events).
+"""What writing a rank's rows at export adds on a large trace, the way ef300d4 did it and the
+way it is done now — each timed, on one generated trace (``benchmarks/trace_tool.py``'s:
+replays of two CUDA graphs among CPU operator events, and its ledger):
+
+- before (to ef300d4): annotate the trace into a temporary file through its ledger, read that
+  back and make the rows (``annotate_file`` + ``rows_of_trace`` of the temporary);
+- now (``export.Exported``): read the trace once, annotate it in memory, make the rows from
+  what is in memory.
+
+Then the rows are written (Parquet, or autoannot's own columns).
 
     python benchmarks/export_rows.py [--events N]
 
@@ -24,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> int:
     import trace_tool
 
+    from autoannot import export
     from autoannot.traces import annotate, rows, skew
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,11 +43,16 @@ def main() -> int:
         readable = Path(tmp) / "scratch" / trace.name
         readable.parent.mkdir()
         annotate.annotate_file(trace, readable)
-        figures["read_back_and_annotate_s"] = round(time.perf_counter() - started, 2)
+        before = skew.rows_of_trace(readable)
+        figures["before_s"] = round(time.perf_counter() - started, 2)
         started = time.perf_counter()
-        made = skew.rows_of_trace(readable)
-        figures["make_rows_s"] = round(time.perf_counter() - started, 2)
+        exported = export.Exported(str(trace))
+        made = skew.rows_of_trace(trace, scanned=(exported.trace, exported.scan,
+                                                  exported.patches))
+        figures["now_s"] = round(time.perf_counter() - started, 2)
         figures["rows"] = len(made)
+        figures["same_rows"] = {k: list(v) for k, v in made.columns.items()} == {
+            k: list(v) for k, v in before.columns.items()}
         for name, write, path in (("parquet", rows.write_parquet, "t.rows.parquet"),
                                   ("binary", rows.write, "t.rows")):
             started = time.perf_counter()

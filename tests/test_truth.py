@@ -232,3 +232,25 @@ def test_the_page_shows_the_planted_step(jobs, tmp_path: Path) -> None:
     text = page.read_text()
     assert f"Profiler step {truth.PLANTED_STEP}: the " in text
     assert '"title":{"text":"profiler step"}' in text  # (the heat map's x axis)
+
+
+def test_steps_are_read_from_a_trace_in_kinetos_streamed_layout(jobs, tmp_path: Path) -> None:
+    """A trace as Kineto writes it on a GPU build (one event per block, streamed, never parsed
+    whole) gives its collectives the same profiler steps as the same events parsed whole (its
+    ProfilerStep ranges were left out of the streamed pass)."""
+    from autoannot.traces import files
+
+    out, _ = jobs["compute"]
+    original = out / "trace_rank2.json"
+    document = json.loads(original.read_text())
+    head = {k: v for k, v in document.items() if k != "traceEvents"}
+    streamed = tmp_path / "trace_rank2.json"
+    streamed.write_text(json.dumps(head)[:-1] + ', "traceEvents": [\n  {\n'
+                        + files._SEPARATOR.join(files.dump_event(e)
+                                                for e in document["traceEvents"])
+                        + "\n  }\n  ]\n}")
+    assert files.Trace(streamed).head is not None  # (read in the streamed passes)
+    rank, _, gloo = skew.trace_launches(streamed)
+    _, _, expected = skew.trace_launches(original)
+    assert rank == 2 and [g[4] for g in gloo] == [g[4] for g in expected]
+    assert truth.PLANTED_STEP in {g[4] for g in gloo}

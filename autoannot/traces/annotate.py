@@ -73,7 +73,7 @@ class Report:
 def _wanted(chunk: str) -> bool:
     """Cheap first look at an event's text: might matching need it? (``annotate`` decides.)"""
     return "nccl" in chunk or "GraphLaunch" in chunk or REPLAY_PREFIX in chunk or (
-        '"thread_name"' in chunk) or '"gloo:' in chunk
+        '"thread_name"' in chunk) or '"gloo:' in chunk or '"ProfilerStep#' in chunk
 
 
 @dataclass
@@ -90,6 +90,9 @@ class Scan:
     nccl_kernels: int = 0
     nccl_with_args: int = 0  # eager kernels (or annotated already)
     gloo_collectives: int = 0  # gloo's profiler ranges ("gloo:all_reduce", ...)
+    nccl: list[int] = field(default_factory=list)  # every NCCL kernel, in trace order
+    gloo: list[int] = field(default_factory=list)  # every gloo range
+    steps: list[tuple[float, float, int]] = field(default_factory=list)  # ProfilerStep#N
 
     @classmethod
     def of(cls, trace: Trace) -> Scan:
@@ -100,6 +103,7 @@ class Scan:
             if cat == "kernel" and kernel_family(name):
                 scan.nccl_kernels += 1
                 scan.nccl_with_args += event.collective
+                scan.nccl.append(i)
                 if event.node:
                     scan.by_node.append(i)
                 scan.kernels[event.correlation].append(i)
@@ -110,6 +114,9 @@ class Scan:
                     (event.ts, event.ts + event.dur, name[len(REPLAY_PREFIX):]))
             elif cat == "user_annotation" and name.startswith("gloo:"):
                 scan.gloo_collectives += 1
+                scan.gloo.append(i)
+            elif name.startswith("ProfilerStep#") and name[13:].isdigit():
+                scan.steps.append((event.ts, event.ts + event.dur, int(name[13:])))
             elif cat == "ac2g" and event.ph == "f":
                 scan.flows[(event.tid, event.ts)].append(i)
             elif event.ph == "M" and name == "thread_name":
@@ -492,6 +499,16 @@ def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[
         raise TraceError(f"{trace_path}: no such file")
     trace = Trace(trace_path)
     scan = Scan.of(trace)
+    report, patches, ledger_file = prepare(trace, scan, ledger_path, lanes, force)
+    write(trace, patches, output, report, ledger_file)
+    return report
+
+
+def prepare(trace: Trace, scan: Scan, ledger_path: str | os.PathLike[str] | None = None,
+            lanes: bool = False, force: bool = False) -> tuple[Report, Patches, Path | None]:
+    """The annotation of a trace already scanned (``Scan.of``), in memory: its report, what
+    it changes (``Patches``) and the ledger it used. Raises as ``annotate_file``."""
+    trace_path = trace.path
     if ledger_path is not None:
         ledger_file: Path | None = Path(ledger_path)
         ledger = ledgers.load(ledger_file)
@@ -521,16 +538,21 @@ def annotate_file(trace_path: str | os.PathLike[str], output: str | os.PathLike[
         report.notes.append(f"{graph} left unannotated: {why} ({ledger_file}; --force uses "
                             "it anyway)" if not force else
                             f"{graph}: {why}; annotated anyway (--force)")
+    return report, patches, ledger_file
+
+
+def write(trace: Trace, patches: Patches, output: Path, report: Report,
+          ledger_file: Path | None) -> None:
+    """The annotated trace, to ``output`` (atomically; it may be the trace itself)."""
     if output.suffix == ".pftrace":
         from autoannot.traces import perfetto
 
         perfetto.write(trace.all_events(patches), output, trace.metadata())
     else:
-        marker = {"from": trace_path.name,
+        marker = {"from": trace.path.name,
                   "ledger": ledger_file.name if ledger_file is not None else None,
                   "annotated": report.kernels_annotated}
         trace.write(output, patches, marker)
-    return report
 
 
 def annotate_job(job: tuple[Path, Path, Path | None, bool, bool]) -> dict[str, Any]:

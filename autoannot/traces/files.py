@@ -379,11 +379,12 @@ class Event(NamedTuple):
     node: Any  # "graph node id"
     label: Any  # args "name" (thread names)
     collective: bool  # carries "Collective name" (an eager NCCL kernel, or annotated)
+    args: dict[str, Any] | None = None  # its args, kept only where it carries "Collective name"
 
     @staticmethod
     def parse(chunk: str) -> Event:
         """From Kineto's text of a kernel or runtime event: a regex where it fits, else JSON."""
-        head = _HEAD.match(chunk)
+        head = _HEAD.match(chunk) if '"Collective name"' not in chunk else None
         if head is not None:
             cat, name, pid, tid, ts, dur = head.groups()
             correlation = _CORRELATION.search(chunk)
@@ -392,8 +393,7 @@ class Event(NamedTuple):
             tid = int(tid) if tid.isdigit() else _number(tid)
             return Event(cat, "X", sys.intern(name), pid, tid, float(ts),
                          float(dur), int(correlation.group(1)) if correlation else None,
-                         int(node.group(1)) if node else None, None,
-                         '"Collective name"' in chunk)
+                         int(node.group(1)) if node else None, None, False)
         return Event.of(json.loads("{" + chunk + "}"))
 
     @staticmethod
@@ -403,7 +403,7 @@ class Event(NamedTuple):
                      event.get("pid"), event.get("tid"), float(event.get("ts", 0)),
                      float(event.get("dur", 0)), args.get("correlation"),
                      args.get("graph node id"), args.get("name"),
-                     "Collective name" in args)
+                     "Collective name" in args, args if "Collective name" in args else None)
 _CLOSING = "\n  }\n  ]"
 
 

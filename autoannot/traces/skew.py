@@ -66,42 +66,45 @@ GlooRange = tuple[str, float, float, float | None, int]
 def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange]]:
     """A trace's rank, its NCCL launches with collective args, and its gloo ranges in start
     order."""
-    from autoannot.traces.annotate import kernel_family
-    from autoannot.traces.units import DTYPE_BYTES
+    from autoannot.traces.annotate import Scan
 
     trace = files.Trace(path)
-    rank = trace.metadata().get("distributedInfo", {}).get("rank")
+    return launches_in(trace, Scan.of(trace))
+
+
+def launches_in(trace: files.Trace, scan: Any, patches: Any = None
+                ) -> tuple[int | None, list[Launch], list[GlooRange]]:
+    """``trace_launches`` of a trace already scanned (``annotate.Scan``), its graphed kernels
+    annotated by ``patches`` (``annotate.prepare``) where given: what the job holds in memory
+    at export, with no second reading of the trace."""
+    from autoannot.traces.units import DTYPE_BYTES
+
+    metadata = trace.metadata()
+    rank = metadata.get("distributedInfo", {}).get("rank")
     rank = rank if isinstance(rank, int) else None
-    kernels: list[tuple[float, float, dict[str, Any]]] = []
-    gloo: list[tuple[str, float, float, float | None]] = []
-    steps: list[tuple[float, float, int]] = []  # (start, end, N) of ProfilerStep#N
-    base = trace.metadata().get("baseTimeNanoseconds")  # Kineto's: its ts count from it
+    base = metadata.get("baseTimeNanoseconds")  # Kineto's: its ts count from it
     base_us = base / 1e3 if isinstance(base, int | float) and base > 0 else None
-    events = (trace.document["traceEvents"] if trace.document is not None
-              else (json.loads("{" + chunk + "}") for chunk in trace._chunks()
-                    if "nccl" in chunk or '"gloo:' in chunk))
-    for event in events:
-        if not isinstance(event, dict):
-            continue
-        cat, name = event.get("cat"), str(event.get("name", ""))
-        ts, dur = float(event.get("ts", 0)), float(event.get("dur", 0))
-        if name.startswith("ProfilerStep#") and name[13:].isdigit():
-            steps.append((ts, ts + dur, int(name[13:])))
-        elif cat == "user_annotation" and name.startswith("gloo:"):
-            gloo.append((name[len("gloo:"):], ts, ts + dur,
-                         None if base_us is None else base_us + ts))
-        elif cat == "kernel" and kernel_family(name):
-            args = event.get("args") or {}
-            if V.COLLECTIVE_NAME in args:
-                kernels.append((ts, ts + dur, args))
+    annotations = patches.kernels if patches is not None else {}
+    kernels: list[tuple[float, float, dict[str, Any]]] = []
+    for index in scan.nccl:
+        event = trace.event(index)
+        args = annotations[index][0] if index in annotations else event.args
+        if args and V.COLLECTIVE_NAME in args:
+            kernels.append((event.ts, event.ts + event.dur, args))
+    gloo = []
+    for index in scan.gloo:
+        event = trace.event(index)
+        gloo.append((event.name[len("gloo:"):], event.ts, event.ts + event.dur,
+                     None if base_us is None else base_us + event.ts))
     kernels.sort(key=lambda k: k[0])
     gloo.sort(key=lambda g: g[1])
-    step_of = _step_finder(steps)
+    step_of = _step_finder(scan.steps)
     members = {str(g.get("pg_name")): tuple(g["ranks"])
-               for g in trace.metadata().get("distributedInfo", {}).get("pg_config", [])
+               for g in metadata.get("distributedInfo", {}).get("pg_config", [])
                if isinstance(g, dict) and isinstance(g.get("ranks"), list)
                and len(g["ranks"]) == g.get("pg_size")}
     counters: dict[str, int] = defaultdict(int)
+    named: dict[Any, tuple[int, ...] | None] = {}  # (its ranks' text, size) -> ranks
     launches = []
     for start, end, args in kernels:
         group = str(args.get(V.PG_NAME, "?"))
@@ -111,11 +114,16 @@ def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange
         counters[group] += 1
         nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
         dtype = str(args.get(V.DTYPE, "?"))
+        listed = args.get(V.PG_RANKS)
+        key = (listed, args.get(V.GROUP_SIZE)) if isinstance(listed, str) else None
+        ranks = named[key] if key is not None and key in named else group_ranks(args)
+        if key is not None:
+            named[key] = ranks
         launches.append(Launch(
             rank if rank is not None else -1, group, seq, str(args[V.COLLECTIVE_NAME]),
             nelems * DTYPE_BYTES.get(dtype, 0), int(args.get(V.GROUP_SIZE, 1)), start, end,
             group_desc=str(args.get(V.PG_DESC, "")), kernel=True, step=step_of(start),
-            group_ranks=group_ranks(args) or members.get(group), dtype=dtype))
+            group_ranks=ranks or members.get(group), dtype=dtype))
     return rank, launches, [(*g, step_of(g[1])) for g in gloo]
 
 
@@ -295,15 +303,22 @@ def _alignment(kernels: list[Launch], records: list[Launch]) -> int | None:
 
 
 def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | None = None,
-             host: str | None = None) -> Any:
+                  host: str | None = None, scanned: tuple[Any, Any, Any] | None = None) -> Any:
     """One rank's rows from its exported trace (annotated or eager NCCL kernels, gloo's ranges)
     joined with its record file's lines of ``run`` (call sites; gloo's groups and sizes); None
-    where the trace holds no collective to make a row of."""
+    where the trace holds no collective to make a row of. ``scanned``: the trace as the job
+    holds it already, (``files.Trace``, ``annotate.Scan``, ``annotate.Patches`` or None)."""
     import os
 
     from autoannot.traces import rows
 
-    rank, launches, gloo = trace_launches(trace_path)
+    if scanned is None:
+        from autoannot.traces.annotate import Scan
+
+        trace = files.Trace(Path(trace_path))
+        scanned = (trace, Scan.of(trace), None)
+    trace = scanned[0]
+    rank, launches, gloo = launches_in(*scanned)
     recorded: list[Any] = []
     if record_path is not None and Path(record_path).is_file():
         record_rank, by_run, record_host = record_launches(Path(record_path))
@@ -322,7 +337,7 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
         raise files.TraceError("; ".join(problems) or f"{trace_path}: its {len(gloo)} gloo "
                                "collectives have no record file lines to name them (run with "
                                "AUTOANNOT_RECORD)")
-    base = files.Trace(trace_path).metadata().get("baseTimeNanoseconds")
+    base = trace.metadata().get("baseTimeNanoseconds")
     return rows.from_launches(joined, rank, run=run, host=host, clock="trace",
                          base_ns=base if isinstance(base, int) else None,
                          source=Path(trace_path).name,
