@@ -218,8 +218,8 @@ class Trace:
             raise TraceError(f"{self.path}: cannot read: {exc}") from None
         key = start.find(_EVENTS_KEY)
         opening = key + len(_EVENTS_KEY)
-        if key < 0 or not start.startswith("\n  {\n", opening):
-            return None
+        if key < 0 or not start.startswith('\n  {\n    "', opening):  # (json.dump's indent=1
+            return None                                               # is not Kineto's)
         return start[: opening + len("\n  {\n")]
 
     def _parse_whole(self) -> dict[str, Any]:
@@ -379,12 +379,14 @@ class Event(NamedTuple):
     node: Any  # "graph node id"
     label: Any  # args "name" (thread names)
     collective: bool  # carries "Collective name" (an eager NCCL kernel, or annotated)
-    args: dict[str, Any] | None = None  # its args, kept only where it carries "Collective name"
+    #: its args, kept only where it carries "Collective name", and for gloo's ranges
+    args: dict[str, Any] | None = None
 
     @staticmethod
     def parse(chunk: str) -> Event:
         """From Kineto's text of a kernel or runtime event: a regex where it fits, else JSON."""
-        head = _HEAD.match(chunk) if '"Collective name"' not in chunk else None
+        keep_args = '"Collective name"' in chunk or '"name": "gloo:' in chunk
+        head = _HEAD.match(chunk) if not keep_args else None
         if head is not None:
             cat, name, pid, tid, ts, dur = head.groups()
             correlation = _CORRELATION.search(chunk)
@@ -403,7 +405,9 @@ class Event(NamedTuple):
                      event.get("pid"), event.get("tid"), float(event.get("ts", 0)),
                      float(event.get("dur", 0)), args.get("correlation"),
                      args.get("graph node id"), args.get("name"),
-                     "Collective name" in args, args if "Collective name" in args else None)
+                     "Collective name" in args,
+                     args if "Collective name" in args or str(event.get("name", "")).startswith(
+                         "gloo:") else None)
 _CLOSING = "\n  }\n  ]"
 
 

@@ -39,7 +39,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoannot import vocabulary as V
 from autoannot.traces import files
@@ -58,9 +58,19 @@ from autoannot.traces.matching import count as count_of
 
 # --- reading -----------------------------------------------------------------------------------
 
-#: A gloo range: (name, start, end, start on the wall clock in us since the epoch, where the
-#: trace gives its time base, the profiler step it ran in or -1).
-GlooRange = tuple[str, float, float, float | None, int]
+class GlooRange(NamedTuple):
+    """One collective as gloo's profiler range shows it (``gloo:all_reduce``), on the worker
+    thread of its process group that ran it."""
+
+    name: str  # without "gloo:"
+    start: float
+    end: float
+    wall_us: float | None  # its start on the wall clock (us since the epoch), where known
+    step: int  # the profiler step it ran in; -1: none known
+    thread: Any = None
+    #: its input's bytes, where the profiler recorded shapes (``record_shapes=True``) and the
+    #: collective's input is its one tensor; else None
+    size_bytes: int | None = None
 
 
 def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange]]:
@@ -94,8 +104,9 @@ def launches_in(trace: files.Trace, scan: Any, patches: Any = None
     gloo = []
     for index in scan.gloo:
         event = trace.event(index)
-        gloo.append((event.name[len("gloo:"):], event.ts, event.ts + event.dur,
-                     None if base_us is None else base_us + event.ts))
+        gloo.append(GlooRange(event.name[len("gloo:"):], event.ts, event.ts + event.dur,
+                              None if base_us is None else base_us + event.ts, -1,
+                              event.tid, _input_bytes(event.args)))
     kernels.sort(key=lambda k: k[0])
     gloo.sort(key=lambda g: g[1])
     step_of = _step_finder(scan.steps)
@@ -124,7 +135,28 @@ def launches_in(trace: files.Trace, scan: Any, patches: Any = None
             nelems * DTYPE_BYTES.get(dtype, 0), int(args.get(V.GROUP_SIZE, 1)), start, end,
             group_desc=str(args.get(V.PG_DESC, "")), kernel=True, step=step_of(start),
             group_ranks=ranks or members.get(group), dtype=dtype))
-    return rank, launches, [(*g, step_of(g[1])) for g in gloo]
+    return rank, launches, [g._replace(step=step_of(g.start)) for g in gloo]
+
+
+#: Bytes of an element, by the profiler's "Input type" (c10's names).
+_INPUT_TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2,
+                     "long int": 8, "int": 4, "short int": 2, "signed char": 1,
+                     "unsigned char": 1, "bool": 1}
+
+
+def _input_bytes(args: dict[str, Any] | None) -> int | None:
+    """The bytes of a gloo range's one input tensor, where the profiler recorded its shape."""
+    dims, types = (args or {}).get("Input Dims"), (args or {}).get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list) or len(dims) != 1:
+        return None
+    shape, width = dims[0], _INPUT_TYPE_BYTES.get(types[0]) if types else None
+    if width is None or not isinstance(shape, list) or not all(isinstance(d, int)
+                                                                for d in shape):
+        return None
+    count = 1
+    for d in shape:
+        count *= d
+    return count * width
 
 
 def _step_finder(steps: list[tuple[float, float, int]]) -> Any:
@@ -235,17 +267,18 @@ def join(rank: int, traced: list[Launch], gloo: list[GlooRange],
             for kernel, record in zip(kernels, records[offset:], strict=False):
                 kernel.call_site = record.call_site
         return traced
-    if gloo:  # gloo: the ranges are the launches, in order; the records name them
-        offset = _gloo_alignment(gloo, recorded)
-        if offset is None:
+    if gloo:  # gloo: the ranges are the launches; the records name them
+        found = _gloo_alignment(gloo, recorded)
+        if found is None:
             problems.append(f"{where}: its {len(gloo)} gloo collectives do not line up with "
                             f"one stretch of the record file's {len(recorded)} (or with more "
                             "than one): give the record file alone")
             return []
-        return [Launch(rank, r.group, r.seq, r.collective, r.size_bytes, r.group_size, start,
-                       end, r.call_site, r.group_desc, step=step, group_ranks=r.group_ranks,
+        offset, pairs = found
+        return [Launch(rank, r.group, r.seq, r.collective, r.size_bytes, r.group_size, g.start,
+                       g.end, r.call_site, r.group_desc, step=g.step, group_ranks=r.group_ranks,
                        dtype=r.dtype)
-                for (_, start, end, _, step), r in zip(gloo, recorded[offset:], strict=False)]
+                for r, g in zip(recorded[offset:], (gloo[j] for j in pairs), strict=False)]
     return recorded
 
 
@@ -254,33 +287,82 @@ def join(rank: int, traced: list[Launch], gloo: list[GlooRange],
 WALL_CLOCK_TOLERANCE_US = 2000.0
 
 
-def _gloo_alignment(gloo: list[GlooRange], records: list[Launch]) -> int | None:
+def _gloo_alignment(gloo: list[GlooRange], records: list[Launch]
+                    ) -> tuple[int, list[int]] | None:
     """Where the trace's gloo ranges start in the record file (the profiler saw a window of
-    the run). Where both give wall-clock times (record files that say, traces with a time
-    base): the stretch whose collectives fit the ranges' names and each of whose launches
-    was entered just before its range started — exactly, a training loop's repeats are a step
-    apart. Else the stretch whose entry times keep the steadiest distance to the ranges'
-    starts (two clocks, one host). None where no stretch fits, or two fit alike."""
-    anchored = all(g[3] is not None for g in gloo) and all(r.wall_us is not None
-                                                             for r in records)
+    the run), and which range is each record's there (``_pair_gloo``). Where both give
+    wall-clock times (record files that say, traces with a time base): the stretch each of
+    whose launches was entered just before its range started — exactly, a training loop's
+    repeats are a step apart. Else the stretch whose entry times keep the steadiest distance
+    to the ranges' starts (two clocks, one host). None where no stretch fits, or two fit
+    alike."""
+    anchored = all(g.wall_us is not None for g in gloo) and all(r.wall_us is not None
+                                                                for r in records)
+    offsets = range(len(records) - len(gloo) + 1)
+    if anchored:  # a stretch begins with a launch entered before the first range started:
+        limit = min(g.wall_us for g in gloo) + WALL_CLOCK_TOLERANCE_US  # the latest few
+        offsets = [o for o in offsets if records[o].wall_us <= limit][-4 * PAIR_WINDOW:]
     fits = []
-    for offset in range(len(records) - len(gloo) + 1):
+    for offset in offsets:
         window = records[offset:offset + len(gloo)]
-        if not all(_fits_gloo(g[0], r.collective) for g, r in zip(gloo, window, strict=True)):
+        pairs = _pair_gloo(gloo, window)
+        if pairs is None:
             continue
         if anchored:
-            gaps = [g[3] - r.wall_us for g, r in zip(gloo, window, strict=True)]
+            gaps = [gloo[j].wall_us - r.wall_us for j, r in zip(pairs, window, strict=True)]
             if min(gaps) >= -WALL_CLOCK_TOLERANCE_US:
-                fits.append((max(gaps), offset))
+                fits.append((max(gaps), offset, pairs))
         else:
-            gaps = [g[1] - r.start_us for g, r in zip(gloo, window, strict=True)]
-            fits.append((max(gaps) - min(gaps), offset))
+            gaps = [gloo[j].start - r.start_us for j, r in zip(pairs, window, strict=True)]
+            fits.append((max(gaps) - min(gaps), offset, pairs))
     if not fits:
         return None
-    fits.sort()
+    fits.sort(key=lambda fit: fit[:2])
     if len(fits) > 1 and fits[1][0] < 2 * fits[0][0] + 50.0:
         return None  # ambiguous
-    return fits[0][1]
+    return fits[0][1], fits[0][2]
+
+
+#: How far apart in start order a range may be from its launch's place: gloo runs a group's
+#: queue on two worker threads, so two launches entered back to back may start swapped.
+PAIR_WINDOW = 8
+#: Collectives whose one input is as large as the record's message.
+_SAME_SIZE = frozenset({"allreduce", "broadcast", "reduce"})
+
+
+def _pair_gloo(gloo: list[GlooRange], records: list[Launch]) -> list[int] | None:
+    """Each record's range (an index into ``gloo``, in start order), by identity: the first
+    range not yet taken, among the next ``PAIR_WINDOW``, whose collective fits the record's,
+    whose input's size is the record's (where the profiler recorded shapes), and that ran on
+    a thread of the record's group (a gloo worker thread serves one group; preferred, not
+    required). None where a record has no such range."""
+    taken = [False] * len(gloo)
+    thread_group: dict[Any, str] = {}
+    first_free = 0
+    pairs = []
+    for record in records:
+        while first_free < len(gloo) and taken[first_free]:
+            first_free += 1
+        chosen = fallback = None
+        for j in range(first_free, min(len(gloo), first_free + PAIR_WINDOW)):
+            one = gloo[j]
+            if taken[j] or not _fits_gloo(one.name, record.collective):
+                continue
+            if (one.size_bytes is not None and record.collective in _SAME_SIZE
+                    and one.size_bytes != record.size_bytes):
+                continue
+            if thread_group.get(one.thread, record.group) == record.group:
+                chosen = j
+                break
+            if fallback is None:
+                fallback = j
+        chosen = chosen if chosen is not None else fallback
+        if chosen is None:
+            return None
+        taken[chosen] = True
+        thread_group.setdefault(gloo[chosen].thread, record.group)
+        pairs.append(chosen)
+    return pairs
 
 
 def _by_group(launches: list[Launch]) -> dict[str, list[Launch]]:
