@@ -137,7 +137,8 @@ def _complete(report: dict[str, Any]) -> bool:
 
 
 def _annotate(args: argparse.Namespace) -> int:
-    from autoannot.traces import annotate, files, parallel
+    from autoannot.traces import files, parallel
+    from autoannot.traces.read import annotate
 
     try:
         traces, outputs = _annotate_plan(args)
@@ -220,7 +221,8 @@ def _not_json_or_csv(outputs: list[Path]) -> str:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, paths, summary
+    from autoannot.traces import files, paths
+    from autoannot.traces.render import summary
 
     outputs = [Path(o) for o in args.output or []]
     wrong = _not_json_or_csv(outputs)
@@ -244,11 +246,12 @@ def _summary(args: argparse.Namespace) -> int:
             result.record_rows = summary.record_rows(records, args.run)
             result.notes = [n for n in result.notes if "AUTOANNOT_RECORD" not in n]
         if rows_files:
-            from autoannot.traces import report, skew
+            from autoannot.traces.analysis import lineup
+            from autoannot.traces.render import report
 
             try:
                 result.instance_rows = report.group_rows(
-                    skew.analyze_files([], [], run=args.run, rows=rows_files))
+                    lineup.analyze_files([], [], run=args.run, rows=rows_files))
             except ImportError:
                 return _bad_input("summary", "rows files need numpy: pip install numpy")
     except FileNotFoundError as exc:
@@ -292,7 +295,7 @@ def _split_records(arguments: list[str], rows: list[Path] | None = None,
     """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces; rows files
     (``*.rows``, folders' too) into ``rows`` where given. In folders, anything that is no
     regular file (a FIFO, a socket) is skipped, said, and never opened."""
-    from autoannot.traces.rows import is_rows, is_rows_name
+    from autoannot.traces.table.rows import is_rows, is_rows_name
 
     traces, records = [], []
     for argument in arguments:
@@ -331,7 +334,7 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
     """A cross-rank command's traces, record files and rows files. A folder's trace whose rows
     lie beside it (``NAME.rows``, written in the job) is read through its rows: said once."""
     from autoannot.traces import paths
-    from autoannot.traces.rows import rows_beside
+    from autoannot.traces.table.rows import rows_beside
 
     rows: list[Path] = []
     named, records = _split_records(arguments, rows, command)
@@ -347,7 +350,7 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
             have_rows.add(os.path.realpath(found))
     through_rows = [t for t, found in beside.items() if found is not None]
     if through_rows:
-        from autoannot.traces.matching import count
+        from autoannot.traces.analysis.matching import count
 
         _say(command, f"{count(len(through_rows), 'trace')} read through the rows written "
              f"beside them in the job ({', '.join(p.name for p in through_rows[:3])}"
@@ -380,7 +383,8 @@ def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
     """Each trace as ``skew`` can read it: a raw graphed trace with its ledger beside it is
     annotated into ``scratch`` first (as ``annotate`` would: its graphed kernels get their
     args); every other trace as it is."""
-    from autoannot.traces import annotate, files, ledger
+    from autoannot.traces import files
+    from autoannot.traces.read import annotate, ledger
 
     readable = []
     for position, trace in enumerate(traces):
@@ -402,7 +406,8 @@ def _lined_up(command: str, args: argparse.Namespace,
               outputs: list[Path]) -> tuple[Any, list[Path]]:
     """``skew``'s and ``report``'s analysis of their inputs (rows, traces, record files), and
     the inputs; or the exit status where there is none to make."""
-    from autoannot.traces import files, skew
+    from autoannot.traces import files
+    from autoannot.traces.analysis import lineup
 
     try:
         traces, records, rows = _cross_rank_inputs(command, args.inputs)
@@ -411,7 +416,7 @@ def _lined_up(command: str, args: argparse.Namespace,
         _check_written([*inputs, *_every_file(args.inputs)], outputs, args.force)
         with tempfile.TemporaryDirectory(prefix=f"autoannot-{command}-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
-            analysis = skew.analyze_files(readable, records, jobs=args.jobs,
+            analysis = lineup.analyze_files(readable, records, jobs=args.jobs,
                                           progress=not args.quiet, run=args.run, rows=rows,
                                           include_warmup=args.include_warmup)
             for said in (analysis.problems, analysis.notes):  # (name the user's files)
@@ -429,7 +434,7 @@ def _lined_up(command: str, args: argparse.Namespace,
 
 
 def _skew(args: argparse.Namespace) -> int:
-    from autoannot.traces import skew
+    from autoannot.traces.render import skew
 
     outputs = [Path(o) for o in args.output or []]
     wrong = _not_json_or_csv(outputs)
@@ -460,7 +465,7 @@ def _skew(args: argparse.Namespace) -> int:
         _say("skew", "no collective instance across ranks in these inputs")
         return INCOMPLETE
     if analysis.missing:
-        from autoannot.traces.matching import count
+        from autoannot.traces.analysis.matching import count
 
         _say("skew", f"ranks are missing from {count(len(analysis.missing), 'group')} (named "
              "above)")
@@ -469,7 +474,9 @@ def _skew(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, ledger, paths, sequences
+    from autoannot.traces import files, paths
+    from autoannot.traces.analysis import sequences
+    from autoannot.traces.read import ledger
 
     inputs: list[Path] = []
     try:
@@ -504,7 +511,7 @@ def _check(args: argparse.Namespace) -> int:
         print(json.dumps({"ranks": ranks, "sequences_compared": compared, "missing": missing,
                           "divergences": [d.as_dict() for d in divergences]}, indent=1))
     else:
-        from autoannot.traces.matching import count
+        from autoannot.traces.analysis.matching import count
 
         for line in missing:
             print(f"MISSING: {line}")
@@ -520,7 +527,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, skew
+    from autoannot.traces import files
+    from autoannot.traces.render import skew
 
     output = Path(args.output)
     if output.suffix not in (".html", ".htm"):
@@ -538,7 +546,7 @@ def _report(args: argparse.Namespace) -> int:
         return _bad_input("report", f"--instance {args.instance}: there are "
                           f"{len(analysis.instances)} instances (0-{len(analysis.instances) - 1})")
     from autoannot.traces import outputs as written
-    from autoannot.traces import report
+    from autoannot.traces.render import report
 
     names = [str(p) for p in inputs]
     try:
@@ -577,7 +585,7 @@ def _plot(args: argparse.Namespace) -> int:
     except files.TraceError as exc:
         return _bad_input("plot", str(exc))
     from autoannot.traces import outputs as written
-    from autoannot.traces import plot  # matplotlib itself is imported when drawing
+    from autoannot.traces.render import plot  # matplotlib itself is imported when drawing
 
     drawn: dict[str, Any] = {}
     try:

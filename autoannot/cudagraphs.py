@@ -152,7 +152,7 @@ class Captures:
         agent = self.agent
         if not agent.config.verify or not agent.state.live:
             return
-        from autoannot.traces import sequences
+        from autoannot.traces.analysis import sequences
 
         ledger = self.ledger_of(graph)
         if ledger is None:

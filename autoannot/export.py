@@ -33,7 +33,7 @@ def write_ledger(trace_path: str, agent: Any) -> str | None:
     document = ledger_document(agent)
     if document is None:
         return None
-    from autoannot.traces import ledger as ledgers  # at the first export, not at start-up
+    from autoannot.traces.read import ledger as ledgers  # at the first export, not at start-up
 
     return ledgers.write(trace_path, document)
 
@@ -47,9 +47,9 @@ class Exported:
     def __init__(self, trace_path: str, lanes: bool = False) -> None:
         from pathlib import Path
 
-        from autoannot.traces import annotate
-        from autoannot.traces import ledger as ledgers
         from autoannot.traces.files import Trace
+        from autoannot.traces.read import annotate
+        from autoannot.traces.read import ledger as ledgers
 
         self.path = Path(trace_path)
         self.trace = Trace(self.path)
@@ -66,7 +66,7 @@ class Exported:
         """Write the annotation into the trace (atomically); whether there was one."""
         if self.patches is None:
             return False
-        from autoannot.traces import annotate
+        from autoannot.traces.read import annotate
 
         annotate.write(self.trace, self.patches, self.path, self.report, self.ledger_file)
         return True
@@ -80,11 +80,12 @@ def write_rows(trace_path: str, agent: Any, exported: Exported | None = None) ->
     import socket
     from pathlib import Path
 
-    from autoannot.traces import rows, skew
+    from autoannot.traces.read import rank_files
+    from autoannot.traces.table import rows
 
     journal = next((j for j in agent.state.journals if j.path is not None), None)
     exported = exported or Exported(trace_path)
-    made = skew.rows_of_trace(exported.path, None if journal is None else Path(journal.path),
+    made = rank_files.rows_of_trace(exported.path, None if journal is None else Path(journal.path),
                               run=None if journal is None else journal.run,
                               host=socket.gethostname(),
                               scanned=(exported.trace, exported.scan, exported.patches))

@@ -3,9 +3,10 @@ polars, DuckDB and Arrow compute — wall time and peak memory, each engine in i
 
     python benchmarks/engines.py [--ranks 8192] [--instances 2000] [--out FILE]
 
-The core (``autoannot/traces/matching.py``): launches keyed by (group, seq, rank) matched into
-instances (one sort), per instance the first and last arrival and the member count; each
-launch's wait (last - its start); per rank, launches in time order and each one's previous.
+The core (``autoannot/traces/analysis/matching.py``): launches keyed by (group, seq, rank)
+matched into instances (one sort), per instance the first and last arrival and the member
+count; each launch's wait (last - its start); per rank, launches in time order and each one's
+previous.
 The launches are those of ``benchmarks/report_scale.py``: every rank in the default group and
 its 8-rank tensor-parallel group.
 
@@ -129,7 +130,7 @@ def _launches_of(c):
     after its instance's slot began: waits and transfers are real)."""
     import numpy as np
 
-    from autoannot.traces import matching
+    from autoannot.traces.analysis import matching
 
     launch = matching._Launches(len(c["rank"]))
     launch.group[:], launch.seq[:], launch.column[:] = c["group"], c["seq"], c["rank"]
@@ -145,7 +146,7 @@ def run_matcher(c):
     carried lateness, causes, blame, per-rank figures), in numpy."""
     import numpy as np
 
-    from autoannot.traces import matching
+    from autoannot.traces.analysis import matching
 
     launch = _launches_of(c)
     ranks = int(c["rank"].max()) + 1

@@ -30,7 +30,8 @@ def main() -> int:
     import trace_tool
 
     from autoannot import export
-    from autoannot.traces import annotate, rows, skew
+    from autoannot.traces.read import annotate, rank_files
+    from autoannot.traces.table import rows
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -43,11 +44,11 @@ def main() -> int:
         readable = Path(tmp) / "scratch" / trace.name
         readable.parent.mkdir()
         annotate.annotate_file(trace, readable)
-        before = skew.rows_of_trace(readable)
+        before = rank_files.rows_of_trace(readable)
         figures["before_s"] = round(time.perf_counter() - started, 2)
         started = time.perf_counter()
         exported = export.Exported(str(trace))
-        made = skew.rows_of_trace(trace, scanned=(exported.trace, exported.scan,
+        made = rank_files.rows_of_trace(trace, scanned=(exported.trace, exported.scan,
                                                   exported.patches))
         figures["now_s"] = round(time.perf_counter() - started, 2)
         figures["rows"] = len(made)

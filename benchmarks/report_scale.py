@@ -3,7 +3,7 @@ wall time and peak memory of each command, on this machine.
 
     python benchmarks/report_scale.py [--ranks 8192] [--instances 2000] [--dir DIR]
 
-Each rank's rows file (what a rank writes at trace export: ``autoannot/traces/rows.py``)
+Each rank's rows file (what a rank writes at trace export: ``autoannot/traces/table/rows.py``)
 holds N all-reduces of the default group and of its 8-rank tensor-parallel group; every 10th
 default-group instance has one rank 35 us late (rank = instance mod ranks); the others arrive
 within 1.5 us of each other; each rank's clock is off by 1.5-3 us. Also prints the rows of
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from autoannot.traces import rows, skew
+from autoannot.traces.read import rank_files
+from autoannot.traces.table import rows
 
 TP = 8  # the tensor-parallel group's size
 
@@ -91,11 +92,11 @@ def committed_rows() -> dict[str, object]:
             trace = data / name
             readable = trace
             if name.startswith("graph"):
-                from autoannot.traces import annotate
+                from autoannot.traces.read import annotate
 
                 readable = Path(tmp) / name
                 annotate.annotate_file(trace, readable)
-            one = skew.rows_of_trace(readable)
+            one = rank_files.rows_of_trace(readable)
             assert one is not None
             size = len(rows.encode(one))
             width = sum(rows._WIDTH[code] for _, code in rows.COLUMNS)

@@ -123,7 +123,7 @@ _RUNNER = textwrap.dedent("""
         t._fix_overlapping_timestamps(data)
         t.save_trace(data, Path(out))
     else:
-        from autoannot.traces import annotate as tracetool
+        from autoannot.traces.read import annotate as tracetool
         base = rss_kib()
         start = time.perf_counter()
         report = tracetool.annotate_file(trace, out)

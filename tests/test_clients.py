@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from autoannot import vocabulary as V
-from autoannot.traces import annotate
-from autoannot.traces import ledger as ledgers
+from autoannot.traces.read import annotate
+from autoannot.traces.read import ledger as ledgers
 
 DATA = Path(__file__).parent / "data" / "gpu"
 

@@ -433,8 +433,8 @@ def test_a_replay_of_5000_collectives_annotates(tmp_path) -> None:
     search goes back one step, with no recursion."""
     import json
 
-    from autoannot.traces import annotate
     from autoannot.traces.files import Trace
+    from autoannot.traces.read import annotate
 
     n = 5000
     kernel = "ncclDevKernel_{}_Sum_f32_RING_LL"

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from autoannot import cli
-from autoannot.traces import files, rows, skew
+from autoannot.traces import files
+from autoannot.traces.read import rank_files
+from autoannot.traces.table import rows
 
 DATA = Path(__file__).parent / "data" / "gloo_async"
 
@@ -43,7 +45,7 @@ def test_swapped_ranges_of_a_real_job_keep_their_own_collectives(rank: int) -> N
     assert job.swaps(trace) > 0  # (what the test is about is in the data)
     assert files.Trace(trace).head is None  # (json.dump's indent=1: read whole, not streamed)
     run = json.loads(record.read_text().splitlines()[0])["run"]
-    made = skew.rows_of_trace(trace, record, run=run)
+    made = rank_files.rows_of_trace(trace, record, run=run)
     assert len(made) == 200 and _timed_by_another(made, trace) == 0
     sizes = np.asarray(made.columns["size_bytes"])
     assert sorted(set(sizes.tolist())) == [job.SMALL * 4, job.LARGE * 4]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from autoannot import cli
-from autoannot.traces import ledger, outputs
+from autoannot.traces import outputs
+from autoannot.traces.read import ledger
 
 GRAPHS = Path(__file__).parent / "data" / "gpu" / "graphs"
 
@@ -96,7 +97,7 @@ def test_nothing_is_written_when_an_output_has_no_folder_to_go_in(job: Path,
 def test_nothing_is_written_when_a_later_output_fails(job: Path, tmp_path: Path,
                                                      monkeypatch) -> None:
     """(Also as root: the second output's write fails after the first was made.)"""
-    from autoannot.traces import summary
+    from autoannot.traces.render import summary
 
     def broken(rows: list, path: Path) -> None:
         raise OSError(28, "No space left on device", str(path))
@@ -155,7 +156,7 @@ def test_a_ledger_of_an_unknown_version_is_refused_by_name(job: Path, capsys) ->
 def test_the_summary_table_says_only_what_it_knows(job: Path, tmp_path: Path, capsys) -> None:
     """No "held up by rank 0 (0.00 ms)" (a wait below what the table shows is no hold-up), and
     a long group description is shortened, never the group's name in parentheses."""
-    from autoannot.traces.summary import _fit
+    from autoannot.traces.render.summary import _fit
 
     out = tmp_path / "out"
     assert cli.main(["annotate", "-q", str(job), "-o", f"{out}/"]) == 0

@@ -20,7 +20,10 @@ import torch.distributed as dist
 from harness import run_job
 
 from autoannot import cli
-from autoannot.traces import matching, rows, skew
+from autoannot.traces.analysis import lineup, matching
+from autoannot.traces.read import rank_files
+from autoannot.traces.render import skew
+from autoannot.traces.table import rows
 
 LATE_RANK, SLEEP_S, STEPS, PROFILED = 2, 0.25, 5, 3
 
@@ -133,14 +136,14 @@ def test_rows_answer_as_the_traces_and_record_files_they_came_from(job) -> None:
     """The same instances, stragglers and waits from the rows (whole-array matching) as from the
     traces and record files (skew's own path)."""
     out, _ = job
-    from_files = skew.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
+    from_files = lineup.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
     # the record files hold all five steps; the traces one: the rows hold that one
-    from_rows = skew.analyze_files([], [], rows=sorted(out.glob("*.rows.parquet")))
+    from_rows = lineup.analyze_files([], [], rows=sorted(out.glob("*.rows.parquet")))
     assert from_rows.rows() == from_files.rows()
     assert from_rows.per_rank() == from_files.per_rank()
     assert skew.format_report(from_rows) == skew.format_report(from_files)
     # the page's tables, from either
-    from autoannot.traces import report
+    from autoannot.traces.render import report
 
     assert report.stragglers(from_rows) == report.stragglers(from_files)
     by_key = lambda rows: sorted(rows, key=lambda r: (r["group"], r["collective"]))  # noqa: E731
@@ -272,7 +275,7 @@ def test_a_mix_of_rows_and_record_files_is_lined_up_on_one_clock(job) -> None:
     (entry times on the wall clock): put on one epoch, the late all-reduce is rank 2's, by the
     sleep; the other steps, which only the record files hold, are named as left out."""
     out, _ = job
-    analysis = skew.analyze_files([], [out / "rank2.jsonl", out / "rank3.jsonl"],
+    analysis = lineup.analyze_files([], [out / "rank2.jsonl", out / "rank3.jsonl"],
                                   rows=[out / "rank0.rows.parquet",
                                         out / "rank1.rows.parquet"])
     # (the default group: the pair of ranks 2 and 3 holds all five steps, from records alone)
@@ -314,7 +317,7 @@ def test_rows_of_a_graphed_trace_are_written_through_its_ledger(tmp_path: Path) 
     import agent_hooks as hooks
 
     from autoannot import export
-    from autoannot.traces import annotate
+    from autoannot.traces.read import annotate
 
     data = Path(__file__).parent / "data" / "gpu" / "graphs"
     for name in ("graph_rank1.json", "graph_rank1.autoannot"):
@@ -326,7 +329,7 @@ def test_rows_of_a_graphed_trace_are_written_through_its_ledger(tmp_path: Path) 
     annotated = tmp_path / "elsewhere" / "graph_rank1.json"
     annotated.parent.mkdir()
     annotate.annotate_file(tmp_path / "graph_rank1.json", annotated)
-    expected = skew.rows_of_trace(annotated)
+    expected = rank_files.rows_of_trace(annotated)
     got = rows.read(Path(written))
     assert got.rank == 1 and len(got) == len(expected) == 36
     assert {k: list(v) for k, v in got.columns.items()} == {
@@ -406,18 +409,18 @@ def test_rows_of_version_1_still_read(tmp_path: Path, capsys) -> None:
     """Rows files written before steps and dtypes (version 1, made by 9141d7a from the committed
     2 x H200 graph traces: ``tests/data/rows_v1``) are read as they were: the same instances,
     stragglers and skews as the traces give now, with no step and no dtype known."""
-    from autoannot.traces import annotate
+    from autoannot.traces.read import annotate
 
     old = sorted((Path(__file__).parent / "data" / "rows_v1").glob("*.rows"))
     assert [json.loads(p.read_bytes().split(b"\n")[1])["version"] for p in old] == [1, 1]
     assert all(rows.read(p).columns["step"].tolist() == [-1] * 36 for p in old)
-    from_old = skew.analyze_files([], [], rows=old)
+    from_old = lineup.analyze_files([], [], rows=old)
     data = Path(__file__).parent / "data" / "gpu" / "graphs"
     traces = []
     for rank in (0, 1):
         traces.append(tmp_path / f"graph_rank{rank}.json")
         annotate.annotate_file(data / f"graph_rank{rank}.json", traces[-1])
-    from_traces = skew.analyze_files(traces, [])
+    from_traces = lineup.analyze_files(traces, [])
     assert len(from_old.instances) == len(from_traces.instances) == 36
     for a, b in zip(from_old.rows(), from_traces.rows(), strict=True):
         assert (a["group"], a["seq"], a["collective"], a["straggler"], a["skew_us"]) == (

@@ -12,7 +12,7 @@ import torch
 from harness import run_job, skip_if_torch_cannot, torch_cannot
 
 from autoannot import cli
-from autoannot.traces import rows
+from autoannot.traces.table import rows
 
 
 def fsdp2_steps(rank: int, world: int, out: str) -> dict:

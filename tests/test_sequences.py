@@ -16,7 +16,7 @@ import torch.distributed as dist
 from harness import run_ranks
 
 from autoannot import cli
-from autoannot.traces import sequences
+from autoannot.traces.analysis import sequences
 
 DATA = Path(__file__).parent / "data" / "gpu"
 

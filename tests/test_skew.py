@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from harness import run_ranks
 
-from autoannot.traces import skew
+from autoannot.traces.analysis import lineup
 
 SLEEP_S = 0.3
 LATE_RANK, LATE_STEP, STEPS = 2, 3, 6
@@ -55,7 +55,7 @@ def late_rank_run(tmp_path_factory) -> tuple[Path, int]:
 
 def test_the_late_rank_is_named_at_its_call_site_with_its_delay(late_rank_run) -> None:
     out, line = late_rank_run
-    analysis = skew.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
+    analysis = lineup.analyze_files(sorted(out.glob("rank?.json")), sorted(out.glob("*.jsonl")))
     assert analysis.problems == []
     rows = [r for r in analysis.rows() if r["collective"] == "allreduce"]
     assert len(rows) == STEPS  # the barrier is an instance of its own
@@ -102,7 +102,7 @@ def test_the_cli_writes_one_row_per_instance(late_rank_run, tmp_path: Path) -> N
 def test_records_alone_name_the_late_rank(late_rank_run) -> None:
     """Without traces: the record files' entry times (one host's monotonic clock)."""
     out, _ = late_rank_run
-    analysis = skew.analyze_files([], sorted(out.glob("*.jsonl")))
+    analysis = lineup.analyze_files([], sorted(out.glob("*.jsonl")))
     rows = [r for r in analysis.rows() if r["collective"] == "allreduce"]
     late = rows[LATE_STEP]
     assert late["straggler"] == LATE_RANK and late["transfer_us"] is None
@@ -126,7 +126,7 @@ def test_records_of_two_hosts_are_timed_on_the_wall_clock_not_their_monotonic_cl
                 entry["monotonic_ns"] += hours
                 entry["host"] = "node-b"
         (tmp_path / path.name).write_text("".join(json.dumps(e) + "\n" for e in lines))
-    analysis = skew.analyze_files([], sorted(tmp_path.glob("*.jsonl")))
+    analysis = lineup.analyze_files([], sorted(tmp_path.glob("*.jsonl")))
     rows = [r for r in analysis.rows() if r["collective"] == "allreduce"]
     late = rows[LATE_STEP]
     assert late["straggler"] == LATE_RANK
@@ -142,14 +142,14 @@ def test_a_clock_offset_is_fitted_and_never_taken_for_skew(tmp_path: Path) -> No
     """The committed H200 eager traces, rank 1's clock moved 5 ms: the fit finds the offset,
     takes it out, and every instance's skew is what it was."""
     data = Path(__file__).parent / "data" / "gpu" / "graphs"
-    before = skew.analyze_files([data / "eager_rank0.json", data / "eager_rank1.json"], [])
+    before = lineup.analyze_files([data / "eager_rank0.json", data / "eager_rank1.json"], [])
     doc = json.loads((data / "eager_rank1.json").read_text())
     for event in doc["traceEvents"]:
         if isinstance(event, dict) and "ts" in event:
             event["ts"] = float(event["ts"]) + 5000.0
     shifted = tmp_path / "eager_rank1.json"
     shifted.write_text(json.dumps(doc))
-    after = skew.analyze_files([data / "eager_rank0.json", shifted], [])
+    after = lineup.analyze_files([data / "eager_rank0.json", shifted], [])
     (fit,) = [c for c in after.clocks if c.rank == 1]
     assert fit.applied and abs(fit.offset_us - 5000.0) < 5.0
     for a, b in zip(before.rows(), after.rows(), strict=True):
@@ -187,7 +187,7 @@ def test_the_timeline_draws_waiting_apart_from_moving(tmp_path: Path) -> None:
     """The plot splits each lined-up NCCL kernel at the last rank's arrival: on the H200 spin
     traces rank 0 waits ~0.5 ms in each of the 4 spun all-reduces, rank 1 (the late one) not."""
     pytest.importorskip("matplotlib")
-    from autoannot.traces import plot
+    from autoannot.traces.render import plot
 
     data = Path(__file__).parent / "data" / "gpu" / "skew"
     traces = [data / "eager_rank0.json", data / "eager_rank1.json"]
@@ -252,7 +252,7 @@ def test_a_loops_gloo_traces_line_up_with_their_record_files(tmp_path: Path) -> 
     """Every window of the record file fits the profiled step's collectives by name; the
     record lines' wall-clock anchor and the trace's time base pick the one that ran."""
     results = run_ranks(a_training_loop_profiled_for_one_step, 2, "gloo", (str(tmp_path),))
-    analysis = skew.analyze_files(sorted(tmp_path.glob("rank?.json")),
+    analysis = lineup.analyze_files(sorted(tmp_path.glob("rank?.json")),
                                   sorted(tmp_path.glob("*.jsonl")))
     assert not analysis.problems, analysis.problems
     rows = analysis.rows()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autoannot import cli, doctor
-from autoannot.traces import summary
+from autoannot.traces.render import summary
 
 DATA = Path(__file__).parent / "data" / "gpu"
 EAGER = [DATA / "graphs" / f"eager_rank{r}.json" for r in range(2)]
@@ -58,7 +58,7 @@ def test_summary_bandwidth_matches_a_hand_computation() -> None:
 
 
 def test_summary_counts_graphed_replays_once_annotated(tmp_path: Path, capsys) -> None:
-    from autoannot.traces import annotate as tracetool
+    from autoannot.traces.read import annotate as tracetool
 
     outs = []
     for r in range(2):
@@ -79,7 +79,7 @@ def test_summary_counts_graphed_replays_once_annotated(tmp_path: Path, capsys) -
 
 def test_mesh_summary_reports_the_same_counts_and_sizes_per_group_on_every_rank(
         tmp_path: Path) -> None:
-    from autoannot.traces import annotate as tracetool
+    from autoannot.traces.read import annotate as tracetool
 
     outs = []
     for r in range(4):
@@ -107,7 +107,7 @@ def test_plot_draws_a_band_per_rank(tmp_path: Path) -> None:
     out = tmp_path / "timeline.png"
     assert cli.main(["plot", *map(str, EAGER), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from autoannot.traces import plot
+    from autoannot.traces.render import plot
 
     drawn = plot.plot(EAGER, tmp_path / "t.svg")
     assert drawn["ranks"] == 2 and drawn["lanes"] == 6  # compute + 2 groups, per rank

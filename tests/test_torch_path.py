@@ -19,8 +19,8 @@ import autoannot
 from autoannot import features
 from autoannot import vocabulary as V
 from autoannot.ledgers import Ledger
-from autoannot.traces import annotate as tracetool
-from autoannot.traces import ledger as ledgers
+from autoannot.traces.read import annotate as tracetool
+from autoannot.traces.read import ledger as ledgers
 
 API = features.graph_annotations()
 needs_torch_annotations = pytest.mark.skipif(

@@ -14,9 +14,9 @@ import verify_traces as verify
 
 from autoannot import cli
 from autoannot import vocabulary as V
-from autoannot.traces import annotate as tracetool
 from autoannot.traces import files
-from autoannot.traces import ledger as ledgers
+from autoannot.traces.read import annotate as tracetool
+from autoannot.traces.read import ledger as ledgers
 
 DATA = Path(__file__).parent / "data" / "gpu"
 SETS = {"graphs": (2, [7, 5]), "mesh": (4, [4]), "compile": (2, [8])}  # ranks, calls per body

@@ -13,7 +13,9 @@ import pytest
 import truth_jobs as truth
 
 from autoannot import cli
-from autoannot.traces import skew
+from autoannot.traces.analysis import lineup
+from autoannot.traces.read import rank_files
+from autoannot.traces.render import skew
 
 DELAY_US = truth.DELAY_S * 1e6
 WAITING = truth.WORLD - 1  # the ranks that wait for the planted one
@@ -145,7 +147,7 @@ def test_the_analysis_of_the_same_files_is_the_same_however_they_are_named(jobs,
 
 def test_lead_of_an_analysis(jobs) -> None:
     out, _ = jobs["compute"]
-    analysis = skew.analyze_files([], [], rows=sorted(out.glob("*.rows.parquet")))
+    analysis = lineup.analyze_files([], [], rows=sorted(out.glob("*.rows.parquet")))
     assert skew.lead(analysis)[0].startswith("rank 2 held the others up most")
 
 
@@ -250,7 +252,7 @@ def test_steps_are_read_from_a_trace_in_kinetos_streamed_layout(jobs, tmp_path: 
                                                 for e in document["traceEvents"])
                         + "\n  }\n  ]\n}")
     assert files.Trace(streamed).head is not None  # (read in the streamed passes)
-    rank, _, gloo = skew.trace_launches(streamed)
-    _, _, expected = skew.trace_launches(original)
+    rank, _, gloo = rank_files.trace_launches(streamed)
+    _, _, expected = rank_files.trace_launches(original)
     assert rank == 2 and [g[4] for g in gloo] == [g[4] for g in expected]
     assert truth.PLANTED_STEP in {g[4] for g in gloo}

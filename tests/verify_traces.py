@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from autoannot import vocabulary as V
-from autoannot.traces import annotate as tracetool
-from autoannot.traces import files, ledger
+from autoannot.traces import files
+from autoannot.traces.read import annotate as tracetool
+from autoannot.traces.read import ledger
 
 FAMILIES = {  # "Collective name" -> NCCL kernel families it may run as
     "allreduce": {"AllReduce"}, "barrier": {"AllReduce"}, "allreduce_coalesced": {"AllReduce"},

@@ -1,8 +1,14 @@
-"""The trace tools: merge the agent's annotations into Kineto traces (``annotate``), write them
-as JSON, gzip or Perfetto (``files``, ``perfetto``), and read what they say (``summary``,
-``plot``).
+"""The trace tools, a subsystem beside the runtime agent: they read and write files only, and
+import neither torch nor the agent's runtime modules. Data flows one way through its folders:
 
-A subsystem beside the runtime agent: it reads and writes files only, and imports neither torch
-nor the agent's runtime modules. The agent imports from here what both sides share: the ledger
-format and the names it gives graphs and replays (``ledger``), atomic writes (``files``).
+* ``read/``: what a job wrote (traces, ledgers, record files) read into launches;
+* ``table/``: the launches as one table, and the rows files any tool queries;
+* ``analysis/``: instances across ranks, and who held whom up;
+* ``render/``: text, JSON, CSV, the page, the picture.
+
+Beneath them the files' own mechanics, which every layer uses: ``files`` (Kineto's JSON,
+streamed; atomic writes), ``perfetto`` (the ``.pftrace`` format), ``paths`` and ``outputs``
+(what a command reads, and what it may write over), ``units``, ``names``, ``parallel``.
+The agent imports from here what both sides share: the ledger format (``read.ledger``), the
+names it gives graphs and replays (``names``), atomic writes (``files``).
 """

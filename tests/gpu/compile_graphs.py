@@ -155,7 +155,7 @@ def verify(out: Path, world: int) -> int:
     """Annotate each rank's compiled-replay trace offline; compare with the eager twin."""
     import verify_traces
 
-    from autoannot.traces import annotate as tracetool
+    from autoannot.traces.read import annotate as tracetool
 
     ok, summary = True, []
     for rank in range(world):

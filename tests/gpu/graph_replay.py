@@ -126,7 +126,7 @@ def verify(out: Path, world: int, sizes: list[int]) -> int:
     """Annotate each rank's trace offline (and check the in-job one); compare with eager."""
     import verify_traces
 
-    from autoannot.traces import annotate as tracetool
+    from autoannot.traces.read import annotate as tracetool
 
     ok, summary = True, []
     for rank in range(world):

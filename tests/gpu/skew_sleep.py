@@ -89,7 +89,8 @@ def worker(rank: int, world: int, out_dir: str, port: int) -> None:
 def check(out: Path) -> dict:
     """Annotate the graph traces; line up eager and graphed instances; compare with the
     spin kernels."""
-    from autoannot.traces import annotate, skew
+    from autoannot.traces.analysis import lineup
+    from autoannot.traces.read import annotate
 
     (out / "annotated").mkdir(exist_ok=True)
     for rank in (0, 1):
@@ -99,7 +100,7 @@ def check(out: Path) -> dict:
     for kind, folder in (("eager", out), ("graphed", out / "annotated")):
         traces = [folder / f"{'graph' if kind == 'graphed' else 'eager'}_rank{r}.json"
                   for r in (0, 1)]
-        analysis = skew.analyze_files(traces, [])
+        analysis = lineup.analyze_files(traces, [])
         spins = spin_kernels(traces[LATE])
         rows = analysis.rows()
         checked = []

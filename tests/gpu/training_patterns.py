@@ -383,7 +383,7 @@ def verify(out: Path, world: int = 2) -> int:
     """Annotate each pattern's graph traces offline and compare them with the eager twins."""
     import verify_traces
 
-    from autoannot.traces import annotate as tracetool
+    from autoannot.traces.read import annotate as tracetool
 
     ok, summary, ledgers, how = True, {}, {}, ""
     for name in PATTERNS:

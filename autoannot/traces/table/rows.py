@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.traces import files
-from autoannot.traces.launch import Launch
+from autoannot.traces.table.launch import Launch
 
 MAGIC = b"AUTOANNOT-ROWS 1\n"
 #: 2 added the "step" and "dtype" columns and each group's "ranks"; files of version 1 read
@@ -58,10 +58,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 def rows_path(trace_path: str | Path, parquet: bool = False) -> Path:
     """Where the rows of the trace ``trace_path`` go: beside it, ``NAME.rows`` (or
     ``NAME.rows.parquet``)."""
-    from autoannot.traces import ledger
+    from autoannot.traces.names import trace_stem
 
-    plain = Path(ledger.ledger_path(str(trace_path))).with_suffix(SUFFIX)
-    return plain.with_name(plain.stem + PARQUET_SUFFIX) if parquet else plain
+    return Path(trace_stem(trace_path) + (PARQUET_SUFFIX if parquet else SUFFIX))
 
 
 def rows_beside(trace_path: str | Path) -> Path | None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from autoannot import vocabulary as V
-from autoannot.traces import files, summary
-from autoannot.traces.annotate import kernel_family
+from autoannot.traces import files
+from autoannot.traces.read.annotate import kernel_family
+from autoannot.traces.render import summary
 
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C"]
@@ -65,12 +66,12 @@ def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, s
 def _waits(paths: list[Path], ranks: list[int]) -> dict[tuple[int, float], float]:
     """(rank, kernel start in its trace's time) -> how long that kernel waited for the last
     rank, for the collectives the traces line up on; empty for one trace."""
-    from autoannot.traces import skew
+    from autoannot.traces.analysis import lineup
 
     if len(paths) < 2:
         return {}
     try:
-        analysis = skew.analyze_files(paths, [])
+        analysis = lineup.analyze_files(paths, [])
     except files.TraceError:
         return {}
     offsets = {c.rank: c.offset_us for c in analysis.clocks if c.applied}

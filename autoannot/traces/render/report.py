@@ -15,7 +15,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from autoannot.traces.skew import Analysis, _us
+from autoannot.traces.analysis.matching import Analysis
+from autoannot.traces.render.skew import _us
 
 #: Ranks drawn in the step's timeline (the straggler, the most delayed, then spread out).
 TIMELINE_RANKS = 16
@@ -51,7 +52,7 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     gloo's ranges, not entry times)."""
     import numpy as np
 
-    from autoannot.traces.matching import natural_key
+    from autoannot.traces.analysis.matching import natural_key
     from autoannot.traces.units import bus_factor
 
     f = analysis.figures()
@@ -344,7 +345,7 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     parts.append(f"<h1>{html.escape(heading)}</h1>")
     parts.append(f'<p class="note">{len(instances)} collective instances on '
                  f"{len(analysis.ranks)} ranks, from {html.escape(_inputs(inputs))}.</p>")
-    from autoannot.traces.skew import lead
+    from autoannot.traces.render.skew import lead
 
     for line in lead(analysis):
         missing = line.startswith("MISSING: ")
@@ -447,7 +448,7 @@ def _by_kind(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     collective, dtype and size: instances added up, the median of the groups' medians."""
     import statistics
 
-    from autoannot.traces.matching import natural_key
+    from autoannot.traces.analysis.matching import natural_key
 
     kinds: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:

@@ -66,7 +66,7 @@ Members = dict[str, tuple[int, tuple[int, ...] | None]]
 
 def note_members(members: Members, group: str, annotation: dict[str, Any]) -> None:
     """What an annotation says of its group's members (size; ranks where torch lists all)."""
-    from autoannot.traces.skew import group_ranks
+    from autoannot.traces.read.rank_files import group_ranks
 
     size = annotation.get(V.GROUP_SIZE)
     if not isinstance(size, int):
@@ -78,7 +78,7 @@ def note_members(members: Members, group: str, annotation: dict[str, Any]) -> No
 def missing_ranks(sequences: Sequences, members: Members) -> list[str]:
     """Per group whose members did not all leave a record of it: who is missing (a dead or
     stuck rank leaves nothing: never an all-clear without it)."""
-    from autoannot.traces.matching import rank_list
+    from autoannot.traces.analysis.matching import rank_list
 
     held: dict[str, set[int]] = defaultdict(set)
     for (_, group), per_rank in sequences.items():
@@ -99,7 +99,7 @@ def missing_ranks(sequences: Sequences, members: Members) -> list[str]:
 
 
 def from_ledger(path: Path, sequences: Sequences, members: Members | None = None) -> int:
-    from autoannot.traces import ledger
+    from autoannot.traces.read import ledger
 
     document = ledger.load(path)
     rank = document.get("rank")
@@ -123,8 +123,8 @@ def from_records(path: Path, sequences: Sequences, members: Members | None = Non
                  run: str | None = None) -> int:
     """A record file's eager sequences, per run of the job and group (runs never compared
     with each other)."""
-    from autoannot.traces import record_files
-    from autoannot.traces.runs import NO_RUN, run_of
+    from autoannot.traces.read import record_files
+    from autoannot.traces.read.runs import NO_RUN, run_of
 
     record = record_files.read(path)
     rank = record.rank
@@ -152,7 +152,7 @@ def from_rows(path: Path, by_seq: dict[str, dict[int, dict[int, Step]]],
               members: Members | None = None) -> int:
     """A rows file's steps per group, by sequence number (compared as traces are:
     collective and bytes)."""
-    from autoannot.traces import rows
+    from autoannot.traces.table import rows
 
     one = rows.read(path)
     c = one.columns
@@ -184,9 +184,9 @@ def from_trace(path: Path, position: int, sequences: Sequences,
                members: Members | None = None) -> int:
     """A trace's eager NCCL collectives, per group (compared with other traces only: a trace
     gives sizes in bytes, not the annotation's fields)."""
-    from autoannot.traces import skew
+    from autoannot.traces.read import rank_files
 
-    rank, launches, _ = skew.trace_launches(path)
+    rank, launches, _ = rank_files.trace_launches(path)
     rank = position if rank is None else rank
     per_group: dict[str, list[Step]] = defaultdict(list)
     for launch in launches:
@@ -243,7 +243,8 @@ def check_files(paths: list[Path], run: str | None = None,
     or the only one), rows (``*.rows``) and traces; compare.
     Returns the divergences, the sequences compared and the ranks read; the groups' missing
     ranks go into ``missing``."""
-    from autoannot.traces import ledger, record_files, rows, runs
+    from autoannot.traces.read import ledger, record_files, runs
+    from autoannot.traces.table import rows
 
     found: dict[str, list[Path]] = {}
     run_of_rows: dict[Path, str] = {}
@@ -291,7 +292,7 @@ def check_files(paths: list[Path], run: str | None = None,
 def ledger_of_trace(path: Path) -> Path | None:
     """The ledger of a trace: beside it, or (an annotated output) the one it was annotated
     from, where it still is."""
-    from autoannot.traces import ledger
+    from autoannot.traces.read import ledger
 
     found = ledger.find(path)
     if found is not None:

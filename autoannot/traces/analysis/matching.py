@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from autoannot.traces import files
-from autoannot.traces.rows import Rows, from_launches, read
+from autoannot.traces.table.rows import Rows, from_launches, read
 
 #: Below this, arrivals count as simultaneous: no straggler is named.
 IN_STEP_US = 2.0
@@ -633,7 +633,7 @@ def natural_key(name: str) -> tuple[Any, ...]:
 
 def _fit_clocks(instance_of: Any, column: Any, end: Any, kernel_rows: Any, n: int,
                 ranks: list[int]) -> list[ClockFit]:
-    """As ``skew._fit_clocks``: each rank's offset from the first rank's, the median of its
+    """Each rank's offset from the first rank's, the median of its
     kernels' end times minus the first rank's over the instances both took part in; applied
     where it stands out of its spread."""
     import numpy as np

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.traces.files import TraceError, atomic_write_text
-from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
+from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX, trace_stem
 
 __all__ = ["FORMAT", "GRAPH_PREFIX", "REPLAY_PREFIX", "SUFFIX", "find", "ledger_path", "load",
            "write"]
@@ -28,22 +28,15 @@ SUFFIX = ".autoannot"
 LEGACY_SUFFIX = ".autoannot.json"  # before 0.2: a name HTA took for a rank's trace
 
 
-def _stem(trace_path: str | os.PathLike[str]) -> str:
-    path = os.fspath(trace_path)
-    for ending in (".gz", ".json"):
-        path = path.removesuffix(ending)
-    return path
-
-
 def ledger_path(trace_path: str | os.PathLike[str]) -> str:
     """``run/trace.json(.gz)`` -> ``run/trace.autoannot``."""
-    return _stem(trace_path) + SUFFIX
+    return trace_stem(trace_path) + SUFFIX
 
 
 def find(trace_path: str | os.PathLike[str]) -> Path | None:
     """The ledger next to a trace: this version's name, else an earlier version's."""
     for suffix in (SUFFIX, LEGACY_SUFFIX):
-        candidate = Path(_stem(trace_path) + suffix)
+        candidate = Path(trace_stem(trace_path) + suffix)
         if candidate.is_file():
             return candidate
     return None

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from autoannot import vocabulary as V
-from autoannot.traces import ledger as ledgers
 from autoannot.traces.files import Trace, TraceError, dump_event
-from autoannot.traces.ledger import REPLAY_PREFIX
+from autoannot.traces.read import ledger as ledgers
+from autoannot.traces.read.ledger import REPLAY_PREFIX
 
 # --- matching --------------------------------------------------------------------------------
 

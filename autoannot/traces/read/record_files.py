@@ -10,7 +10,7 @@ from typing import Any
 
 from autoannot import vocabulary as V
 from autoannot.traces import files
-from autoannot.traces.runs import run_of
+from autoannot.traces.read.runs import run_of
 
 
 @dataclass

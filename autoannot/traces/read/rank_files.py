@@ -1,62 +1,36 @@
-"""Collective instances across ranks: who arrived last, how long the others waited, and how
-long the transfer itself took.
+"""A rank's launches, read from what the job wrote: its trace, its record file, its rows.
 
-An *instance* is one collective on every member rank of its process group: the same group,
-the same position in that group's sequence. A rank's launches come from
+A rank's launches come from
 
-* its trace: NCCL kernels that carry collective args (eager traces; graphed traces after
-  ``autoannot annotate``), in start order per group (torch's ``Seq`` where the kernel carries
-  it); gloo's profiler ranges (``gloo:all_reduce``) once a record file names them;
+* its trace: NCCL kernels that carry collective args (eager traces; graphed traces annotated
+  by ``autoannot annotate``, or raw with their ledger beside them, annotated in memory), in
+  start order per group (torch's ``Seq`` where the kernel carries it); gloo's profiler ranges
+  (``gloo:all_reduce``) once a record file names them;
 * its record file (``AUTOANNOT_RECORD``): group, sequence, call site and the time each launch
-  was entered, for every launch of the process.
+  was entered, for every launch of the process;
+* its rows (``table.rows``), made from both at export.
 
-Given both for a rank, the record file gives the trace's launches their call sites and (gloo)
-their groups and sizes, aligned by sequence; a rank with only a record file is timed by its
-entry times (arrivals, no transfer time). Sequences that do not line up are reported, never
-guessed.
-
-Per instance: each rank's arrival (its kernel's start), the straggler (the last to arrive),
-the skew (last arrival - first), each rank's wait (last arrival - its own) and the transfer
-(the straggler's own kernel time: from the last arrival to the end, as nccl-tests time a
-collective after a barrier). Ranks on different hosts have different clocks: a collective ends
-within microseconds on all its ranks, so each rank's offset is estimated as the median of its
-end times minus the first rank's, over the instances; the spread says how well that fits. The
-offset is taken out only where it stands out of its own spread (more than 3 spreads and 1 us),
-and reported either way. Only GPU kernels fit clocks: gloo's CPU ranges end apart, and record
-files time entries by each process's monotonic clock put on the wall clock's epoch (see
-``record_launches``): one clock on a host, and across hosts as close as their clocks are kept
-(said in a note, never fitted away).
-
-Scale: each rank's trace is read on its own process (``-j``); the instances' times live in two
-instance x rank matrices of doubles, so a 1,024-rank job of 2,000 collectives a rank is 32 MB
-of times, and rows are built one at a time where they are written.
+Given both a trace and a record file, the record file gives the trace's launches their call
+sites and (gloo) their groups and sizes: kernels by sequence; gloo's ranges by the wall clock
+and by identity (``_pair_gloo``). A rank with only a record file is timed by its entry times
+(arrivals, no transfer time). Sequences that do not line up are reported, never guessed.
+Record files time entries by each process's monotonic clock put on the wall clock's epoch
+(see ``record_launches``): one clock on a host, and across hosts as close as their clocks are
+kept.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from autoannot import vocabulary as V
 from autoannot.traces import files
-from autoannot.traces.launch import Launch
-from autoannot.traces.matching import (  # noqa: F401  (the analysis, as the tools name it)
-    IN_STEP_US,
-    Analysis,
-    ClockFit,
-    Figures,
-    Instance,
-    analyze,
-    describe_missing,
-    rank_list,
-)
-from autoannot.traces.matching import count as count_of
+from autoannot.traces.table.launch import Launch
 
-# --- reading -----------------------------------------------------------------------------------
 
 class GlooRange(NamedTuple):
     """One collective as gloo's profiler range shows it (``gloo:all_reduce``), on the worker
@@ -76,7 +50,7 @@ class GlooRange(NamedTuple):
 def trace_launches(path: Path) -> tuple[int | None, list[Launch], list[GlooRange]]:
     """A trace's rank, its NCCL launches with collective args, and its gloo ranges in start
     order."""
-    from autoannot.traces.annotate import Scan
+    from autoannot.traces.read.annotate import Scan
 
     trace = files.Trace(path)
     return launches_in(trace, Scan.of(trace))
@@ -196,7 +170,7 @@ def record_launches(path: Path, notes: list[str] | None = None
     by hours), moved onto the wall clock where the lines carry it: by the median of
     ``wall_ns - monotonic_ns`` over the run's lines, so a run keeps its steady clock and ranks
     of different hosts share an epoch (as well as the hosts' clocks agree)."""
-    from autoannot.traces import record_files
+    from autoannot.traces.read import record_files
 
     record = record_files.read(path, ("seq", "group", "monotonic_ns"),
                                "files written before autoannot 0.1 (no seq) cannot be lined up "
@@ -392,10 +366,10 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
     holds it already, (``files.Trace``, ``annotate.Scan``, ``annotate.Patches`` or None)."""
     import os
 
-    from autoannot.traces import rows
+    from autoannot.traces.table import rows
 
     if scanned is None:
-        from autoannot.traces.annotate import Scan
+        from autoannot.traces.read.annotate import Scan
 
         trace = files.Trace(Path(trace_path))
         scanned = (trace, Scan.of(trace), None)
@@ -433,7 +407,8 @@ def read_rows_files(paths: Iterable[Path], run: str | None = None,
     may be left; else the only one: TraceError naming them where they hold several), a rank
     given twice refused. ``heads_only``: their columns are left to be read one file at a time
     (``matching.analyze_rows``)."""
-    from autoannot.traces import rows, runs
+    from autoannot.traces.read import runs
+    from autoannot.traces.table import rows
 
     paths = list(paths)
     if not paths:
@@ -455,256 +430,3 @@ def read_rows_files(paths: Iterable[Path], run: str | None = None,
                                    "rows: give one per rank of one job")
         by_rank[one.rank], where[one.rank] = one, path
     return by_rank
-
-
-def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
-                  progress: bool = False, run: str | None = None,
-                  rows: Iterable[Path] = (), include_warmup: bool = False) -> Analysis:
-    """Read every trace (on ``jobs`` processes), record file and rows file (``traces.rows``),
-    join them per rank, and match instances. Record files holding several runs of a job:
-    ``run`` names the one to line up (TraceError naming them all where it is None). A rank's
-    rows stand for its trace and record file (they were made from them). Rows alone are
-    matched in whole-array steps (``matching``: thousands of ranks)."""
-    from autoannot.traces import parallel, runs
-
-    traces, records, rows = list(traces), list(records), list(rows)
-    rows_of = read_rows_files(rows, run, heads_only=not traces and not records)
-    if not traces and not records and rows_of:
-        from autoannot.traces import matching
-
-        return matching.analyze_rows(list(rows_of.values()), include_warmup)
-    problems: list[str] = []
-    traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
-    read = parallel.map_files(trace_launches, traces, jobs, "read", show=progress)
-    for position, (path, (rank, launches, gloo)) in enumerate(zip(traces, read, strict=True)):
-        rank = position if rank is None else rank
-        if rank in traced:
-            raise files.TraceError(f"{traced[rank][2]} and {path} are both rank {rank}'s "
-                                   "trace: give one trace per rank of one job")
-        traced[rank] = (launches, gloo, path)
-    recorded: dict[int, tuple[list[Launch], Path]] = {}
-    cut_notes: list[str] = []
-    read_records = [(path, *record_launches(path, cut_notes)) for path in records]
-    found: dict[str, list[Path]] = {}
-    for path, _, by_run, _ in read_records:
-        for name in by_run:
-            found.setdefault(name, []).append(path)
-    chosen = runs.choose(found, run)
-    hosts: dict[int, str | None] = {}
-    for path, rank, by_run, host in read_records:
-        launches = by_run.get(chosen, []) if chosen is not None else []
-        if rank is None:
-            raise files.TraceError(f"{path}: names no rank (written before the process group "
-                                   "was up, with no RANK set): cannot place it")
-        if rank in recorded:
-            raise files.TraceError(f"{recorded[rank][1]} and {path} are both rank {rank}'s "
-                                   "record file")
-        recorded[rank] = (launches, path)
-        hosts[rank] = host
-    per_rank: dict[int, list[Launch]] = {}
-    from autoannot.traces.rows import to_launches
-
-    notes = []
-    for rank, one in rows_of.items():
-        per_rank[rank] = to_launches(one)
-        given = [str(p) for p in (traced.pop(rank, (None, None, None))[2],
-                                  recorded.pop(rank, (None, None))[1]) if p is not None]
-        if given:
-            notes.append(f"rank {rank}: its rows ({one.source or 'rows file'}) stand for "
-                         f"{' and '.join(given)}")
-    for rank in sorted(set(traced) | set(recorded)):
-        launches, gloo, path = traced.get(rank, ([], [], None))
-        records, record_path = recorded.get(rank, ([], None))
-        where = str(path or record_path)
-        per_rank[rank] = join(rank, launches, gloo, records, problems, where)
-        if not per_rank[rank]:
-            problems.append(f"{where}: no collective to line up (eager NCCL kernels with "
-                            "collective args, annotated graphed ones, or a record file)")
-    bases: dict[int, tuple[str, float | None]] = {}  # rank -> (what times it, its epoch)
-    for rank in per_rank:
-        if rank in rows_of:
-            one = rows_of[rank]
-            bases[rank] = ("rows", one.base_ns if one.clock == "trace" else 0)
-        elif rank in traced:
-            bases[rank] = ("trace", None)
-        else:
-            launches = per_rank[rank]
-            wall = bool(launches) and all(launch.wall_us is not None for launch in launches)
-            bases[rank] = ("record file", 0 if wall else None)
-    _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
-    analysis = analyze(per_rank, include_warmup)
-    analysis.problems[:0] = problems
-    analysis.notes[:0] = notes + cut_notes
-    timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
-    if len(timed_by_entry) > 1:
-        analysis.notes.append(
-            f"the ranks timed by their record files alone ran on {len(timed_by_entry)} hosts: "
-            "their entry times are on each host's wall clock, which agree only as well as the "
-            "hosts are synchronised (NTP: often within a millisecond) — across hosts, skews "
-            "and waits below that are not known")
-    return analysis
-
-
-def _one_time_base(per_rank: dict[int, list[Launch]],
-                   bases: dict[int, tuple[str, float | None]], paths: dict[int, Path]) -> None:
-    """Put ranks timed by different kinds of input on one clock: a trace's times count from its
-    ``baseTimeNanoseconds``, a record file's (on the wall clock) from the epoch. Ranks of one
-    kind are left as they are (one job's traces share Kineto's base). TraceError where they
-    differ and one has no known epoch."""
-    if len({kind for kind, _ in bases.values()}) < 2:
-        return
-    for rank, (kind, _) in bases.items():
-        if kind == "trace":
-            base = files.Trace(paths[rank]).metadata().get("baseTimeNanoseconds")
-            bases[rank] = (kind, base if isinstance(base, int | float) else None)
-    unknown = sorted(rank for rank, (_, base) in bases.items() if base is None)
-    if unknown:
-        raise files.TraceError(
-            f"{rank_list(unknown)} {'is' if len(unknown) == 1 else 'are'} timed by inputs of "
-            "no known epoch "
-            "(a trace without baseTimeNanoseconds, or record lines without wall_ns) and the "
-            "others by other kinds of input: their times cannot be lined up; give one kind "
-            "of input for every rank")
-    # (the latest epoch: the traces' times stay as they are, at their full precision)
-    origin = max(base for _, base in bases.values())  # type: ignore[type-var]
-    for rank, (_, base) in bases.items():
-        shift = (base - origin) / 1e3  # type: ignore[operator]
-        if shift:
-            for launch in per_rank[rank]:
-                launch.start_us += shift
-                if launch.end_us is not None:
-                    launch.end_us += shift
-
-
-# --- text ----------------------------------------------------------------------------------------
-
-def _us(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value / 1e3:.2f} ms" if value >= 1e4 else f"{value:.1f} us"
-
-
-def lead(analysis: Analysis) -> list[str]:
-    """The first lines to say of an analysis: missing ranks first (never an all-clear while a
-    rank is missing), then where the largest delay began."""
-    lines = [f"MISSING: {describe_missing(entry)}" for entry in analysis.missing]
-    origins = analysis.origins(1)
-    if origins:
-        top = origins[0]
-        lines.append(
-            f"rank {top['rank']} held the others up most: {_us(top['blamed_us'])} of their "
-            f"waiting began where it arrived {_us(top['late_us'])} late, at "
-            f"{top['group_desc'] or top['group']} #{top['seq']} {top['collective']}"
-            + (f" (step {top['step']})" if top["step"] >= 0 else "")
-            + f" {'at ' + top['call_site'] if top['call_site'] else '(no call site recorded)'}")
-    elif analysis.instances:
-        lines.append("no delay found outside warm-up: every instance started within "
-                     f"{IN_STEP_US:g} us on its ranks, or its lateness came from warm-up"
-                     if not analysis.warmup_counted else
-                     f"no rank arrived late: every instance started within {IN_STEP_US:g} us")
-    return lines
-
-
-def warmup_note(analysis: Analysis) -> str | None:
-    """What was left out of the ranking as warm-up, if anything."""
-    if analysis.warmup_counted or not len(analysis.instances):
-        return None
-    f = analysis.figures()
-    count = int(f.warmup.sum())
-    if not count:
-        return None
-    worst = float(f.skew[f.warmup].max())
-    return (f"{count_of(count, 'warm-up instance')} (profiler step 0, and each group's first "
-            f"collective: process and communicator start-up; largest skew {_us(worst)}): shown "
-            "but left out of the ranking (--include-warmup counts them)")
-
-
-def format_report(analysis: Analysis, top: int = 10) -> str:
-    by_skew = analysis.largest_skews(top)
-    column = {rank: c for c, rank in enumerate(analysis.ranks)}
-    lines = [*lead(analysis),
-             f"{len(analysis.instances)} collective instances on {len(analysis.ranks)} ranks",
-             "",
-             f"{'rank':>4} {'waited in collectives':>22} {'others waited for it':>21} "
-             f"{'last to arrive':>15}"]
-    for r in analysis.per_rank():
-        lines.append(f"{r['rank']:>4} {_us(r['waited_us']):>22} "
-                     f"{_us(r['others_waited_for_it_us']):>21} {r['last_to_arrive']:>15}")
-    origins = analysis.origins(top)
-    if origins:
-        lines += ["", "where the waiting began (each delay blamed once, where it started):",
-                  f"{'rank':>4} {'blamed':>10} {'late by':>10} {'step':>4}  {'group':14} "
-                  f"{'#':>5} {'collective':24} call site"]
-        for o in origins:
-            group = f"{o['group_desc'] or '?'} ({o['group']})"
-            lines.append(f"{o['rank']:>4} {_us(o['blamed_us']):>10} {_us(o['late_us']):>10} "
-                         f"{o['step'] if o['step'] >= 0 else '-':>4}  {group[:14]:14} "
-                         f"{o['seq']:>5} {o['collective'][:24]:24} {o['call_site'] or '-'}")
-    lines += ["", f"top {len(by_skew)} instances by skew:",
-              f"{'group':14} {'#':>5} {'collective':24} {'size':>10} {'last':>5} {'skew':>10} "
-              f"{'transfer':>10}  call site (the last rank's)"]
-    from autoannot.traces.units import size_text as _size
-
-    for instance in by_skew:
-        straggler, skew, transfer, _ = analysis.summary_of(instance)
-        site = (analysis.site(instance.index, column[straggler]) if straggler is not None
-                else None)
-        group = f"{instance.group_desc or '?'} ({instance.group})"
-        lines.append(f"{group[:14]:14} {instance.seq:>5} {instance.collective[:24]:24} "
-                     f"{_size(instance.size_bytes):>10} "
-                     f"{'-' if straggler is None else straggler:>5} {_us(round(skew, 3)):>10} "
-                     f"{_us(None if transfer is None else round(transfer, 3)):>10}  "
-                     f"{site or '-'}")
-    fitted = [c for c in analysis.clocks if c.instances]
-    if fitted:
-        lines += ["", "clocks (each rank's offset from rank "
-                  f"{analysis.clocks[0].rank}'s, fitted on the instances' end times):"]
-        for c in fitted:
-            lines.append(f"  rank {c.rank}: {c.offset_us:+.1f} us, spread {c.spread_us:.1f} us "
-                         f"over {c.instances} instances: "
-                         + ("taken out" if c.applied else "within its spread: left as is"))
-    for problem in analysis.problems:
-        lines.append(f"not matched: {problem}")
-    for note in [*analysis.notes, warmup_note(analysis)]:
-        if note:
-            lines.append(f"note: {note}")
-    return "\n".join(lines)
-
-
-CSV_FIELDS = ("group", "group_desc", "seq", "collective", "size_bytes", "straggler", "skew_us",
-              "transfer_us", "busbw_gbps", "rank", "start_us", "wait_us", "call_site")
-
-
-def write_json(analysis: Analysis, path: Path) -> None:
-    """One row per instance, each made and written in turn (a job of a million instances of
-    thousands of ranks is never held as one text)."""
-    def pieces() -> Iterator[str]:
-        yield "["
-        for number, instance in enumerate(analysis.instances):
-            yield ("\n" if number == 0 else ",\n") + json.dumps(analysis.row(instance))
-        yield "\n]\n"
-
-    files.atomic_write_lines(str(path), pieces())
-
-
-def write_csv(analysis: Analysis, path: Path) -> None:
-    """One CSV row per instance and rank, written an instance at a time."""
-    import csv
-    import io
-
-    def pieces() -> Iterator[str]:
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerow(CSV_FIELDS)
-        for instance in analysis.instances:
-            row = analysis.row(instance)
-            head = [row[k] for k in CSV_FIELDS[:9]]
-            for rank, part in row["ranks"].items():
-                writer.writerow([*head, rank, part["start_us"], part["wait_us"],
-                                 part["call_site"]])
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-        yield buffer.getvalue()
-
-    files.atomic_write_lines(str(path), pieces())

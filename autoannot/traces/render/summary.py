@@ -145,7 +145,7 @@ def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
 def read_trace(job: tuple[Path, bool]) -> TraceContents:
     """One trace's collective kernel times by key, its rank and the rest the summary reports
     (``job``: the path, whether to draw a progress bar)."""
-    from autoannot.traces.annotate import kernel_family
+    from autoannot.traces.read.annotate import kernel_family
 
     path, bar = job
     trace = files.Trace(path)
@@ -192,7 +192,7 @@ def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any
     its sizes and how often — any backend, gloo's too — in one run of the job (``run``, or the
     only one: TraceError naming them where the files hold several). No times: a record line
     is written when its launch is entered."""
-    from autoannot.traces import record_files, runs
+    from autoannot.traces.read import record_files, runs
 
     lines: dict[Path, list[dict[str, Any]]] = {}
     found: dict[str, list[Path]] = {}
@@ -335,14 +335,14 @@ def _instances(paths: list[Path], durations: dict[Key, Any], notes: list[str]
                ) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
     """skew.py's instances by (group name, collective, size), where several ranks' traces hold
     NCCL collectives; else none."""
-    from autoannot.traces import skew
+    from autoannot.traces.analysis import lineup
 
     if len(paths) < 2 or not durations:
         if durations:
             notes.append("one trace: times are kernel times, waiting for the other ranks "
                          "included (give every rank's trace for transfer times)")
         return {}
-    analysis = skew.analyze_files(paths, [])
+    analysis = lineup.analyze_files(paths, [])
     found: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for row in analysis.rows():
         found[(row["group"], row["collective"], row["size_bytes"])].append(row)

@@ -1,0 +1,144 @@
+"""The analysis of a job's files: every rank's trace, record file and rows read
+(``rank_files``), put on one clock, and matched (``matching``).
+
+Per instance: each rank's arrival (its kernel's start), the straggler (the last to arrive),
+the skew (last arrival - first), each rank's wait and the transfer (the straggler's own
+kernel time: from the last arrival to the end, as nccl-tests time a collective after a
+barrier); see ``matching`` for the model. Each rank's trace is read on its own process
+(``-j``); rows alone are read one file at a time into the matcher's arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from autoannot.traces import files
+from autoannot.traces.analysis.matching import Analysis, analyze, rank_list
+from autoannot.traces.read.rank_files import (
+    join,
+    read_rows_files,
+    record_launches,
+    trace_launches,
+)
+from autoannot.traces.table.launch import Launch
+
+
+def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
+                  progress: bool = False, run: str | None = None,
+                  rows: Iterable[Path] = (), include_warmup: bool = False) -> Analysis:
+    """Read every trace (on ``jobs`` processes), record file and rows file (``traces.rows``),
+    join them per rank, and match instances. Record files holding several runs of a job:
+    ``run`` names the one to line up (TraceError naming them all where it is None). A rank's
+    rows stand for its trace and record file (they were made from them). Rows alone are
+    matched in whole-array steps (``matching``: thousands of ranks)."""
+    from autoannot.traces import parallel
+    from autoannot.traces.read import runs
+
+    traces, records, rows = list(traces), list(records), list(rows)
+    rows_of = read_rows_files(rows, run, heads_only=not traces and not records)
+    if not traces and not records and rows_of:
+        from autoannot.traces.analysis import matching
+
+        return matching.analyze_rows(list(rows_of.values()), include_warmup)
+    problems: list[str] = []
+    traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
+    read = parallel.map_files(trace_launches, traces, jobs, "read", show=progress)
+    for position, (path, (rank, launches, gloo)) in enumerate(zip(traces, read, strict=True)):
+        rank = position if rank is None else rank
+        if rank in traced:
+            raise files.TraceError(f"{traced[rank][2]} and {path} are both rank {rank}'s "
+                                   "trace: give one trace per rank of one job")
+        traced[rank] = (launches, gloo, path)
+    recorded: dict[int, tuple[list[Launch], Path]] = {}
+    cut_notes: list[str] = []
+    read_records = [(path, *record_launches(path, cut_notes)) for path in records]
+    found: dict[str, list[Path]] = {}
+    for path, _, by_run, _ in read_records:
+        for name in by_run:
+            found.setdefault(name, []).append(path)
+    chosen = runs.choose(found, run)
+    hosts: dict[int, str | None] = {}
+    for path, rank, by_run, host in read_records:
+        launches = by_run.get(chosen, []) if chosen is not None else []
+        if rank is None:
+            raise files.TraceError(f"{path}: names no rank (written before the process group "
+                                   "was up, with no RANK set): cannot place it")
+        if rank in recorded:
+            raise files.TraceError(f"{recorded[rank][1]} and {path} are both rank {rank}'s "
+                                   "record file")
+        recorded[rank] = (launches, path)
+        hosts[rank] = host
+    per_rank: dict[int, list[Launch]] = {}
+    from autoannot.traces.table.rows import to_launches
+
+    notes = []
+    for rank, one in rows_of.items():
+        per_rank[rank] = to_launches(one)
+        given = [str(p) for p in (traced.pop(rank, (None, None, None))[2],
+                                  recorded.pop(rank, (None, None))[1]) if p is not None]
+        if given:
+            notes.append(f"rank {rank}: its rows ({one.source or 'rows file'}) stand for "
+                         f"{' and '.join(given)}")
+    for rank in sorted(set(traced) | set(recorded)):
+        launches, gloo, path = traced.get(rank, ([], [], None))
+        records, record_path = recorded.get(rank, ([], None))
+        where = str(path or record_path)
+        per_rank[rank] = join(rank, launches, gloo, records, problems, where)
+        if not per_rank[rank]:
+            problems.append(f"{where}: no collective to line up (eager NCCL kernels with "
+                            "collective args, annotated graphed ones, or a record file)")
+    bases: dict[int, tuple[str, float | None]] = {}  # rank -> (what times it, its epoch)
+    for rank in per_rank:
+        if rank in rows_of:
+            one = rows_of[rank]
+            bases[rank] = ("rows", one.base_ns if one.clock == "trace" else 0)
+        elif rank in traced:
+            bases[rank] = ("trace", None)
+        else:
+            launches = per_rank[rank]
+            wall = bool(launches) and all(launch.wall_us is not None for launch in launches)
+            bases[rank] = ("record file", 0 if wall else None)
+    _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
+    analysis = analyze(per_rank, include_warmup)
+    analysis.problems[:0] = problems
+    analysis.notes[:0] = notes + cut_notes
+    timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
+    if len(timed_by_entry) > 1:
+        analysis.notes.append(
+            f"the ranks timed by their record files alone ran on {len(timed_by_entry)} hosts: "
+            "their entry times are on each host's wall clock, which agree only as well as the "
+            "hosts are synchronised (NTP: often within a millisecond) — across hosts, skews "
+            "and waits below that are not known")
+    return analysis
+
+
+def _one_time_base(per_rank: dict[int, list[Launch]],
+                   bases: dict[int, tuple[str, float | None]], paths: dict[int, Path]) -> None:
+    """Put ranks timed by different kinds of input on one clock: a trace's times count from its
+    ``baseTimeNanoseconds``, a record file's (on the wall clock) from the epoch. Ranks of one
+    kind are left as they are (one job's traces share Kineto's base). TraceError where they
+    differ and one has no known epoch."""
+    if len({kind for kind, _ in bases.values()}) < 2:
+        return
+    for rank, (kind, _) in bases.items():
+        if kind == "trace":
+            base = files.Trace(paths[rank]).metadata().get("baseTimeNanoseconds")
+            bases[rank] = (kind, base if isinstance(base, int | float) else None)
+    unknown = sorted(rank for rank, (_, base) in bases.items() if base is None)
+    if unknown:
+        raise files.TraceError(
+            f"{rank_list(unknown)} {'is' if len(unknown) == 1 else 'are'} timed by inputs of "
+            "no known epoch "
+            "(a trace without baseTimeNanoseconds, or record lines without wall_ns) and the "
+            "others by other kinds of input: their times cannot be lined up; give one kind "
+            "of input for every rank")
+    # (the latest epoch: the traces' times stay as they are, at their full precision)
+    origin = max(base for _, base in bases.values())  # type: ignore[type-var]
+    for rank, (_, base) in bases.items():
+        shift = (base - origin) / 1e3  # type: ignore[operator]
+        if shift:
+            for launch in per_rank[rank]:
+                launch.start_us += shift
+                if launch.end_us is not None:
+                    launch.end_us += shift
