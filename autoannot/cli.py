@@ -301,19 +301,20 @@ def _split_records(arguments: list[str], rows: list[Path] | None = None,
     for argument in arguments:
         path = Path(argument)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir()
-                           if p.suffix == ".jsonl" or is_rows_name(p))
-            for odd in (p for p in found if not p.is_file()):
-                _say(command or "autoannot", f"{odd}: not a regular file (a FIFO or socket?): "
-                     "skipped")
-            found = [p for p in found if p.is_file()]
-            inside = [p for p in found if p.suffix == ".jsonl"]
+            with os.scandir(path) as listing:  # (one listing: thousands of ranks' files)
+                entries = sorted(listing, key=lambda entry: entry.name)
+            found = [e for e in entries if e.name.endswith(".jsonl") or is_rows_name(Path(e.name))]
+            for odd in (e for e in found if not e.is_file()):
+                _say(command or "autoannot", f"{odd.path}: not a regular file (a FIFO or "
+                     "socket?): skipped")
+            found_paths = [Path(e.path) for e in found if e.is_file()]
+            inside = [p for p in found_paths if p.suffix == ".jsonl"]
             records += inside
             found_rows = [] if rows is None else [
-                p for p in found if is_rows_name(p) and is_rows(p)]
+                p for p in found_paths if is_rows_name(p) and is_rows(p)]
             if rows is not None:
                 rows += found_rows
-            if any(p.name.endswith((".json", ".json.gz")) for p in path.iterdir()) \
+            if any(e.name.endswith((".json", ".json.gz")) for e in entries) \
                     or not (inside or found_rows):
                 traces.append(argument)
         elif path.suffix == ".jsonl":
@@ -372,8 +373,9 @@ def _every_file(arguments: list[str]) -> list[Path]:
         path = Path(argument)
         if path.is_dir():
             own = outputs.listed_outputs(path)
-            found += [p for p in path.iterdir() if not p.is_dir()
-                      and own.get(p.name) in (None, "annotate")]
+            with os.scandir(path) as listing:
+                found += [Path(e.path) for e in listing if not e.is_dir()
+                          and own.get(e.name) in (None, "annotate")]
         else:
             found.append(path)
     return found
