@@ -117,6 +117,7 @@ def diagnose() -> dict[str, Any]:
 
     settings = config.from_environment()
     report["native_observer"] = _native_observer(settings)
+    report["group_hooks"] = _group_hooks(settings)
     report["compiled_code"], report["cpp_origin"] = _below_the_api(settings)
     report["capture_identity"] = capture_identity.CaptureIdentity().how
     report["path"] = "torch toolsId" if not missing else "autoannot fallback (capture ledgers)"
@@ -147,6 +148,26 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
     return lines[0], lines[1]
 
 
+def _group_hooks(settings: Any) -> str:
+    """Whether this torch's process groups take collective hooks, and what they do here."""
+    from autoannot import pghooks
+
+    if "torch.distributed.distributed_c10d" not in sys.modules:
+        try:
+            import torch.distributed  # noqa: F401  (to ask its process groups)
+        except Exception:
+            return "torch.distributed cannot be imported here"
+    if not pghooks.available():
+        return ("this torch's process groups take no collective hooks (they come with torch "
+                "2.14): the observers above see every launch below the Python API")
+    if not settings.ops:
+        return "on this torch, but not used: AUTOANNOT_OPS=0"
+    return ("on this torch (ProcessGroup.register_pre_hook): on every group, they give "
+            "record() and the record file each launch no other observer sees — on threads "
+            "the Python layer does not reach, and every one where another library owns its "
+            "key; no dispatch key, no compiler")
+
+
 def _native_observer(settings: Any) -> str:
     from autoannot import native
 
@@ -174,6 +195,8 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{report['cpp_origin']}")
     if report.get("native_observer"):
         lines.append(f"  native observer: {report['native_observer']}")
+    if report.get("group_hooks"):
+        lines.append(f"  process-group hooks: {report['group_hooks']}")
     if report.get("capture_identity"):
         lines.append(f"  a launch is tied to its CUDA-graph capture by: "
                      f"{report['capture_identity']}")

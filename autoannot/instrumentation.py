@@ -33,6 +33,9 @@ class Instrumentation:
         #: The native observer (``observer.NativeObserver``) once torch is loaded, where it is
         #: built and allowed; else None.
         self.observer: Any = None
+        #: torch's process-group hooks (``pghooks.HookObserver``), where torch has them
+        #: (>= 2.14): recorders and journals get the launches no other observer sees.
+        self.hooks: Any = None
         self._captures: Any = None
         self._layer: Any = _UNSET  # the Python layer (``dispatch.DispatcherLayer``), once made
         self._native_module: Any = _UNSET
@@ -167,7 +170,29 @@ class Instrumentation:
 
 
 def _install_collectives(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
-    return patching.install_module(module, agent)
+    patches = patching.install_module(module, agent)
+    if module.__name__ == "torch.distributed.distributed_c10d":
+        patches += _install_group_hooks(agent, module)
+    return patches
+
+
+def _install_group_hooks(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
+    """Where torch's process groups take collective hooks: they observe the launches no proxy
+    sees for recorders and journals, on every group: those there are now, and each one made
+    from now on, as it is made (``_new_process_group_helper``)."""
+    from autoannot import pghooks
+
+    if not agent.config.ops or not pghooks.available():
+        return []
+    from autoannot import cudagraphs
+
+    patches = cudagraphs.wrap_attribute(module, "_new_process_group_helper",
+                                        pghooks.group_creation_wrapper(agent), agent.proxies)
+    if agent.hooks is None:
+        agent.hooks = pghooks.HookObserver(agent)
+        agent.state.add_listener(agent.hooks.demand_changed)
+    agent.hooks.hook_groups(pghooks.existing_groups())
+    return patches
 
 
 def _install_graphs(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:

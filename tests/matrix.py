@@ -67,9 +67,10 @@ def setup(release: str, log: Path) -> None:
 def run(release: str, pytest_args: list[str], log: Path) -> dict[str, object]:
     """The suite in that environment; pytest's counts and skip reasons."""
     report = log.with_suffix(".xml")
+    report.unlink(missing_ok=True)  # (a run that dies writes none: never an earlier run's)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
     started = time.monotonic()
-    with log.open("a") as out:
+    with log.open("w") as out:
         done = subprocess.run([str(_python(release)), "-m", "pytest", "-q", "-rs",
                                "-p", "no:cacheprovider", f"--junitxml={report}",
                                *pytest_args], cwd=ROOT, env=env, stdout=out,
@@ -129,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("failed") or r.get("errors") or r.get("exit") not in (0,):
             log = logs / f"torch-{r['release']}.log"  # pytest's summary of what failed
             for line in log.read_text(errors="replace").splitlines():
-                if line.startswith(("FAILED ", "ERROR ")) or " passed" in line:
+                if line.startswith(("FAILED ", "ERROR ")) or " passed" in line \
+                        or "Fatal Python error" in line:
                     print(f"    {line}")
+            if "passed" not in r:
+                print(f"    pytest exited {r['exit']} with no report: it died (see {log})")
     bad = [r for r in results if "error" in r or r.get("failed") or r.get("errors")
            or r.get("exit") not in (0,)]
     return 1 if bad else 0

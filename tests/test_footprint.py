@@ -74,21 +74,28 @@ def test_collectives_pickle_and_copy_as_with_the_agent_off() -> None:
 # --- the dispatcher when nothing is annotated ------------------------------------------------
 
 
+#: What of the agent runs on every collective where torch's process groups take hooks (>=
+#: 2.14): its two hooks, which return at once while nothing asks (they cannot be taken off
+#: while other threads may issue collectives: ``pghooks``).
+IDLE_HOOKS = {("pghooks.py", "_before"), ("pghooks.py", "_after")}
+
+
 def _agent_code_runs(call: Any) -> bool:
-    """Whether any function of autoannot runs during ``call()`` (on this thread)."""
+    """Whether any function of autoannot runs during ``call()`` (on this thread), but the
+    process groups' idle hooks, which run nothing more."""
     ran: list[str] = []
     root = os.path.dirname(autoannot.__file__)
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(root):
-            ran.append(frame.f_code.co_name)
+            ran.append((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
 
     sys.setprofile(profile)
     try:
         call()
     finally:
         sys.setprofile(None)
-    return bool(ran)
+    return bool(set(ran) - IDLE_HOOKS) or len(ran) > len(IDLE_HOOKS)
 
 
 def idle_after_annotating(rank: int, world: int) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""Issue 38: where torch's process groups take collective hooks (torch >= 2.14), they observe
+the launches no proxy sees — DDP's reducer, ``pg.*`` calls — for ``record()`` and the record
+file, on real gloo ranks, with no kernel of the agent on torch's dispatcher. Each expectation
+is counted by a hook of the test's own, registered beside the agent's."""
+
+from __future__ import annotations
+
+import hook_cases as cases
+import pytest
+from harness import run_job, run_ranks
+
+from autoannot import pghooks
+
+hooks_here = pytest.mark.skipif(
+    not (__import__("torch").distributed.is_available() and pghooks.available()),
+    reason="this torch's process groups take no collective hooks (torch < 2.14)")
+
+
+def test_doctor_says_whether_this_torch_has_the_hooks() -> None:
+    """The feature is detected, not the version: doctor says what this torch has."""
+    import torch
+
+    from autoannot import doctor
+
+    said = doctor.diagnose()["group_hooks"]
+    has = hasattr(torch._C._distributed_c10d.ProcessGroup, "register_pre_hook")
+    assert said.startswith("on this torch") is has
+    assert ("take no collective hooks" in said) is not has
+
+
+@hooks_here
+@pytest.mark.parametrize("foreign", [True, False], ids=["key owned by another library",
+                                                      "python layer"])
+def test_record_sees_every_launch_below_the_python_api_once(foreign: bool) -> None:
+    """With the Python layer's key owned by another library (torchdistx), the layer steps
+    aside and, before the hooks, recorded none of these (0 of DDP's buckets); with the layer
+    on, it records those on its threads and the hooks the other thread's. Either way every
+    launch the group issued is recorded once."""
+    for result in run_ranks(cases.below_the_python_api, 2, args=(foreign,)):
+        launched = result["counted"]
+        assert launched.count("ALLREDUCE") >= 5  # (DDP's buckets, 2 pg.allreduce, coalesced)
+        assert len(result["records"]) == len(launched)  # every launch, once
+        assert all(r[3] == result["group_name"] for r in result["records"])
+        sizes = [(r[1], r[2]) for r in result["records"]]
+        assert ("allreduce_coalesced", 7) in sizes
+        assert ("allreduce", 3) in sizes and ("allreduce", 11) in sizes  # (11: another thread)
+        buckets = [r for r in result["records"] if r[0] == "c10d.allreduce_"]
+        assert len(buckets) == launched.count("ALLREDUCE") - 1  # (less the coalesced one)
+        assert result["stepped_aside"] is foreign
+        if foreign:  # the hooks alone: nothing of the agent's on torch's dispatcher
+            assert result["torch_kernels_only"]
+        assert result["hooks_on_after"] is False  # (they record no more once it closed)
+
+
+@hooks_here
+def test_the_record_file_has_each_launch_below_the_python_api_once(tmp_path) -> None:
+    """A job run as users run it (``AUTOANNOT=1``, ``AUTOANNOT_RECORD``)."""
+    for result in run_job(cases.journal_of_a_job, 2, tmp_path, (str(tmp_path),)):
+        hooked = [api for api, _ in result["journal"] if api.startswith("c10d.")]
+        assert len(hooked) == len(result["counted"]) > 0  # DDP's broadcasts and all-reduces
