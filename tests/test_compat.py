@@ -74,11 +74,17 @@ def test_threads_and_a_toggling_thread(fake_world, via: str) -> None:
     seen: list[tuple[int, bool]] = []  # (numel, must be recorded)
 
     def toggle() -> None:
+        flips = 0
+        time.sleep(0.05)  # a calm start: the workers' first calls run wholly with the agent on
         while not stop.is_set():
             generation[0] += 1  # before and after: a call that saw one value saw no toggle
             autoannot.disable() if autoannot.is_enabled() else autoannot.enable()
             generation[0] += 1
-            time.sleep(0.002)  # let calls run between toggles too
+            flips += 1
+            # let calls run between toggles too; every other on-phase is calm (50 ms), so that
+            # calls run wholly while the agent stays on even on a loaded machine
+            calm = autoannot.is_enabled() and flips % 4 == 0
+            time.sleep(0.05 if calm else 0.002)
 
     def work(t: int) -> None:
         for i in range(150):
