@@ -37,6 +37,7 @@ layer.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import sys
 import threading
@@ -163,8 +164,27 @@ class HookObserver:
         except Exception as exc:  # this group's launches go unrecorded here
             diagnostics.warn_once("process group hooks", "registering", exc)
             return
+        if not self._groups:
+            atexit.register(self.unhook_all)
         self._groups[key] = ref
         weakref.finalize(group, self._groups.pop, key, None)  # (its id may be reused)
+
+    def unhook_all(self) -> None:
+        """At the interpreter's exit: off every group. A group that outlives the interpreter
+        (no ``destroy_process_group``) would otherwise free the hooks, Python callables,
+        after Python is gone: the process crashed at exit (SIGSEGV). No collective is issued
+        then."""
+        with self._lock:
+            for ref in list(self._groups.values()):
+                group = ref()
+                if group is None:
+                    continue
+                try:
+                    group.unregister_pre_hook(HOOK_ID)
+                    group.unregister_post_hook(HOOK_ID)
+                except Exception:  # a group torch has shut down: nothing to remove
+                    pass
+            self._groups.clear()
 
     # the hooks ----------------------------------------------------------------------------
 

@@ -58,3 +58,30 @@ def test_the_record_file_has_each_launch_below_the_python_api_once(tmp_path) -> 
     for result in run_job(cases.journal_of_a_job, 2, tmp_path, (str(tmp_path),)):
         hooked = [api for api, _ in result["journal"] if api.startswith("c10d.")]
         assert len(hooked) == len(result["counted"]) > 0  # DDP's broadcasts and all-reduces
+
+
+EXITS_WITH_A_GROUP_ALIVE = """
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import autoannot
+autoannot.enable()
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+with autoannot.record() as records:
+    dist.group.WORLD.allreduce([torch.ones(2)]).wait()
+print(len(records))
+"""
+
+
+@hooks_here
+def test_a_process_that_never_destroys_its_group_exits_cleanly() -> None:
+    """A hooked group outliving the interpreter freed the hooks after Python was gone: the
+    process crashed at exit (SIGSEGV, rc 139) — what most jobs do (no
+    ``destroy_process_group``). The hooks come off at exit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", EXITS_WITH_A_GROUP_ALIVE],
+                          cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                          timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-2000:]
