@@ -100,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("releases", nargs="*", default=list(RELEASES), help="torch releases")
     parser.add_argument("--setup-only", action="store_true", help="install, run nothing")
+    argv = sys.argv[1:] if argv is None else argv
+    extra: list[str] = []
+    if "--" in argv:  # what follows goes to pytest (not taken for releases)
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1:]
     args, pytest_args = parser.parse_known_args(argv)
-    pytest_args = [a for a in pytest_args if a != "--"]
+    pytest_args += extra
     logs = ROOT / ".matrix" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     results = []
