@@ -131,6 +131,7 @@ class HookObserver:
         self._lock = threading.Lock()
         self._key: Any = None  # (the check of the Python layer's key, its key)
         self.on = False
+        atexit.register(self.unhook_all)
 
     def __repr__(self) -> str:
         return f"HookObserver(on={self.on}, groups={len(self._groups)})"
@@ -164,8 +165,6 @@ class HookObserver:
         except Exception as exc:  # this group's launches go unrecorded here
             diagnostics.warn_once("process group hooks", "registering", exc)
             return
-        if not self._groups:
-            atexit.register(self.unhook_all)
         self._groups[key] = ref
         weakref.finalize(group, self._groups.pop, key, None)  # (its id may be reused)
 
