@@ -46,17 +46,19 @@ class Config:
     place; ``AUTOANNOT_LANES`` (default 0): with annotated kernels moved to their process
     group's lane. ``AUTOANNOT_OPS`` (default 1): observe the launches no proxy sees (compiled
     code, DDP's reducer, autograd, C++). ``AUTOANNOT_NATIVE`` (default 1): through the native
-    observer where it is built. ``AUTOANNOT_VERIFY`` (default 0): compare each capture's
-    collectives across ranks when it ends. ``AUTOANNOT_ROWS`` (default 1): each rank writes the
+    observer where it is built. ``AUTOANNOT_GROUP_HOOKS`` (default 1): through torch's
+    process-group hooks where torch has them (>= 2.14), instead of either.
+    ``AUTOANNOT_VERIFY`` (default 0): compare each capture's collectives across ranks when it
+    ends. ``AUTOANNOT_ROWS`` (default 1): each rank writes the
     rows of the trace it exports beside it (``traces.rows``)."""
 
-    __slots__ = ("annotate_on_export", "lanes", "mark_kernels", "native", "ops",
+    __slots__ = ("annotate_on_export", "group_hooks", "lanes", "mark_kernels", "native", "ops",
                  "rows_on_export", "torch_annotations", "verify")
 
     def __init__(self, mark_kernels: bool = True, torch_annotations: bool = True,
                  annotate_on_export: bool = False, lanes: bool = False, ops: bool = True,
                  native: bool = True, verify: bool = False,
-                 rows_on_export: bool = True) -> None:
+                 rows_on_export: bool = True, group_hooks: bool = True) -> None:
         self.mark_kernels = mark_kernels
         self.torch_annotations = torch_annotations
         self.annotate_on_export = annotate_on_export
@@ -65,6 +67,7 @@ class Config:
         self.native = native
         self.verify = verify
         self.rows_on_export = rows_on_export
+        self.group_hooks = group_hooks
 
     def __repr__(self) -> str:
         return "Config(" + ", ".join(f"{name}={getattr(self, name)}"
@@ -92,4 +95,5 @@ def from_environment(env: Mapping[str, str] | None = None) -> Config:
         native=flag("AUTOANNOT_NATIVE", True, env),
         verify=flag("AUTOANNOT_VERIFY", False, env),
         rows_on_export=flag("AUTOANNOT_ROWS", True, env),
+        group_hooks=flag("AUTOANNOT_GROUP_HOOKS", True, env),
     )

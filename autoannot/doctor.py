@@ -130,6 +130,10 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
     """How launches below the Python API are seen here: compiled code's, C++-origin ones."""
     if not settings.ops:
         return ("not annotated: AUTOANNOT_OPS=0",) * 2  # type: ignore[return-value]
+    if _hooks_observe(settings):
+        line = ("annotated through torch's process-group hooks (every group, every thread; no "
+                "dispatch key, no compiler)")
+        return line, line
     from autoannot import native
 
     if settings.native and native.built_path() is not None:
@@ -162,10 +166,19 @@ def _group_hooks(settings: Any) -> str:
                 "2.14): the observers above see every launch below the Python API")
     if not settings.ops:
         return "on this torch, but not used: AUTOANNOT_OPS=0"
-    return ("on this torch (ProcessGroup.register_pre_hook): on every group, they give "
-            "record() and the record file each launch no other observer sees — on threads "
-            "the Python layer does not reach, and every one where another library owns its "
-            "key; no dispatch key, no compiler")
+    if not settings.group_hooks:
+        return ("on this torch, but not used: AUTOANNOT_GROUP_HOOKS=0 (the native observer or "
+                "the Python layer observe instead)")
+    return ("on this torch (ProcessGroup.register_pre_hook): the observer of every launch no "
+            "proxy sees, on every group — captures, record() and the record file; the native "
+            "observer and the Python layer are not used")
+
+
+def _hooks_observe(settings: Any) -> bool:
+    """Whether the process-group hooks are the observer here (as ``Instrumentation`` decides)."""
+    from autoannot import pghooks
+
+    return settings.ops and settings.group_hooks and pghooks.available()
 
 
 def _native_observer(settings: Any) -> str:
@@ -173,6 +186,9 @@ def _native_observer(settings: Any) -> str:
 
     if not settings.native:
         return "off (AUTOANNOT_NATIVE=0)"
+    if _hooks_observe(settings):
+        return ("not used: this torch's process-group hooks observe instead "
+                "(AUTOANNOT_GROUP_HOOKS=0 to use it where built)")
     path = native.built_path()
     if path is None:
         return ("not built for this torch (autoannot build-native): launches below the "

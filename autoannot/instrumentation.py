@@ -34,7 +34,7 @@ class Instrumentation:
         #: built and allowed; else None.
         self.observer: Any = None
         #: torch's process-group hooks (``pghooks.HookObserver``), where torch has them
-        #: (>= 2.14): recorders and journals get the launches no other observer sees.
+        #: (>= 2.14): then the one observer of launches below the Python API.
         self.hooks: Any = None
         self._captures: Any = None
         self._layer: Any = _UNSET  # the Python layer (``dispatch.DispatcherLayer``), once made
@@ -62,12 +62,22 @@ class Instrumentation:
         """The Python layer if it was made (None otherwise)."""
         return None if self._layer is _UNSET else self._layer
 
+    def group_hooks_observe(self) -> bool:
+        """Whether torch's process-group hooks are this process's observer of launches below
+        the Python API: where this torch's groups take them (>= 2.14) and they are allowed
+        (``AUTOANNOT_OPS``, ``AUTOANNOT_GROUP_HOOKS``). Then neither older observer is made."""
+        if not (self.config.ops and self.config.group_hooks):
+            return False
+        from autoannot import pghooks
+
+        return pghooks.available()
+
     def native_module(self) -> Any:
         """The native observer's module where it is built for this torch and allowed (looked
-        for once a process); None otherwise."""
+        for once a process); None otherwise, and where the process-group hooks observe."""
         if self._native_module is _UNSET:
             module = None
-            if self.config.native and self.config.ops:
+            if self.config.native and self.config.ops and not self.group_hooks_observe():
                 from autoannot import native
 
                 try:
@@ -81,8 +91,9 @@ class Instrumentation:
 
     def python_layer(self) -> Any:
         """The Python layer (dispatcher kernels on a borrowed key), where no native observer
-        sees launches below the Python API; made at the first need, None where it cannot be."""
-        if self.observer is not None:
+        sees launches below the Python API, nor the process-group hooks; made at the first need,
+        None where it cannot be."""
+        if self.observer is not None or self.group_hooks_observe():
             return None
         with self._lock:
             if self._layer is _UNSET:
@@ -178,11 +189,11 @@ def _install_collectives(agent: Instrumentation, module: ModuleType) -> list[pat
 
 def _install_group_hooks(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
     """Where torch's process groups take collective hooks: they observe the launches no proxy
-    sees for recorders and journals, on every group: those there are now, and each one made
-    from now on, as it is made (``_new_process_group_helper``)."""
+    sees, on every group: those there are now, and each one made from now on, as it is made
+    (``_new_process_group_helper``)."""
     from autoannot import pghooks
 
-    if not agent.config.ops or not pghooks.available():
+    if not agent.group_hooks_observe():
         return []
     from autoannot import cudagraphs
 

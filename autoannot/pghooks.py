@@ -1,12 +1,12 @@
-"""Torch's process-group hooks as the observer of the launches no proxy sees, where torch has
+"""Torch's process-group hooks as the observer of every launch no proxy sees, where torch has
 them (``ProcessGroup.register_pre_hook`` / ``register_post_hook``, torch >= 2.14).
 
 Torch fires a group's hooks from its ``c10d::`` dispatcher kernels, around every collective
 issued through the group: the Python API's, ``pg.allreduce(...)``, DDP's reducer and
 ``_broadcast_coalesced`` (C++), compiled code, batched p2p, coalesced blocks; NCCL and gloo.
-Nothing else is needed to see them: no dispatch key (the Python layer's ``DeferredInit``), no
-RecordFunction callback that every operator pays for (the native observer's, with a record
-file), no compiler.
+Where torch has them they are the agent's only observer below the Python API (``AUTOANNOT_
+GROUP_HOOKS=0`` keeps the older ones): no dispatch key (the Python layer's ``DeferredInit``),
+no RecordFunction callback that every operator pays for (the native observer's), no compiler.
 
 Torch's contract for them: "registration is expected to happen at setup time, not
 concurrently with collectives" (its hooks live in a map the collective's thread iterates; a
@@ -14,25 +14,24 @@ hook added or removed while another thread issues a collective on the group can 
 process — seen: a segfault in a test toggling the agent from a thread). So each group gets the
 agent's hooks once, when it is made (the one funnel torch makes groups through,
 ``_new_process_group_helper``, is wrapped: torch gives no public notice of a new group), or at
-``enable()`` for the groups that exist then; they are never removed. While nothing asks — no
-``record()`` that wants such launches, no record file — they return at once (a Python call
-per collective; measured in docs/benchmarks.md). While something asks, the pre-hook writes the
-launch to the record file before it runs and the post-hook gives it to the recorders once
-issued. A launch a proxy annotates (the Python API) is the proxy's: the hooks leave every
-launch made inside a wrapped call alone, so no launch is recorded twice.
+``enable()`` for the groups that exist then; they come off at the interpreter's exit. While
+nothing asks — no capture, no ``record()`` that wants such launches, no record file — they
+return at once (a Python call per collective; measured in docs/benchmarks.md).
 
-A launch another observer records stays theirs: the native observer's (every thread), the
-Python layer's on a thread that includes its key. The hooks record the rest: launches on
-threads the Python layer does not reach, and every launch below the Python API where the layer
-cannot run (another library owns its key: torchdistx). Why not all of them: what a hook is
-told is the op's kind (``HookOpName``), its tensors, its root or peer — not the op, so a
-coalesced op of one tensor reads as its single-tensor form, and a compiled funcol op as the
-``c10d::`` op under it; the layers know the op. Each launch is derived from what the hook
-tells by the table's rule for the ``c10d::`` op it came through, as the other observers
-derive theirs. What it is not told, it does not invent: an ``all_to_all_single``'s
-split sizes (torch's hooks do not carry them; an uneven one is annotated as even, said in
-docs/internals.md). CUDA-graph captures are still noted by the native observer or the Python
-layer.
+While something asks, a launch is annotated as a proxy annotates one: an ``AnnotationContext``
+entered at the pre-hook (the record file's line before it runs; in a capture, its graph's
+ledger, or torch's ``mark_kernels`` around the launch) and left at the post-hook, once issued
+(the recorders). A launch a proxy annotates (the Python API) is the proxy's: the hooks leave
+every launch made inside a wrapped call alone, so no launch is annotated twice.
+
+What a hook is told is the op's kind (``HookOpName``), its tensors, its root or peer — not the
+op. Each launch is derived by the table's rule for the ``c10d::`` op it came through: torch
+2.15's hooks name it; 2.14's name its kind, and the op is read from the tensors (ambiguous
+for one tensor in and one out: see ``_op_of_kind``). A compiled funcol op is labelled by the
+``c10d::`` op under it (its fields are the same). What it
+is not told it does not invent: an ``all_to_all_single``'s split sizes, which torch's hooks do
+not carry, are left out of its annotation (as torch's own collective annotations leave them
+out); a proxy's launch has them.
 """
 
 from __future__ import annotations
@@ -46,7 +45,8 @@ from _thread import get_ident
 from typing import Any
 
 from autoannot import diagnostics, metadata, sites
-from autoannot.records import enter, new_record
+from autoannot import vocabulary as V
+from autoannot.annotation import AnnotationContext
 
 #: The id autoannot's hooks are registered under on every group ("auta").
 HOOK_ID = 0x61757461
@@ -57,55 +57,80 @@ PENDING_LIMIT = 1024
 
 def available() -> bool:
     """Whether this torch's process groups take pre/post collective hooks."""
-    c10d = sys.modules.get("torch._C._distributed_c10d")
+    c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
     group = getattr(c10d, "ProcessGroup", None)
     return all(hasattr(group, name) for name in ("register_pre_hook", "register_post_hook",
                                                  "unregister_pre_hook", "unregister_post_hook"))
 
 
+def _op_of_kind(kind: str, inputs: list[Any], outputs: list[Any]) -> str:
+    """The op a torch 2.14 hook's kind of launch came through, by its tensors: its hooks name
+    the kind (``ALLGATHER``) where later ones name the op (``ALLGATHER_BASE``). One tensor in
+    and one out is ambiguous: an all-gather or reduce-scatter of one tensor is read as the
+    coalesced form funcol and compiled code launch (the plain ``_allgather_base`` comes from
+    the Python API, which the proxies see); an all-reduce of one tensor as the plain form."""
+    one_in, one_out = len(inputs) == 1, len(outputs) == 1
+    if kind == "ALLREDUCE":
+        return kind if one_in else "ALLREDUCE_COALESCED"
+    if kind == "ALLGATHER":
+        if one_in and not one_out:
+            return kind
+        return ("ALLGATHER_INTO_TENSOR_COALESCED" if len(outputs) == len(inputs)
+                else "ALLGATHER_COALESCED")
+    if kind == "REDUCE_SCATTER":
+        if one_out and not one_in:
+            return kind
+        return "REDUCE_SCATTER_TENSOR_COALESCED"
+    if kind == "ALLTOALL":
+        return "ALLTOALL_BASE" if one_in and one_out else kind
+    return kind
+
+
 def _op_call(name: str, inputs: list[Any], outputs: list[Any], root: int, size: int
              ) -> tuple[str, dict[str, Any]] | None:
-    """The ``c10d::`` op a hook's launch came through, and its arguments by name (as far as
-    the hook tells them); None for one that launches no collective (a split, a window)."""
-    one_in, one_out = len(inputs) == 1, len(outputs) == 1
+    """The ``c10d::`` op a hook's launch came through (``name``: the op's hook name, as torch
+    2.15 gives it), and its arguments by name (as far as the hook tells them); None for one
+    that launches no collective (a split, a window)."""
     if name == "ALLREDUCE":
-        return ("c10d::allreduce_" if one_in else "c10d::allreduce_coalesced_",
-                {"tensors": inputs})
+        return "c10d::allreduce_", {"tensors": inputs}
+    if name == "ALLREDUCE_COALESCED":
+        return "c10d::allreduce_coalesced_", {"tensors": inputs}
     if name == "BROADCAST":
         return "c10d::broadcast_", {"tensors": inputs, "root_rank": root, "root_tensor": 0}
     if name == "REDUCE":
         return "c10d::reduce_", {"tensors": inputs, "root_rank": root, "root_tensor": 0}
+    if name == "ALLGATHER_BASE":
+        return "c10d::_allgather_base_", {"output_tensor": outputs[0], "input_tensor": inputs[0]}
     if name == "ALLGATHER":
-        if one_in and one_out:
-            return "c10d::_allgather_base_", {"output_tensor": outputs[0],
-                                              "input_tensor": inputs[0]}
-        if one_in:
-            return "c10d::allgather_", {"output_tensors": [outputs], "input_tensors": inputs}
-        if len(outputs) == len(inputs):
-            return "c10d::allgather_into_tensor_coalesced_", {"outputs": outputs,
-                                                             "inputs": inputs}
+        return "c10d::allgather_", {
+            "output_tensors": [outputs[i:i + size] for i in range(0, len(outputs), size)],
+            "input_tensors": inputs}
+    if name == "ALLGATHER_INTO_TENSOR_COALESCED":
+        return "c10d::allgather_into_tensor_coalesced_", {"outputs": outputs, "inputs": inputs}
+    if name == "ALLGATHER_COALESCED":
         return "c10d::allgather_coalesced_", {
             "output_lists": [outputs[i:i + size] for i in range(0, len(outputs), size)],
             "input_list": inputs}
+    if name == "REDUCE_SCATTER_BASE":
+        return "c10d::_reduce_scatter_base_", {"output_tensor": outputs[0],
+                                               "input_tensor": inputs[0]}
     if name == "REDUCE_SCATTER":
-        if one_in and one_out:
-            return "c10d::_reduce_scatter_base_", {"output_tensor": outputs[0],
-                                                   "input_tensor": inputs[0]}
-        if one_out:
-            return "c10d::reduce_scatter_", {"output_tensors": outputs,
-                                             "input_tensors": [inputs]}
+        return "c10d::reduce_scatter_", {
+            "output_tensors": outputs,
+            "input_tensors": [inputs[i:i + size] for i in range(0, len(inputs), size)]}
+    if name == "REDUCE_SCATTER_TENSOR_COALESCED":
         return "c10d::reduce_scatter_tensor_coalesced_", {"outputs": outputs, "inputs": inputs}
+    if name == "ALLTOALL_BASE":  # (the hooks carry no split sizes: left out, see _UNTOLD)
+        return "c10d::alltoall_base_", {"output": outputs[0], "input": inputs[0],
+                                        "output_split_sizes": [], "input_split_sizes": []}
     if name == "ALLTOALL":
-        if one_in and one_out:  # (the hooks carry no split sizes: taken as even)
-            return "c10d::alltoall_base_", {"output": outputs[0], "input": inputs[0],
-                                            "output_split_sizes": [], "input_split_sizes": []}
         return "c10d::alltoall_", {"output_tensors": outputs, "input_tensors": inputs}
     if name == "BARRIER":
         return "c10d::barrier", {}
     if name == "SEND":
         return "c10d::send", {"tensors": inputs, "dst": root, "tag": 0}
     if name == "RECV":
-        return "c10d::recv_", {"tensors": inputs, "src": root, "tag": 0}
+        return "c10d::recv_", {"tensors": outputs or inputs, "src": root, "tag": 0}
     if name == "GATHER":
         return "c10d::gather_", {
             "output_tensors": [outputs] if outputs else [], "input_tensors": inputs,
@@ -119,17 +144,25 @@ def _op_call(name: str, inputs: list[Any], outputs: list[Any], root: int, size: 
 _NAMES: dict[Any, str] = {}  # HookOpName -> its name ("ALLREDUCE")
 
 
+@functools.cache
+def _names_ops(names: type) -> bool:
+    """Whether this torch's hooks name the op (2.15: ``ALLGATHER_BASE``), not only its kind."""
+    return hasattr(names, "ALLGATHER_BASE")
+#: Fields a hook is not told, by the op it derives a launch by: left out of the annotation.
+_UNTOLD = {"c10d::alltoall_base_": (V.IN_SPLIT, V.OUT_SPLIT)}
+
+
 class HookObserver:
-    """The agent's hooks on every group, recording while something asks for launches no
-    proxy sees. ``agent``: the ``Instrumentation`` (its ``state``)."""
+    """The agent's hooks on every group, annotating the launches no proxy sees while
+    something asks. ``agent``: the ``Instrumentation`` (its ``state``, ``captures``)."""
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
         self._ops: dict[str, Any] | None = None  # (at the first launch: torch may be importing)
         self._groups: dict[int, weakref.ref] = {}  # id -> the groups hooked now
-        self._pending: dict[tuple[int, int], Any] = {}  # (group, op id) -> its record
+        #: (group, op id) -> the context entered at its pre-hook, until its post-hook
+        self._pending: dict[tuple[int, int], AnnotationContext] = {}
         self._lock = threading.Lock()
-        self._key: Any = None  # (the check of the Python layer's key, its key)
         self.on = False
         atexit.register(self.unhook_all)
 
@@ -139,13 +172,23 @@ class HookObserver:
     # what the agent's state asks for ------------------------------------------------------
 
     def demand_changed(self, state: Any) -> None:
-        """(``State`` listener, under its lock) Whether the hooks record: while a recorder that
-        wants launches no proxy sees, or a journal, is open."""
-        on = state.live and (bool(state.journals) or any(not r.python_api_only
-                                                          for r in state.recorders))
+        """(``State`` listener, under its lock) Whether the hooks annotate: while a capture, a
+        journal, or a recorder that wants launches no proxy sees is open."""
+        on = state.live and (state.captures > 0 or bool(state.journals)
+                             or any(not r.python_api_only for r in state.recorders))
         if not on:
-            self._pending.clear()
+            self.let_go()
         self.on = on
+
+    def let_go(self) -> None:
+        """Leave the contexts of launches whose post-hook never came (a collective that
+        raised), most recent first: none stays entered once nothing asks (or a capture ends)."""
+        pending, self._pending = self._pending, {}
+        for context in reversed(list(pending.values())):
+            try:
+                context.__exit__(RuntimeError, None, None)  # (not recorded: it did not return)
+            except Exception as exc:
+                diagnostics.warn_once("process group hooks", "leaving an annotation", exc)
 
     def hook_groups(self, groups: list[Any]) -> None:
         """Give ``groups`` the agent's hooks, those that have none yet (a group just made, or
@@ -188,65 +231,52 @@ class HookObserver:
     # the hooks ----------------------------------------------------------------------------
 
     def _before(self, ref: weakref.ref, args: Any) -> None:
-        """(torch's pre-hook) A launch about to be issued: to the journals now."""
+        """(torch's pre-hook) A launch about to be issued: its annotation entered."""
         if not self.on:  # (nothing asks: at once)
             return
-        state = self.agent.state
-        if state.inside.get(get_ident()) or self._seen_by_a_layer():
+        if self.agent.state.inside.get(get_ident()):  # a proxy's launch: the proxy's
             return
+        group = ref()
         try:
-            record = self._record(ref(), args)
-        except Exception as exc:  # this launch goes unrecorded; the collective runs
+            context = self._context(group, args)
+        except Exception as exc:  # this launch goes unannotated; the collective runs
             diagnostics.warn_once(f"c10d.{getattr(args.name, 'name', args.name)}",
                                   "deriving the collective metadata", exc)
             return
-        if record is None:
+        if context is None:
             return
-        enter(state, record)
-        if any(not r.python_api_only for r in state.recorders):
-            if len(self._pending) >= PENDING_LIMIT:  # (launches that raised: let go)
-                self._pending.clear()
-            self._pending[(id(ref()), args.op_id)] = record
-
-    def _seen_by_a_layer(self) -> bool:
-        """Whether another observer records this launch: the native observer (every thread),
-        or the Python layer on a thread that includes its key (where it holds the key). Those
-        know the op itself (a funcol op's label; a coalesced op of one tensor, which a hook
-        cannot tell from its single-tensor form): where they see a launch, theirs stands."""
-        agent = self.agent
-        if agent.observer is not None:
-            return True
-        layer = agent.layer
-        if layer is None or layer.stepped_aside or not layer.holders:
-            return False
-        if self._key is None:
-            import torch
-
-            from autoannot import dispatch
-
-            self._key = (torch._C._dispatch_tls_is_dispatch_key_included,
-                         torch._C._dispatch_key_parse(dispatch.KEY))
-        included, key = self._key
-        return bool(included(key))
+        try:
+            context.__enter__()
+        except Exception as exc:
+            diagnostics.warn_once(context.api, "entering the annotation context", exc)
+            return
+        pending = self._pending
+        if len(pending) >= PENDING_LIMIT:  # (launches that raised: let go)
+            self.let_go()
+            pending = self._pending
+        pending[(id(group), args.op_id)] = context
 
     def _after(self, key: int, args: Any) -> None:
-        """(torch's post-hook) The launch was issued: to the recorders."""
-        record = self._pending.pop((key, args.op_id), None)
-        if record is None:
+        """(torch's post-hook) The launch was issued: its annotation left (to the recorders)."""
+        context = self._pending.pop((key, args.op_id), None)
+        if context is None:
             return
-        for recording in self.agent.state.recorders:
-            if not recording.python_api_only:
-                recording.append(record)
+        try:
+            context.__exit__(None, None, None)
+        except Exception as exc:
+            diagnostics.warn_once(context.api, "leaving the annotation context", exc)
 
-    def _record(self, group: Any, args: Any) -> Any:
-        """The record of one hooked launch; None where it is no collective."""
+    def _context(self, group: Any, args: Any) -> AnnotationContext | None:
+        """The annotation of one hooked launch; None where it is no collective."""
         if group is None:
             return None
         name = _NAMES.get(args.name)
         if name is None:
             name = _NAMES[args.name] = getattr(args.name, "name", str(args.name).split(".")[-1])
-        call = _op_call(name, list(args.input_tensors), list(args.output_tensors),
-                        int(args.root), group.size())
+        inputs, outputs = list(args.input_tensors), list(args.output_tensors)
+        if not _names_ops(type(args.name)):
+            name = _op_of_kind(name, inputs, outputs)
+        call = _op_call(name, inputs, outputs, int(args.root), group.size())
         if call is None:
             return None
         op, arguments = call
@@ -260,9 +290,12 @@ class HookObserver:
         arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
         launch = known.plan.derive((), arguments)
         label = known.row.label
-        site = sites.site_from(sys._getframe(1).f_back)  # (the code that called into torch)
-        return new_record(label, metadata.annotation_of(label, launch), site,
-                          metadata.cpu_only_args(launch))
+        annotation = metadata.annotation_of(label, launch)
+        for field in _UNTOLD.get(op, ()):
+            del annotation[field]
+        site = sites.site_from(sys._getframe(1).f_back)  # (the code that called torch)
+        return AnnotationContext(label, annotation, metadata.cpu_only_args(launch),
+                                 launch.kernels, site, self.agent)
 
 
 def existing_groups() -> list[Any]:

@@ -18,7 +18,9 @@ def record(python_api_only: bool = False, *, dispatcher: bool | None = None
     (``dist.*``, funcol, DTensor and FSDP2 through them), from any thread, and below it — DDP's
     reducer, autograd's engine threads, compiled code, ``pg.allreduce(...)``, C++.
 
-    Launches below the Python API are seen by the native observer where it is built
+    Launches below the Python API are seen by torch's process-group hooks where torch has
+    them (>= 2.14): on every thread, for collectives only. On older torch, by the native
+    observer where it is built
     (``autoannot build-native``): on every thread, through torch's RecordFunction callbacks,
     which every operator then pays for while the block is open (measured in
     docs/benchmarks.md). Without it, by the Python layer: on this thread and the threads torch
@@ -41,7 +43,7 @@ def record(python_api_only: bool = False, *, dispatcher: bool | None = None
     recording = Recording()
     recording.python_api_only = python_api_only
     layer = None
-    if not python_api_only and agent.observer is None:
+    if not python_api_only and agent.observer is None and agent.hooks is None:
         layer = agent.python_layer()
         if layer is None and agent.state.live and agent.config.ops:
             _say_once("record:below", "autoannot.record(): launches below torch's Python API "

@@ -39,7 +39,7 @@ def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]
     """``record()`` around what no proxy sees: a DDP step (its reducer's bucket all-reduces,
     from C++ on autograd's thread), ``pg.allreduce``, a coalesced all-reduce through the group
     object, and a ``pg.allreduce`` on another thread — each counted by a hook of the test's
-    own. ``foreign``: another library owns the Python layer's key (it steps aside)."""
+    own. ``foreign``: another library owns the key the Python layer would borrow."""
     import threading
 
     import torch
@@ -72,8 +72,9 @@ def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]
         "records": [(r.api, r.annotation.get("Collective name"), r.annotation.get("In msg nelems"),
                      r.annotation.get("Process Group Name")) for r in records],
         "group_name": dist.distributed_c10d._get_process_group_name(group),
-        "hooks_on_after": INSTRUMENTATION.hooks.on,
-        "stepped_aside": bool(layer is not None and layer.stepped_aside),
+        "hooks_on_after": INSTRUMENTATION.hooks is not None and INSTRUMENTATION.hooks.on,
+        "layer_made": layer is not None,
+        "native_observer": INSTRUMENTATION.observer is not None,
         "torch_kernels_only": _torch_kernels_only(),
     }
     autoannot.disable()
@@ -83,8 +84,7 @@ def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]
 
 def journal_of_a_job(rank: int, world: int, out: str) -> dict[str, Any]:
     """``AUTOANNOT_RECORD`` (set before the agent starts): a DDP step's launches in the record
-    file, each once, whichever observer saw it (the Python layer on this thread, the hooks
-    elsewhere)."""
+    file, each once."""
     import json
 
     import torch
