@@ -65,6 +65,15 @@ def agent():
         autoannot.disable()
 
 
+@pytest.fixture(autouse=True)
+def _the_native_observer_where_built(request: pytest.FixtureRequest,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that builds the native observer runs it: on a torch whose process groups take
+    hooks (the observer there), with them turned off."""
+    if "native_build" in request.fixturenames:
+        monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "0")
+
+
 @pytest.fixture(scope="session")
 def native_build(tmp_path_factory: pytest.TempPathFactory):
     """The native observer compiled against this torch, once a session, in a folder of the

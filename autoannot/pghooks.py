@@ -25,13 +25,15 @@ ledger, or torch's ``mark_kernels`` around the launch) and left at the post-hook
 every launch made inside a wrapped call alone, so no launch is annotated twice.
 
 What a hook is told is the op's kind (``HookOpName``), its tensors, its root or peer — not the
-op. Each launch is derived by the table's rule for the ``c10d::`` op it came through: torch
-2.15's hooks name it; 2.14's name its kind, and the op is read from the tensors (ambiguous
-for one tensor in and one out: see ``_op_of_kind``). A compiled funcol op is labelled by the
-``c10d::`` op under it (its fields are the same). What it
-is not told it does not invent: an ``all_to_all_single``'s split sizes, which torch's hooks do
-not carry, are left out of its annotation (as torch's own collective annotations leave them
-out); a proxy's launch has them.
+op. Where Python called the op through ``torch.ops`` (compiled code, funcol's ops) the op and
+its arguments are read from the frame of torch's ``OpOverload.__call__`` (read only): the
+launch is derived from them, as the other observers derive theirs, funcol's label and an
+all-to-all's split sizes included. Otherwise (C++ callers: DDP's reducer; ``pg.*`` calls) it
+is derived by the table's rule for the ``c10d::`` op it came through: torch 2.15's hooks name
+it; 2.14's name its kind, and the op is read from the tensors (ambiguous for one tensor in and
+one out: see ``_op_of_kind``). What it is not told it does not invent: an
+``all_to_all_single``'s split sizes, which torch's hooks do not carry, are left out of its
+annotation (as torch's own collective annotations leave them out).
 """
 
 from __future__ import annotations
@@ -270,32 +272,73 @@ class HookObserver:
         """The annotation of one hooked launch; None where it is no collective."""
         if group is None:
             return None
-        name = _NAMES.get(args.name)
-        if name is None:
-            name = _NAMES[args.name] = getattr(args.name, "name", str(args.name).split(".")[-1])
-        inputs, outputs = list(args.input_tensors), list(args.output_tensors)
-        if not _names_ops(type(args.name)):
-            name = _op_of_kind(name, inputs, outputs)
-        call = _op_call(name, inputs, outputs, int(args.root), group.size())
-        if call is None:
-            return None
-        op, arguments = call
         if self._ops is None:
             from autoannot import observer
 
             self._ops = observer._ops()
-        known = self._ops.get(op)
-        if known is None or known.plan is None:
-            return None
-        arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
-        launch = known.plan.derive((), arguments)
+        caller = sys._getframe(1).f_back  # (the Python code that called into torch, if any)
+        called = _op_called_from(caller)
+        known = self._ops.get(called[0]) if called is not None else None
+        if known is not None and known.plan is not None:  # torch.ops.*: the op itself
+            launch = known.plan.derive(called[1], called[2])
+            caller = caller.f_back
+            untold: tuple[str, ...] = ()
+        else:  # what the hook tells
+            name = _NAMES.get(args.name)
+            if name is None:
+                name = _NAMES[args.name] = getattr(args.name, "name",
+                                                   str(args.name).split(".")[-1])
+            inputs, outputs = list(args.input_tensors), list(args.output_tensors)
+            if not _names_ops(type(args.name)):
+                name = _op_of_kind(name, inputs, outputs)
+            call = _op_call(name, inputs, outputs, int(args.root), group.size())
+            if call is None:
+                return None
+            op, arguments = call
+            known = self._ops.get(op)
+            if known is None or known.plan is None:
+                return None
+            arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
+            launch = known.plan.derive((), arguments)
+            untold = _UNTOLD.get(op, ())
         label = known.row.label
         annotation = metadata.annotation_of(label, launch)
-        for field in _UNTOLD.get(op, ()):
+        for field in untold:
             del annotation[field]
-        site = sites.site_from(sys._getframe(1).f_back)  # (the code that called torch)
         return AnnotationContext(label, annotation, metadata.cpu_only_args(launch),
-                                 launch.kernels, site, self.agent)
+                                 launch.kernels, sites.site_from(caller), self.agent)
+
+
+_OP_CALLS: list[Any] = []  # the code of OpOverload.__call__, .redispatch, the packet's call
+
+
+def _op_called_from(frame: Any) -> tuple[str, tuple, dict] | None:
+    """Where Python called the launch's op through ``torch.ops`` (compiled code, funcol's
+    ops and their autograd, a ``torch.ops.c10d.*`` call), that op's name and its arguments:
+    read (never changed) from the frame of torch's ``OpOverload.__call__`` or ``redispatch``
+    (or its packet's call, for an op of one overload). It tells what the hook does not: the
+    ``_c10d_functional`` op over the ``c10d::`` one, an all-to-all's split sizes."""
+    if frame is None:
+        return None
+    if not _OP_CALLS:
+        ops = sys.modules.get("torch._ops")
+        for kind, method in (("OpOverload", "__call__"), ("OpOverload", "redispatch"),
+                             ("OpOverloadPacket", "__call__")):
+            found = getattr(ops, kind, None)
+            function = vars(found).get(method) if isinstance(found, type) else None
+            _OP_CALLS.append(getattr(function, "__code__", None))
+    code = frame.f_code
+    if code not in _OP_CALLS:
+        return None
+    values = frame.f_locals
+    op, op_args, op_kwargs = values.get("self"), values.get("args"), values.get("kwargs")
+    if not (isinstance(op_args, tuple) and isinstance(op_kwargs, dict)):
+        return None
+    if code is _OP_CALLS[2]:  # a packet: the op, where it has one overload
+        if op.overloads() != ["default"]:
+            return None
+        op = op.default
+    return op.name(), op_args, op_kwargs
 
 
 def existing_groups() -> list[Any]:

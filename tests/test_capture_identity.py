@@ -91,9 +91,12 @@ def _in_thread(fn: Any) -> None:
 
 def _carry_callers_keys() -> None:
     """What autograd's engine does for its device threads: run with the backward caller's
-    thread-local dispatch keys (the agent's key included; the real thing runs on CUDA)."""
+    thread-local dispatch keys (the agent's key included; the real thing runs on CUDA).
+    Where torch's process-group hooks observe, the agent has no key."""
     from autoannot import dispatch
 
+    if hooks.AGENT.group_hooks_observe():
+        return
     torch._C._dispatch_tls_set_dispatch_key_included(dispatch._key(), True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import agent_hooks as hooks
 import pytest
 import scenarios
 from harness import run_ranks
@@ -133,6 +134,9 @@ def test_autoannot_ops_0_puts_nothing_on_the_dispatcher(ops: str, tmp_path) -> N
     last = done.stdout.strip().splitlines()[-1]
     if ops == "0":  # only the proxies: the C++-origin and compiled-code launches go unseen
         assert last == "['all_reduce'] [False, False] (False, False)"
+    elif hooks.group_hooks_observe():  # torch's process-group hooks: nothing on the dispatcher
+        assert last == ("['all_reduce', 'c10d.allreduce_', '_c10d_functional.all_reduce'] "
+                        "[False, False] (False, False)")
     else:
         assert last == ("['all_reduce', 'c10d.allreduce_', '_c10d_functional.all_reduce'] "
                         "[True, True] (True, True)")

@@ -12,12 +12,17 @@ import pytest
 EXAMPLE = Path(__file__).parents[1] / "examples" / "tensor_parallel.py"
 
 
-@pytest.mark.parametrize("layer", ["python layer", "native observer"])
+@pytest.mark.parametrize("layer", ["python layer", "native observer", "group hooks"])
 def test_example_prints_the_annotations_of_every_collective(layer: str, request) -> None:
-    """With either observer below the Python API: the backward's all-gather (a C++-origin
+    """With each observer below the Python API: the backward's all-gather (a C++-origin
     launch on gloo, which makes no record of it) is in the record file too."""
+    from autoannot import pghooks
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
     env["AUTOANNOT"] = "1"
+    env["AUTOANNOT_GROUP_HOOKS"] = "1" if layer == "group hooks" else "0"
+    if layer == "group hooks" and not pghooks.available():
+        pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
     if layer == "native observer":
         env["AUTOANNOT_NATIVE_DIR"] = str(request.getfixturevalue("native_build").parents[1])
     else:

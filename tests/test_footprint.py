@@ -177,20 +177,28 @@ def compile_from_threads(rank: int, world: int, python_api_only: bool) -> dict[s
     for thread in threads:
         thread.join()
     work()
-    which = "native observer" if hooks.AGENT.observer is not None else "python layer"
+    which = ("group hooks" if hooks.AGENT.hooks is not None else
+             "native observer" if hooks.AGENT.observer is not None else "python layer")
     autoannot.disable()
     return {"compiles": len(compiled_frames), "errors": [repr(e) for e in errors],
             "which": which}
 
 
-@pytest.mark.parametrize("layer", ["native observer", "python layer"])
+@pytest.mark.parametrize("layer", ["native observer", "python layer", "group hooks"])
 def test_compiled_code_is_never_recompiled_for_the_agent(layer: str, request,
                                                          monkeypatch) -> None:
     """A compiled function called from 3 threads and the main one, recorders opening and
-    closing on each: compiled once. The native observer includes no dispatch key, whatever a
-    recorder sees; the Python layer includes one for a plain record() (its cost, said in the
-    README), none for ``record(python_api_only=True)``."""
-    if layer == "native observer":
+    closing on each: compiled once. The native observer and torch's process-group hooks
+    include no dispatch key, whatever a recorder sees; the Python layer includes one for a
+    plain record() (its cost, said in the README), none for ``record(python_api_only=True)``."""
+    from autoannot import pghooks
+
+    monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "1" if layer == "group hooks" else "0")
+    if layer == "group hooks":
+        if not pghooks.available():
+            pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
+        (seen,) = run_ranks(compile_from_threads, 2, "fake", (False,), ranks=(0,))
+    elif layer == "native observer":
         build = request.getfixturevalue("native_build")
         monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(build.parent.parent))
         (seen,) = run_ranks(compile_from_threads, 2, "fake", (False,), ranks=(0,))

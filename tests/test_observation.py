@@ -28,19 +28,40 @@ from autoannot import vocabulary as V
 LAYERS = ["python layer", "native observer"]
 
 
-@pytest.fixture(params=LAYERS)
-def layer(request, monkeypatch) -> str:
-    """The rank processes see launches below the Python API this way."""
-    if request.param == "native observer":
+def _see_below_the_api(way: str, request, monkeypatch) -> str:
+    """Rank processes started now see launches below the Python API ``way``."""
+    if way == "group hooks":
+        if not pghooks.available():
+            pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
+        monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "1")
+        return way
+    monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "0")  # (where torch's groups take hooks)
+    if way == "native observer":
         build = request.getfixturevalue("native_build")
         monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(build.parent.parent))
         monkeypatch.setenv("AUTOANNOT_NATIVE", "1")
     else:
         monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
-    return request.param
+    return way
+
+
+@pytest.fixture(params=LAYERS)
+def layer(request, monkeypatch) -> str:
+    """The rank processes see launches below the Python API this way (on a torch whose
+    process groups take hooks, with them turned off: ``AUTOANNOT_GROUP_HOOKS=0``)."""
+    return _see_below_the_api(request.param, request, monkeypatch)
+
+
+@pytest.fixture(params=[*LAYERS, "group hooks"])
+def observer(request, monkeypatch) -> str:
+    """Each way rank processes can see launches below the Python API, torch's process-group
+    hooks included (torch >= 2.14: the way, where it has them)."""
+    return _see_below_the_api(request.param, request, monkeypatch)
 
 
 def _which() -> str:
+    if hooks.AGENT.hooks is not None:
+        return "group hooks"
     return "native observer" if hooks.AGENT.observer is not None else "python layer"
 
 
@@ -149,8 +170,9 @@ def test_another_librarys_fallback_on_the_key_registers_and_works(layer: str, wh
             assert buckets == parameters and result["said"] == []
         else:  # the key has another owner: the layer steps aside, and says so once
             assert len(result["said"]) == 1 and "DeferredInit" in result["said"][0]
-            # torch's process-group hooks (>= 2.14) see the buckets all the same; before, none
-            assert buckets == (parameters if pghooks.available() else 0)
+            # none of DDP's buckets (where torch's groups take hooks, they see every one:
+            # test_pghooks.py)
+            assert buckets == 0
 
 
 FOREIGN_UNDER_AUTOANNOT = textwrap.dedent("""
@@ -187,9 +209,8 @@ def test_another_librarys_fallback_under_autoannot_1(layer: str) -> None:
     works, apis = done.stdout.strip().splitlines()[-1].split(" ", 1)
     assert works == "True"
     # the Python API's launch; the ProcessGroup's own where the native observer sees it, or
-    # torch's process-group hooks (>= 2.14), or where the Python layer could take the key (it
-    # could not: stepped aside)
-    both = layer == "native observer" or pghooks.available()
+    # where the Python layer could take the key (it could not: stepped aside)
+    both = layer == "native observer"
     assert apis == ("['all_reduce', 'c10d.allreduce_']" if both else "['all_reduce']")
 
 
@@ -231,6 +252,7 @@ def test_the_layer_registers_nothing_until_asked_and_gives_the_key_back(monkeypa
     (a fall-through for every op, the key included on its thread) and gives it back once no
     record or capture held it for its grace period (at once on disable())."""
     monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
+    monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "0")  # (where torch's groups take hooks)
     (seen,) = run_ranks(layer_lifecycle, 2, "fake", ranks=(0,))
     assert seen["imported"] == seen["enabled"] == [False, False]
     assert seen["recording"] == seen["again"] == seen["a third time"] == [True, True]
@@ -286,11 +308,11 @@ def under_modes(rank: int, world: int) -> dict[str, Any]:
     return found
 
 
-def test_captures_and_recorders_under_dispatch_modes(layer: str) -> None:
+def test_captures_and_recorders_under_dispatch_modes(observer: str) -> None:
     """A pass-through TorchDispatchMode and CommDebugMode around a capture and a recorder:
     results as with the agent off, every launch annotated once."""
     for result in run_ranks(under_modes, 2):
-        assert result["which"] == layer
+        assert result["which"] == observer
         for name in _modes():
             seen = result[name]
             assert seen["results"] == result["expected"], name
@@ -332,9 +354,9 @@ def under_functorch(rank: int, world: int) -> dict[str, Any]:
             "ledger": [e["api"] for e in hooks.ledger(graph).entries]}
 
 
-def test_functorch_transforms_around_collectives(layer: str) -> None:
+def test_functorch_transforms_around_collectives(observer: str) -> None:
     for result in run_ranks(under_functorch, 2):
-        assert result["which"] == layer
+        assert result["which"] == observer
         assert result["got"] == result["expected"] == result["captured"]
         python_api = [a for a in result["records"] if not a.startswith(("c10d.", "_c10d"))]
         assert python_api[:2] == ["all_reduce", "funcol.all_reduce"]
