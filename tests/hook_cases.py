@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from typing import Any
 
 
@@ -102,3 +104,140 @@ def journal_of_a_job(rank: int, world: int, out: str) -> dict[str, Any]:
     with open(f"{out}/rank{rank}.jsonl") as lines_read:
         lines = [json.loads(line) for line in lines_read]
     return {"counted": counted, "journal": [(line["api"], line["group"]) for line in lines]}
+
+
+#: A stand-in of torch's own collective annotations (pytorch main,
+#: ``torch/distributed/_collective_annotations.py``), by its public contract: gated hooks on
+#: each group, at the ids it uses, entering ``mark_kernels`` with a subset of the eager fields
+#: (and two of its own) while a capture is in progress.
+TORCH_PRE_HOOK_ID = 1 << 62
+TORCH_POST_HOOK_ID = -TORCH_PRE_HOOK_ID
+
+
+def _torchs_fields(group: Any, args: Any) -> dict[str, Any]:
+    inputs, outputs = list(args.input_tensors), list(args.output_tensors)
+    in_place = args.name.name in ("BROADCAST", "ALLREDUCE", "REDUCE", "ALLREDUCE_COALESCED")
+    return {"Collective name": args.name.name.lower(),
+            "In msg nelems": sum(t.numel() for t in inputs),
+            "Out msg nelems": sum(t.numel() for t in (inputs if in_place else outputs)),
+            "Group size": group.size(), "Process Group Name": group.group_name,
+            "Is asynchronized op": args.async_op, "Rank": group.rank()}
+
+
+class ScopeLog:
+    """``mark_kernels`` stand-ins for the agent and for torch's annotations, logging each
+    scope's entry (with its annotation) and exit, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def marks(self, who: str) -> Any:
+        log = self.events
+
+        class Scope:
+            def __init__(self, annotation: dict[str, Any]) -> None:
+                self.annotation = dict(annotation)
+
+            def __enter__(self) -> None:
+                log.append(("enter", who, self.annotation))
+
+            def __exit__(self, *exc: Any) -> None:
+                log.append(("exit", who))
+
+        return Scope
+
+    def brackets(self) -> list[list[tuple[str, dict[str, Any]]]]:
+        """The outermost scopes, each with the scopes entered inside it, in entry order; the
+        entries and exits must nest (an exit closes the last scope entered)."""
+        stack: list[str] = []
+        found: list[list[tuple[str, dict[str, Any]]]] = []
+        for event in self.events:
+            if event[0] == "enter":
+                if not stack:
+                    found.append([])
+                found[-1].append((event[1], event[2]))
+                stack.append(event[1])
+            else:
+                assert stack and stack.pop() == event[1], self.events
+        assert not stack
+        return found
+
+
+def _beside_torchs_annotations(group: Any, torch_scope: Any, capturing: list[bool]) -> None:
+    """The stand-in of torch's collective annotations on ``group``, beside the agent's hooks,
+    run as torch's contract runs hooks: in ascending id order (torch 2.14 and 2.15 keep them
+    unordered: the agent's and the stand-in's pairs go through one hook that runs them in
+    that order)."""
+    from autoannot import pghooks
+    from autoannot.instrumentation import INSTRUMENTATION
+
+    observer = INSTRUMENTATION.hooks
+    group.unregister_pre_hook(pghooks.HOOK_ID)  # (the agent's, run below in their order)
+    group.unregister_post_hook(pghooks.HOOK_ID)
+    open_scopes: dict[int, Any] = {}
+
+    def torch_pre(args: Any) -> None:
+        if capturing[0]:
+            scope = open_scopes[args.op_id] = torch_scope(_torchs_fields(group, args))
+            scope.__enter__()
+
+    def torch_post(args: Any) -> None:
+        scope = open_scopes.pop(args.op_id, None)
+        if scope is not None:
+            scope.__exit__(None, None, None)
+
+    pre = sorted([(pghooks.HOOK_ID, functools.partial(observer._before, weakref.ref(group))),
+                  (TORCH_PRE_HOOK_ID, torch_pre)], key=lambda hook: hook[0])
+    post = sorted([(pghooks.HOOK_ID, functools.partial(observer._after, id(group))),
+                   (TORCH_POST_HOOK_ID, torch_post)], key=lambda hook: hook[0])
+    group.register_pre_hook(1, lambda args: [hook(args) for _, hook in pre])
+    group.register_post_hook(1, lambda args: [hook(args) for _, hook in post])
+
+
+def captured_with_torchs_annotations(rank: int, world: int, torch_annotates: bool
+                                    ) -> dict[str, Any]:
+    """A stand-in capture (no CUDA here) of a DDP step (buckets from C++), a ``pg.allreduce``
+    and a ``dist.all_reduce`` (a proxy's), with the agent's ``mark_kernels`` a stand-in and,
+    where ``torch_annotates``, torch's collective annotations' stand-in hooks on the group."""
+    import agent_hooks as hooks
+    import torch
+    import torch.distributed as dist
+
+    import autoannot
+    from autoannot import features
+
+    log = ScopeLog()
+    agent_scope = log.marks("autoannot")
+    features.mark_kernels = lambda allowed=True: agent_scope
+    autoannot.enable()
+    hooks.AGENT.captures.by_thread()
+    group = dist.new_group(list(range(world)))
+    counted: list[str] = []
+    group.register_pre_hook(7, lambda args: counted.append(args.name.name))
+    capturing = [False]
+    if torch_annotates:
+        _beside_torchs_annotations(group, log.marks("torch"), capturing)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)),
+        process_group=group, bucket_cap_mb=0.01)
+    model(torch.ones(2, 64)).sum().backward()  # (buckets rebuilt after the first step)
+    counted.clear()
+    graph = type("Graph", (), {})()
+    hooks.begin_capture(lambda: None, graph, (), {})
+    capturing[0] = True
+    model(torch.ones(2, 64)).sum().backward()
+    group.allreduce([torch.ones(3)]).wait()
+    dist.all_reduce(torch.ones(5), group=group)
+    capturing[0] = False
+    hooks.end_capture(lambda: None, graph, (), {})
+    entries = hooks.LEDGERS[graph._autoannot_graph].entries
+    result = {
+        "counted": counted,
+        "brackets": log.brackets(),
+        "ledger": [(e["api"], e["annotation"]["In msg nelems"]) for e in entries],
+        "observer": ("hooks" if hooks.AGENT.hooks is not None else
+                     "layer" if hooks.AGENT.layer is not None else "native"),
+    }
+    autoannot.disable()
+    return result

@@ -98,3 +98,35 @@ def test_a_process_that_never_destroys_its_group_exits_cleanly() -> None:
                           cwd=Path(__file__).parents[1], capture_output=True, text=True,
                           timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-2000:]
+
+
+@hooks_here
+@pytest.mark.parametrize("torch_annotates", [False, True],
+                         ids=["the agent alone", "torch's collective annotations on too"])
+def test_a_capture_annotates_each_collective_once(torch_annotates: bool) -> None:
+    """In a capture the hooks annotate what no proxy sees (DDP's buckets, ``pg.*``) as the
+    proxies annotate theirs: one ``mark_kernels`` scope per collective, and one ledger entry.
+    With torch's collective annotations on too (a stand-in of its public contract: its own
+    hooks entering ``mark_kernels`` with a subset of the fields), each collective still gets
+    one bracket — torch's scope nested in the agent's, which ``mark_kernels`` merges key by
+    key into one annotation per kernel: the union of the fields."""
+    for result in run_ranks(cases.captured_with_torchs_annotations, 2,
+                            args=(torch_annotates,)):
+        assert result["observer"] == "hooks"
+        launched, brackets = result["counted"], result["brackets"]
+        assert len(brackets) == len(launched) == len(result["ledger"]) >= 4
+        assert [e[0] for e in result["ledger"]].count("c10d.allreduce_") == (
+            launched.count("ALLREDUCE") - 1)  # DDP's buckets and pg.allreduce (and the proxy's)
+        assert result["ledger"][-1] == ["all_reduce", 5]
+        for bracket in brackets:
+            who = [scope[0] for scope in bracket]
+            assert who == (["autoannot", "torch"] if torch_annotates else ["autoannot"])
+            merged: dict = {}
+            for _, annotation in bracket:  # (mark_kernels: the inner scope wins common keys)
+                merged.update(annotation)
+            ours = bracket[0][1]
+            assert set(merged) == set(ours) | (set(bracket[1][1]) if torch_annotates else set())
+            assert {"name", "stream", "Process Group Ranks", "In split size"} <= set(merged)
+            if torch_annotates:
+                assert {"Is asynchronized op", "Rank"} <= set(merged)
+                assert merged["In msg nelems"] == ours["In msg nelems"]  # (the same launch)
