@@ -171,6 +171,11 @@ class HookObserver:
     def __repr__(self) -> str:
         return f"HookObserver(on={self.on}, groups={len(self._groups)})"
 
+    @property
+    def groups_hooked(self) -> int:
+        """The groups carrying the agent's hooks now."""
+        return len(self._groups)
+
     # what the agent's state asks for ------------------------------------------------------
 
     def demand_changed(self, state: Any) -> None:

@@ -4,20 +4,22 @@ repeatable where a shared machine's timings are not.
     python benchmarks/instructions.py [--calls N] [-o OUT.json]
 
 Each mode below runs N calls of ``dist.all_reduce`` on a fake group of 2 ranks (no
-communication: the pure overhead) between callgrind's start and stop requests; the same
-loop with the unwrapped call is the baseline. Modes: a bare wrapt pass-through (any wrapt
-proxy's floor), the agent on with nothing to do (the fast path), annotating (a recorder
-open), the tutorial's hand-written helper around the call, in a stand-in capture (as this
-install annotates there: handed to the native observer where it is built) and through the
-Python wrappers; a decoder's set of 8 stand-in captures of 64 all-reduces each (the launches
-alone, agent off); then one ``CUDAGraph.replay()`` of a stand-in graph class instrumented as
-torch's, agent off and on, with no profiler. The garbage collector is off while counting (a
-collection's cost is the heap's, mostly torch's modules, not the call's; a recorder's records
-add to what it tracks). ``AUTOANNOT_NATIVE=0``: without the native
-observer. Needs valgrind, its headers and a C compiler (it compiles a 2-line helper that
-makes callgrind's client requests). Prints a table, then one line of JSON. A benchmark, not
-a test: it never fails on a figure.
-"""
+communication: the pure overhead) between callgrind's start and stop requests; the same loop
+with the unwrapped call is the baseline. Modes: a bare wrapt pass-through (any wrapt proxy's
+floor), the agent on with nothing to do (the fast path), annotating (a recorder open), the
+tutorial's hand-written helper around the call, in a stand-in capture (as this install
+annotates there: handed to the native observer where it is built) and through the Python
+wrappers; ``pg.allreduce`` (a launch no proxy sees, as DDP's reducer's) with the agent off, on
+and idle, and in a stand-in capture (noted in its ledger by whichever observer this install has
+below the Python API); a decoder's set of 8 stand-in captures of 64 all-reduces each (the
+launches alone, agent off); then one ``CUDAGraph.replay()`` of a stand-in graph class
+instrumented as torch's, agent off and on, with no profiler. The garbage collector is off while
+counting (a collection's cost is the heap's, mostly torch's modules, not the call's; a
+recorder's records add to what it tracks). ``AUTOANNOT_NATIVE=0``: without the native observer;
+``AUTOANNOT_GROUP_HOOKS=0``: not through torch's process-group hooks (>= 2.14). Needs valgrind,
+its headers and a C compiler (it compiles a 2-line helper that makes callgrind's client
+requests). Prints a table, then one line of JSON. A benchmark, not a test: it never fails on a
+figure."""
 
 from __future__ import annotations
 
@@ -102,6 +104,10 @@ def child(folder: str, calls: int) -> None:
         with overhead.tutorial_helper("all_reduce", tensor, tensor, group):
             original(tensor, group=group)
 
+    def pg_call() -> None:  # a launch no proxy sees (as DDP's reducer's, from C++)
+        group.allreduce([tensor]).wait()
+
+    count("pg call, agent off", pg_call)  # (before enable(): no process-group hooks yet)
     autoannot.enable()
     autoannot.disable()
     AGENT.captures.by_thread()  # a stand-in capture is the thread's (no CUDA here)
@@ -116,6 +122,16 @@ def child(folder: str, calls: int) -> None:
     for name, test_capture in (("in capture", 1), ("in capture, Python", 0)):
         with testing.stand_in(test_capture):
             count(name, lambda: proxy(tensor, group=group))
+    observer = AGENT.observer
+    if observer is not None:  # (a fake group makes no record of a launch: ask its operator,
+        observer.module.set_capture_inputs(True)  # as gloo's are asked)
+    count("pg call, agent idle", pg_call)
+    with testing.stand_in(1) as graph:
+        count("pg call, in capture", pg_call)
+    noted = len(AGENT.captures.ledger_of(graph).entries)
+    Path(folder, "pg_noted").write_text(str(noted))
+    if observer is not None:
+        observer.module.set_capture_inputs(False)
     # A decoder's graphs: 8 batch sizes, 64 all-reduces each, captured largest first, on a
     # stand-in graph class instrumented as torch's CUDAGraph is (its methods do nothing).
     batches = [torch.ones(size, 64) for size in (128, 64, 32, 16, 8, 4, 2, 1)]
@@ -151,8 +167,9 @@ def child(folder: str, calls: int) -> None:
     for patch in reversed(patches):
         patch.undo()
     autoannot.disable()
-    native = AGENT.observer is not None
-    Path(folder, "native").write_text("1" if native else "0")
+    observing = ("group hooks" if AGENT.hooks is not None else
+                 "native observer" if AGENT.observer is not None else "python layer")
+    Path(folder, "native").write_text(observing)
     dist.destroy_process_group()
 
 
@@ -197,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             print(ran.stderr[-3000:], file=sys.stderr)
             return 1
         totals = _totals(folder)
-        native = Path(folder, "native").read_text() == "1"
+        native = Path(folder, "native").read_text()
+        pg_noted = int(Path(folder, "pg_noted").read_text())
     order = ["unwrapped", "wrapt floor", "fast path", "annotating", "tutorial helper",
              "in capture", "in capture, Python", "replay, agent off", "replay, agent on"]
+    pg_modes = ["pg call, agent off", "pg call, agent idle", "pg call, in capture"]
     per_call = {mode: totals[mode] / args.calls for mode in order}
     sets = _decoder_sets(args.calls)
     decoder_added = (totals["decoder set, agent on"] - totals["decoder set, agent off"]) / sets
@@ -211,13 +230,25 @@ def main(argv: list[str] | None = None) -> int:
     for mode, value in per_call.items():
         if not mode.startswith("replay"):
             print(f"{mode:38} {value:20,.0f} {added[mode]:8,}")
+    pg = {mode: totals[mode] / args.calls for mode in pg_modes}
+    pg_base = pg["pg call, agent off"]
+    print(f"{'pg.allreduce (no proxy), fake group of 2':38} {'instructions a call':>20} "
+          f"{'added':>8}   below the Python API: {native}")
+    for mode, value in pg.items():
+        print(f"{mode:38} {value:20,.0f} {value - pg_base:8,.0f}")
+    print(f"  (launches in the capture's ledger: {pg_noted:,} of {args.calls:,} counted, "
+          "and the warm-up's)")
     replay_added = per_call["replay, agent on"] - per_call["replay, agent off"]
     print(f"{'CUDAGraph.replay() (stand-in), no profiler: added':60} {replay_added:8,.0f}")
     launches = 8 * DECODER_LAUNCHES
     print(f"{'decoder: 8 stand-in captures of 64 all-reduces, added':60} {decoder_added:8,.0f}"
           f" ({decoder_added / launches:,.0f} a launch, the capture's part included)")
     result = {
-        "calls": args.calls, "native_observer": native,
+        "calls": args.calls, "below_the_python_api": native,
+        "pg_call_instructions": {m: round(v) for m, v in pg.items()},
+        "pg_call_in_capture_added": round(pg["pg call, in capture"] - pg_base),
+        "pg_call_idle_added": round(pg["pg call, agent idle"] - pg_base),
+        "pg_call_noted_in_ledger": pg_noted,
         "instructions_per_call": {m: round(v) for m, v in per_call.items()},
         "added_over_unwrapped": added,
         "annotating_over_helper": round(added["annotating"] / helper_added, 3),

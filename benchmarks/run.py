@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     if counted:
         added = counted["added_over_unwrapped"]
         print()
-        print(f"instructions a call added (callgrind, exact; native observer: "
-              f"{counted['native_observer']}): annotating {added['annotating']:,} = "
+        print(f"instructions a call added (callgrind, exact; below the Python API: "
+              f"{counted['below_the_python_api']}): annotating {added['annotating']:,} = "
               f"{counted['annotating_over_helper']:.2f}x the hand-written helper's "
               f"{added['tutorial helper']:,}; in a capture {added['in capture']:,}; fast path "
               f"{added['fast path']:,}; CUDAGraph.replay() {counted['replay_added']:,}")

@@ -233,4 +233,8 @@ def replay(rank: int, world: int, skip: frozenset[str] = frozenset(),
                 results[label] = [{"api": annotation["name"], "annotation": annotation,
                                    "described": True}]
         dist.barrier()
+    agent = hooks.AGENT  # which observers this process made below the Python API
+    results["#observers"] = {"python layer": agent.layer is not None,
+                             "native observer": agent.observer is not None,
+                             "group hooks": agent.hooks is not None}
     return results

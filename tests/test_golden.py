@@ -252,5 +252,8 @@ def test_golden_below_the_python_api(layer: str, request, figures) -> None:
                                  f"{matched}/{total} ({whole} whole; {'; '.join(said)})")
     assert matched == total
     assert layers == {"c10d", "_c10d_functional"}  # no proxy recorded anything
+    for ranks in replays_via_ops.values():  # that observer alone: nothing else was made
+        assert all(rank["#observers"] == {way: way == layer for way in FIXTURES}
+                   for rank in ranks)
     if layer == "group hooks":  # (funcol's ops are read from torch.ops' frames: their splits)
         assert untold == {"all_to_all_single_equal", "all_to_all_single_splits"}
