@@ -15,6 +15,8 @@ where the process group makes none (gloo), by its operator's arguments, which th
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from typing import Any, NamedTuple
 
@@ -94,6 +96,9 @@ class NativeObserver:
         # a group gone: its address may be reused, launches described by it get new kinds
         groups.on_group_gone(module.forget_kinds)
         groups.on_group_gone(module.forget_handed)  # (the proxies' C wrappers key by group id)
+        atexit.register(self.at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self.after_fork_in_child)
 
     def __repr__(self) -> str:
         return f"NativeObserver({len(self._ops)} ops, registered={self.module.registered()})"
@@ -125,6 +130,27 @@ class NativeObserver:
 
             self._needs_operators = not dist.is_nccl_available() or not _nvidia_gpus()
         return self._needs_operators
+
+    def at_exit(self) -> None:
+        """At the interpreter's exit: the callback off, before Python finalizes (a launch
+        from C++ after that — a group torn down at exit — would call into a Python that is
+        going away)."""
+        try:
+            self.module.set_demand(False, False, False)
+            self.module.set_listener(None)
+        except Exception:  # (exit goes on)
+            pass
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): only what it can still use. Its parent's
+        captures and recorders are not its own (what it would record never reaches them), so
+        every operator stops paying for the callback; the record file still asks (it writes
+        by process)."""
+        state = self.agent.state
+        try:
+            self.module.set_demand(False, False, state.live and bool(state.journals))
+        except Exception as exc:
+            diagnostics.warn_once("native observer", "leaving a forked child's demand", exc)
 
     # captures ----------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ import weakref
 from _thread import get_ident
 from typing import Any
 
-from autoannot import diagnostics, metadata, sites
+from autoannot import diagnostics, groups, metadata, sites
 from autoannot import vocabulary as V
 from autoannot.annotation import AnnotationContext
 
@@ -55,6 +55,8 @@ HOOK_ID = 0x61757461
 #: Launches given to the journals whose post-hook has not come (a collective that raised):
 #: at most this many are kept.
 PENDING_LIMIT = 1024
+#: Kinds of launch kept derived (training repeats a few; a varying MoE all-to-all makes more).
+KINDS_KEPT = 4096
 
 
 def available() -> bool:
@@ -165,6 +167,10 @@ class HookObserver:
         #: (group, op id) -> the context entered at its pre-hook, until its post-hook
         self._pending: dict[tuple[int, int], AnnotationContext] = {}
         self._lock = threading.Lock()
+        #: Kinds of launch derived, by key (a group's id among it: emptied when a group whose
+        #: facts were taken is gone, before its id can be reused).
+        self._kinds = groups.id_keyed()
+        self.kinds_let_go = 0
         self.on = False
         atexit.register(self.unhook_all)
 
@@ -285,18 +291,56 @@ class HookObserver:
         called = _op_called_from(caller)
         known = self._ops.get(called[0]) if called is not None else None
         if known is not None and known.plan is not None:  # torch.ops.*: the op itself
-            launch = known.plan.derive(called[1], called[2])
+            kind = self._kind_of_call(known, called[1], called[2])
             caller = caller.f_back
-            untold: tuple[str, ...] = ()
         else:  # what the hook tells
+            kind = self._kind_of_hooked(group, args)
+        if kind is None:
+            return None
+        label, annotation, cpu_only, kernels = kind
+        return AnnotationContext(label, annotation, cpu_only, kernels, sites.site_from(caller),
+                                 self.agent)
+
+    def _kept(self, key: Any, derive: Any) -> tuple | None:
+        """A kind of launch, derived once by ``key`` (None: not keyed, derived each time);
+        at most ``KINDS_KEPT`` kept (then all let go, counted)."""
+        kinds = self._kinds
+        kind = kinds.get(key) if key is not None else None
+        if kind is None:
+            kind = derive()
+            if key is not None:
+                if len(kinds) >= KINDS_KEPT:
+                    self.kinds_let_go += len(kinds)
+                    kinds.clear()
+                kinds[key] = kind
+        return kind
+
+    def _kind_of_call(self, known: Any, op_args: tuple, op_kwargs: dict) -> tuple:
+        plan = known.plan
+
+        def derive() -> tuple:
+            launch = plan.derive(op_args, op_kwargs)
+            label = known.row.label
+            return (label, metadata.annotation_of(label, launch), metadata.cpu_only_args(launch),
+                    launch.kernels)
+
+        key = plan.key_of(op_args, op_kwargs)  # (one plan's: the op joins it)
+        return self._kept(None if key is None else (known.row.label, key), derive)
+
+    def _kind_of_hooked(self, group: Any, args: Any) -> tuple | None:
+        inputs, outputs = list(args.input_tensors), list(args.output_tensors)
+        root = int(args.root)
+        key = (args.name, id(group), root, tuple((t.dtype, t.shape) for t in inputs),
+               tuple((t.dtype, t.shape) for t in outputs))
+
+        def derive() -> tuple | None:
             name = _NAMES.get(args.name)
             if name is None:
                 name = _NAMES[args.name] = getattr(args.name, "name",
                                                    str(args.name).split(".")[-1])
-            inputs, outputs = list(args.input_tensors), list(args.output_tensors)
             if not _names_ops(type(args.name)):
                 name = _op_of_kind(name, inputs, outputs)
-            call = _op_call(name, inputs, outputs, int(args.root), group.size())
+            call = _op_call(name, inputs, outputs, root, group.size())
             if call is None:
                 return None
             op, arguments = call
@@ -305,13 +349,13 @@ class HookObserver:
                 return None
             arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
             launch = known.plan.derive((), arguments)
-            untold = _UNTOLD.get(op, ())
-        label = known.row.label
-        annotation = metadata.annotation_of(label, launch)
-        for field in untold:
-            del annotation[field]
-        return AnnotationContext(label, annotation, metadata.cpu_only_args(launch),
-                                 launch.kernels, sites.site_from(caller), self.agent)
+            label = known.row.label
+            annotation = metadata.annotation_of(label, launch)
+            for field in _UNTOLD.get(op, ()):
+                del annotation[field]
+            return label, annotation, metadata.cpu_only_args(launch), launch.kernels
+
+        return self._kept(key, derive)
 
 
 _OP_CALLS: list[Any] = []  # the code of OpOverload.__call__, .redispatch, the packet's call

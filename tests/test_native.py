@@ -255,3 +255,60 @@ def test_build_native_cli_exit_codes_and_doctor(tmp_path, built) -> None:
                          env={**env, "AUTOANNOT_NATIVE": "0"}, capture_output=True, text=True,
                          timeout=600)
     assert "native observer: off (AUTOANNOT_NATIVE=0)" in off.stdout
+
+
+FORKS_WHILE_LAUNCHING = """
+import os, sys, threading, time
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import autoannot
+from autoannot.instrumentation import INSTRUMENTATION as AGENT
+
+autoannot.enable()
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+module = AGENT.observer.module
+pg = dist.group.WORLD
+stop = threading.Event()
+
+def launching():  # the callback takes the observer's locks on this thread, without the GIL
+    while not stop.is_set():
+        pg.allreduce([torch.ones(4)]).wait()
+
+hung = failed = 0
+with autoannot.record() as records:
+    busy = threading.Thread(target=launching)
+    busy.start()
+    for _ in range(int(sys.argv[1])):
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker: the observer answers, and asks nothing of it
+            ok = module.kinds() >= 0 and not module.registered() and (torch.ones(2) + 1).sum() == 4
+            os._exit(0 if ok else 3)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            hung += 1
+        elif os.waitstatus_to_exitcode(done[1]) != 0:
+            failed += 1
+    stop.set()
+    busy.join()
+    registered = module.registered()
+print(hung, failed, registered, len(records) > 0)
+"""
+
+
+def test_a_forked_child_neither_hangs_on_the_observer_nor_pays_for_it(tmp_path) -> None:
+    """fork() while another thread launches (the callback holding the observer's lock): the
+    child — a DataLoader worker — finds every lock free and the callback gone (its parent's
+    recorder is not its own: before, every operator of the worker paid for it); the parent
+    keeps recording."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORKS_WHILE_LAUNCHING, "40"], cwd=tmp_path,
+                          env=os.environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-4:] == ["0", "0", "True", "True"], done.stdout

@@ -50,6 +50,7 @@
 #endif
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
@@ -1333,7 +1334,26 @@ void launch_as_nccl(const std::string& op, std::string group_name, std::string g
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------
+// fork(): a forked child has only the forking thread. A mutex another thread held at that
+// moment would stay locked in the child for good (its first launch, or Python asking the
+// observer anything, would hang): every mutex of the observer is taken before fork() and
+// released on both sides after. None of them is taken while another is held.
+
+void before_fork() {
+  g_registration_mutex.lock();
+  g_mutex.lock();
+  g_streams_mutex.lock();
+}
+
+void after_fork() {
+  g_streams_mutex.unlock();
+  g_mutex.unlock();
+  g_registration_mutex.unlock();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pthread_atfork(&before_fork, &after_fork, &after_fork);
   m.doc() = "autoannot's native observer: collective launches seen through torch's "
             "RecordFunction callbacks";
   m.attr("PARAM_COMMS") = bool(AUTOANNOT_PARAM_COMMS);
