@@ -143,12 +143,13 @@ class NativeObserver:
 
     def after_fork_in_child(self) -> None:
         """In a forked child (a DataLoader worker): only what it can still use. Its parent's
-        captures and recorders are not its own (what it would record never reaches them), so
-        every operator stops paying for the callback; the record file still asks (it writes
-        by process)."""
+        captures and recorders are not its own (what it would record never reaches them): the
+        callback asks for nothing but the record file's launches (it writes by process). It
+        stays registered with torch: taking it off takes torch's callback lock, which another
+        thread of the parent may have held at ``fork()`` (a child hung on it)."""
         state = self.agent.state
         try:
-            self.module.set_demand(False, False, state.live and bool(state.journals))
+            self.module.set_demand_in_forked_child(state.live and bool(state.journals))
         except Exception as exc:
             diagnostics.warn_once("native observer", "leaving a forked child's demand", exc)
 

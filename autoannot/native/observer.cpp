@@ -791,6 +791,15 @@ void set_demand(bool capturing, bool recording, bool journaling) {
   update_registration();
 }
 
+// A forked child's demand (see observer.py): the switches alone. Registering or removing the
+// callback takes torch's callback lock, which another thread of the parent may have held at
+// fork() (a child hung on it, 1 fork in 40): the callback stays registered and asks nothing.
+void set_demand_in_forked_child(bool journaling) {
+  g_capturing.store(false);
+  g_recording.store(false);
+  g_journaling.store(journaling);
+}
+
 void set_capture_inputs(bool inputs) {
   std::lock_guard<std::mutex> lock(g_registration_mutex);
   g_inputs = inputs;
@@ -1360,6 +1369,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("observe_ops", &observe_ops);
   m.def("set_demand", &set_demand, py::arg("capturing"), py::arg("recording"),
         py::arg("journaling"));
+  m.def("set_demand_in_forked_child", &set_demand_in_forked_child, py::arg("journaling"));
   m.def("set_capture_inputs", &set_capture_inputs);
   m.def("registered", []() { return g_registered; });
   m.def("demand", []() {
