@@ -130,7 +130,9 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
     """How launches below the Python API are seen here: compiled code's, C++-origin ones."""
     if not settings.ops:
         return ("not annotated: AUTOANNOT_OPS=0",) * 2  # type: ignore[return-value]
-    if _hooks_observe(settings):
+    from autoannot import pghooks
+
+    if pghooks.observe(settings):
         line = ("annotated through torch's process-group hooks (every group, every thread; no "
                 "dispatch key, no compiler)")
         return line, line
@@ -174,19 +176,12 @@ def _group_hooks(settings: Any) -> str:
             "observer and the Python layer are not used")
 
 
-def _hooks_observe(settings: Any) -> bool:
-    """Whether the process-group hooks are the observer here (as ``Instrumentation`` decides)."""
-    from autoannot import pghooks
-
-    return settings.ops and settings.group_hooks and pghooks.available()
-
-
 def _native_observer(settings: Any) -> str:
-    from autoannot import native
+    from autoannot import native, pghooks
 
     if not settings.native:
         return "off (AUTOANNOT_NATIVE=0)"
-    if _hooks_observe(settings):
+    if pghooks.observe(settings):
         return ("not used: this torch's process-group hooks observe instead "
                 "(AUTOANNOT_GROUP_HOOKS=0 to use it where built)")
     path = native.built_path()

@@ -64,13 +64,10 @@ class Instrumentation:
 
     def group_hooks_observe(self) -> bool:
         """Whether torch's process-group hooks are this process's observer of launches below
-        the Python API: where this torch's groups take them (>= 2.14) and they are allowed
-        (``AUTOANNOT_OPS``, ``AUTOANNOT_GROUP_HOOKS``). Then neither older observer is made."""
-        if not (self.config.ops and self.config.group_hooks):
-            return False
+        the Python API (``pghooks.observe``). Then neither older observer is made."""
         from autoannot import pghooks
 
-        return pghooks.available()
+        return pghooks.observe(self.config)
 
     def native_module(self) -> Any:
         """The native observer's module where it is built for this torch and allowed (looked

@@ -67,6 +67,13 @@ def available() -> bool:
                                                  "unregister_pre_hook", "unregister_post_hook"))
 
 
+def observe(settings: Any) -> bool:
+    """Whether the hooks are the observer below the Python API with these settings
+    (``config.Config``): this torch's groups take them and ``AUTOANNOT_OPS`` and
+    ``AUTOANNOT_GROUP_HOOKS`` allow them."""
+    return settings.ops and settings.group_hooks and available()
+
+
 def _op_of_kind(kind: str, inputs: list[Any], outputs: list[Any]) -> str:
     """The op a torch 2.14 hook's kind of launch came through, by its tensors: its hooks name
     the kind (``ALLGATHER``) where later ones name the op (``ALLGATHER_BASE``). One tensor in

@@ -45,11 +45,8 @@ def ledger(graph: Any) -> Any:
 def group_hooks_observe() -> bool:
     """Whether rank processes started now observe launches below the Python API through
     torch's process-group hooks (torch >= 2.14, ``AUTOANNOT_GROUP_HOOKS`` not 0)."""
-    import os
-
     import torch.distributed  # noqa: F401  (its C module: the hooks' feature test)
 
     from autoannot import config, pghooks
 
-    return pghooks.available() and config.flag("AUTOANNOT_GROUP_HOOKS", True,
-                                                os.environ)
+    return pghooks.observe(config.from_environment())

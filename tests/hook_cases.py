@@ -37,6 +37,24 @@ def _foreign_fallback() -> Any:
     return library
 
 
+def _ddp_on_a_counted_group(world: int) -> tuple[Any, Any, list[str]]:
+    """A group made now (the agent hooks it as it is made), a hook of the test's own counting
+    what it launches, and DDP over it past its first step (buckets rebuilt); the count empty."""
+    import torch
+    import torch.distributed as dist
+
+    counted: list[str] = []
+    group = dist.new_group(list(range(world)))
+    group.register_pre_hook(7, lambda args: counted.append(args.name.name))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)),
+        process_group=group, bucket_cap_mb=0.01)
+    model(torch.ones(2, 64)).sum().backward()
+    counted.clear()
+    return group, model, counted
+
+
 def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]:
     """``record()`` around what no proxy sees: a DDP step (its reducer's bucket all-reduces,
     from C++ on autograd's thread), ``pg.allreduce``, a coalesced all-reduce through the group
@@ -52,15 +70,7 @@ def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]
 
     library = _foreign_fallback() if foreign else None
     autoannot.enable()
-    counted: list[str] = []
-    group = dist.new_group(list(range(world)))  # (made after enable: hooked as it is made)
-    group.register_pre_hook(7, lambda args: counted.append(args.name.name))
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)),
-        process_group=group, bucket_cap_mb=0.01)
-    model(torch.ones(2, 64)).sum().backward()  # (buckets rebuilt after the first step)
-    counted.clear()
+    group, model, counted = _ddp_on_a_counted_group(world)
     elsewhere = threading.Thread(target=lambda: group.allreduce([torch.ones(11)]).wait())
     with autoannot.record() as records:
         model(torch.ones(2, 64)).sum().backward()
@@ -211,18 +221,10 @@ def captured_with_torchs_annotations(rank: int, world: int, torch_annotates: boo
     features.mark_kernels = lambda allowed=True: agent_scope
     autoannot.enable()
     hooks.AGENT.captures.by_thread()
-    group = dist.new_group(list(range(world)))
-    counted: list[str] = []
-    group.register_pre_hook(7, lambda args: counted.append(args.name.name))
+    group, model, counted = _ddp_on_a_counted_group(world)
     capturing = [False]
     if torch_annotates:
         _beside_torchs_annotations(group, log.marks("torch"), capturing)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)),
-        process_group=group, bucket_cap_mb=0.01)
-    model(torch.ones(2, 64)).sum().backward()  # (buckets rebuilt after the first step)
-    counted.clear()
     graph = type("Graph", (), {})()
     hooks.begin_capture(lambda: None, graph, (), {})
     capturing[0] = True
