@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ("2.6.0", "2.9.1", "2.13.0", "2.14.1", "2.15.0")
+FAILURE_LINES = 30  # of each failure's traceback, printed under the table
 
 
 def _venv(release: str) -> Path:
@@ -93,7 +94,19 @@ def run(release: str, pytest_args: list[str], log: Path) -> dict[str, object]:
                 reason = re.sub(r"^Skipped: ", "", skip.get("message", ""))
                 reasons[reason] = reasons.get(reason, 0) + 1
         counts["skip_reasons"] = reasons
+        counts["failures"] = [_failure(case) for case in suite.iter("testcase")
+                              if case.find("failure") is not None
+                              or case.find("error") is not None]
     return counts
+
+
+def _failure(case: ET.Element) -> str:
+    """A failed test's id and the last lines of what it raised (CI shows only this table)."""
+    name = f"{case.get('classname', '')}::{case.get('name', '')}"
+    found = case.find("failure")
+    found = case.find("error") if found is None else found
+    text = (found.text or found.get("message", "")).strip().splitlines()
+    return "\n".join([name, *("      " + line for line in text[-FAILURE_LINES:])])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("failed") or r.get("errors") or r.get("exit") not in (0,):
             log = logs / f"torch-{r['release']}.log"  # pytest's summary of what failed
             for line in log.read_text(errors="replace").splitlines():
-                if line.startswith(("FAILED ", "ERROR ")) or " passed" in line \
-                        or "Fatal Python error" in line:
+                if " passed" in line or "Fatal Python error" in line:
                     print(f"    {line}")
+            for failure in r.get("failures", []):
+                print(f"    FAILED {failure}")
             if "passed" not in r:
                 print(f"    pytest exited {r['exit']} with no report: it died (see {log})")
     bad = [r for r in results if "error" in r or r.get("failed") or r.get("errors")

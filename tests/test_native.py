@@ -268,16 +268,23 @@ autoannot.enable()
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 module = AGENT.observer.module
 pg = dist.group.WORLD
-stop = threading.Event()
+stop, going = threading.Event(), threading.Event()
+# What the child runs, run once first: a function-local static torch initializes on first use
+# (a CPU kernel's dispatch stub) is never half made at fork (a child hung there, in torch's
+# own code, once in a few runs: the first fork raced the busy thread's first launch)
+pg.allreduce([torch.ones(4)]).wait()
+(torch.ones(2) + 1).sum()
 
 def launching():  # the callback takes the observer's locks on this thread, without the GIL
     while not stop.is_set():
         pg.allreduce([torch.ones(4)]).wait()
+        going.set()
 
 hung = failed = 0
 with autoannot.record() as records:
     busy = threading.Thread(target=launching)
     busy.start()
+    going.wait()
     for _ in range(int(sys.argv[1])):
         pid = os.fork()
         if pid == 0:  # a DataLoader worker: the observer answers, and asks nothing of it
