@@ -19,6 +19,11 @@ OPS = "torch.ops._c10d_functional"  # the ops compiled code calls (annotated in 
 PG_OPS = "torch.ops.c10d"
 #: Rows annotated by a kernel on torch's dispatcher rather than by a Python proxy.
 OP_MODULES = (OPS, PG_OPS)
+#: The symmetric-memory collectives (async tensor parallelism, custom all-reduces): no process
+#: group call, so no hook sees them; a proxy of each op (packet and overloads) does.
+SYMM_MEM = "torch.ops.symm_mem"
+#: Rows whose proxies a Python module holds (and any module that imported them).
+FUNCTION_MODULES = (C10D, FUNCOL)
 
 
 class Role(enum.Enum):
@@ -68,6 +73,12 @@ class Splits(enum.Enum):
 #: NCCL kernel families (ncclDevKernel_<Family>_...), for matching graphed kernels to calls.
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "AllReduce", "AllGather", "ReduceScatter"
 BROADCAST, REDUCE, SEND_RECV = "Broadcast", "Reduce", "SendRecv"
+#: The symmetric-memory kernels (``<family>_kernel<...>`` in CUDASymmetricMemoryOps.cu).
+ONE_SHOT, TWO_SHOT = "one_shot_all_reduce", "two_shot_all_reduce"
+MULTIMEM_ALL_REDUCE, MULTIMEM_REDUCE = "multimem_all_reduce", "multimem_one_shot_reduce"
+MULTIMEM_ALL_GATHER = "multimem_all_gather"
+SYMM_MEM_FAMILIES = (ONE_SHOT, TWO_SHOT, MULTIMEM_ALL_REDUCE, MULTIMEM_REDUCE,
+                     MULTIMEM_ALL_GATHER)
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,9 @@ class Collective:
     group_param: str = "group"
     group_arg: GroupArg = GroupArg.C10D
     complex_as_real: bool = False  # c10d sends complex tensors as view_as_real
+    #: Whether the record holds the group's global ranks ("Process Group Ranks", "Global rank
+    #: start/stride"); the symm_mem ops record start and stride -1: none.
+    records_group_ranks: bool = True
     kernels: frozenset[str] = field(default_factory=frozenset)
     coalesced_name: str | None = None  # "Collective name" of a _coalescing_manager block
 
@@ -104,7 +118,8 @@ class Collective:
         return _LABEL_PREFIX[self.module] + self.api
 
 
-_LABEL_PREFIX = {C10D: "", FUNCOL: "funcol.", OPS: "_c10d_functional.", PG_OPS: "c10d."}
+_LABEL_PREFIX = {C10D: "", FUNCOL: "funcol.", OPS: "_c10d_functional.", PG_OPS: "c10d.",
+                 SYMM_MEM: "symm_mem."}
 
 
 def _c10d(api: str, eager_name: str | None, kernels: tuple[str, ...] = (), **rules) -> Collective:
@@ -125,6 +140,12 @@ def _op(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collect
 def _pg_op(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
     return Collective(api, PG_OPS, eager_name, kernels=frozenset(kernels),
                       group_arg=GroupArg.BOXED, group_param="process_group", **rules)
+
+
+def _symm(api: str, eager_name: str, kernels: tuple[str, ...], **rules) -> Collective:
+    return Collective(api, SYMM_MEM, f"symm_mem::{eager_name}", kernels=frozenset(kernels),
+                      group_arg=GroupArg.ANY, group_param="group_name",
+                      records_group_ranks=False, **rules)
 
 
 _ALL_REDUCE = dict(inputs="tensor", complex_as_real=True, coalesced_name="allreduce_coalesced")
@@ -278,6 +299,30 @@ COLLECTIVES: tuple[Collective, ...] = (
     _pg_op("send", "send", (SEND_RECV,), inputs="tensors", root_params=("dst",), **_PG_PEER),
     _pg_op("recv_", "recv", (SEND_RECV,), inputs="tensors", root_params=("src",), **_PG_PEER),
     _pg_op("recv_any_source_", "recv", (SEND_RECV,), inputs="tensors", **_PG_PEER),
+    # torch.ops.symm_mem: the collectives torch records (RECORD_PARAM_COMMS, torch >= 2.12,
+    # CUDASymmetricMemoryOps.cu): "symm_mem::<name>", the input's and the output's numel, the
+    # input's dtype, the caller's own rank, no global ranks (start and stride -1)
+    _symm("one_shot_all_reduce", "one_shot_all_reduce", (ONE_SHOT,), inputs="input"),
+    _symm("one_shot_all_reduce_out", "one_shot_all_reduce", (ONE_SHOT,), inputs="input",
+          outputs="out", sizes=Sizes.IN_OUT),
+    _symm("one_shot_all_reduce_copy", "one_shot_all_reduce", (ONE_SHOT,),
+          inputs="symm_buffer", outputs="local_input", sizes=Sizes.IN_OUT),
+    _symm("one_shot_all_reduce_copy_out", "one_shot_all_reduce", (ONE_SHOT,),
+          inputs="symm_buffer", outputs="out", sizes=Sizes.IN_OUT),
+    _symm("two_shot_all_reduce_", "two_shot_all_reduce", (TWO_SHOT,), inputs="input"),
+    _symm("two_shot_all_reduce_out", "two_shot_all_reduce", (TWO_SHOT,), inputs="input"),
+    _symm("multimem_all_reduce_", "multimem_all_reduce", (MULTIMEM_ALL_REDUCE,),
+          inputs="input"),
+    _symm("multimem_one_shot_all_reduce", "multimem_one_shot_reduce", (MULTIMEM_REDUCE,),
+          inputs="input"),
+    _symm("multimem_one_shot_all_reduce_out", "multimem_one_shot_reduce", (MULTIMEM_REDUCE,),
+          inputs="input", outputs="out", sizes=Sizes.IN_OUT),
+    _symm("multimem_one_shot_reduce_out", "multimem_one_shot_reduce", (MULTIMEM_REDUCE,),
+          inputs="input", outputs="out", sizes=Sizes.IN_OUT),
+    _symm("multimem_all_gather_out", "multimem_all_gather", (MULTIMEM_ALL_GATHER,),
+          inputs="input", outputs="out", sizes=Sizes.IN_OUT),
+    _symm("reduce_scatter_out", "reduce_scatter", (TWO_SHOT,), inputs="input",
+          outputs="output", sizes=Sizes.IN_OUT),
 )
 
 BY_QUALNAME: dict[str, Collective] = {c.qualname: c for c in COLLECTIVES}

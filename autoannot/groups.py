@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import weakref
 from collections.abc import Callable
@@ -130,6 +131,24 @@ def facts_of_record(name: str, desc: str, ranks: list[int], size: int, start: in
             _recorded.clear()
         _recorded[key] = facts
     return facts
+
+
+_unranked: dict[int, tuple[GroupFacts, GroupFacts]] = {}
+
+
+def unranked(facts: GroupFacts) -> GroupFacts:
+    """The group as a record without its global ranks reads (the symm_mem ops record start and
+    stride -1: "Process Group Ranks" is "[]", no "Global rank start/stride")."""
+    entry = _unranked.get(id(facts))
+    if entry is not None and entry[0] is facts:
+        return entry[1]
+    found = dataclasses.replace(
+        facts, recorded_ranks=(), ranks_text=V.EMPTY_LIST,
+        group_keys=_group_keys(facts.name, facts.desc, V.EMPTY_LIST), global_rank_keys={})
+    if len(_unranked) >= 4096:
+        _unranked.clear()
+    _unranked[id(facts)] = (facts, found)
+    return found
 
 
 def facts_of(pg: Any) -> GroupFacts:

@@ -17,7 +17,8 @@ def annotate_collective(
     ``input_tensor`` -> ``output_tensor`` in ``group``, as the agent would enter it.
 
     ``collective_name`` is an API name ("all_reduce", "all_gather_into_tensor", "funcol.all_reduce")
-    or an eager name ("allreduce", "_allgather_base").
+    or an eager name ("allreduce", "_allgather_base"), or a symm_mem op
+    ("symm_mem.one_shot_all_reduce": ``group`` a ProcessGroup or its name).
     """
     row = collectives.lookup(collective_name)
     params = {"group": group, "tensor": input_tensor, "input": input_tensor,
@@ -25,11 +26,13 @@ def annotate_collective(
               "tensors": input_tensor, "input_tensor_list": input_tensor,
               "input_list": input_tensor, "output": output_tensor,
               "output_tensor": output_tensor, "tensor_list": output_tensor,
-              "output_tensor_list": output_tensor}
+              "output_tensor_list": output_tensor, "out": output_tensor,
+              "symm_buffer": input_tensor, "local_input": output_tensor,
+              "group_name": getattr(group, "group_name", group)}
     if row.outputs == "tensor":  # scatter: the parameter named "tensor" is the output
         params["tensor"] = output_tensor
     launch = metadata.derive(row, None, (), params)
-    api = row.api if row.module == collectives.C10D else f"funcol.{row.api}"
+    api = row.label
     return AnnotationContext(api, metadata.annotation_of(api, launch),
                              metadata.cpu_only_args(launch), launch.kernels,
                              agent=INSTRUMENTATION)

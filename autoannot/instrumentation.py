@@ -174,7 +174,7 @@ class Instrumentation:
             layer.retired = False  # on again: its kernels stay
             if self.state.journals:  # AUTOANNOT_RECORD: the thread importing torch, for good
                 layer.hold()
-        return []
+        return patching.install_op_namespace(torch.ops.symm_mem, self)
 
 
 def _install_collectives(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:

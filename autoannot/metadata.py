@@ -283,6 +283,10 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
     get_out_split = _getter(positions, row.split_params[1])
     resolve = _RESOLVERS[row.group_arg]
     facts_of = groups.facts_of
+    if not row.records_group_ranks:
+        def facts_of(pg: Any, _of: Callable[[Any], groups.GroupFacts] = groups.facts_of
+                     ) -> groups.GroupFacts:
+            return groups.unranked(_of(pg))
     counts_of = _COUNTS[row.sizes]
     as_real = row.complex_as_real
     # The rules as plain booleans: enum comparisons cost more than the rest of a call.

@@ -89,6 +89,36 @@ def install_module(module: ModuleType, agent: Any) -> list[Patch]:
     return patches
 
 
+def install_op_namespace(namespace: Any, agent: Any) -> list[Patch]:
+    """A proxy for every op of the table in a ``torch.ops`` namespace (``torch.ops.symm_mem``):
+    its packet, where ``torch.ops.<ns>.<op>(...)`` finds it, and each overload on the packet
+    itself, where ``.default`` finds it (compiled code, callers holding the packet)."""
+    from autoannot import collectives, metadata
+
+    patches = []
+    for row in collectives.COLLECTIVES:
+        if row.module != namespace.__name__:
+            continue
+        try:
+            packet = getattr(namespace, row.api)  # (torch makes the packet on first lookup)
+        except (AttributeError, RuntimeError):  # not in this torch
+            continue
+        if agent.proxies.is_proxy(packet):
+            continue
+        overloads = {name: getattr(packet, name) for name in packet.overloads()}
+        for name, overload in overloads.items():
+            if agent.proxies.is_proxy(overload):
+                continue
+            proxy = _proxy_for(overload, row, metadata.Plan(row, overload), agent)
+            setattr(packet, name, proxy)
+            patches.append(Patch(packet, name, overload, proxy))
+        plan = metadata.Plan(row, overloads.get("default"))
+        proxy = _proxy_for(packet, row, plan, agent)
+        setattr(namespace, row.api, proxy)
+        patches.append(Patch(namespace, row.api, packet, proxy))
+    return patches
+
+
 def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
     import functools
 
@@ -176,7 +206,8 @@ def unbind_proxies_everywhere(proxies: ProxyCache) -> None:
     from autoannot import collectives
 
     originals = proxies.originals_by_proxy_id()
-    names = {row.api for row in collectives.COLLECTIVES if row.module not in collectives.OP_MODULES}
+    names = {row.api for row in collectives.COLLECTIVES
+             if row.module in collectives.FUNCTION_MODULES}
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):

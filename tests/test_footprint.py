@@ -33,7 +33,7 @@ def _wrapped_functions() -> dict[str, Any]:
 
     found = {}
     for row in collectives.COLLECTIVES:
-        if row.module in collectives.OP_MODULES:
+        if row.module not in collectives.FUNCTION_MODULES:
             continue
         module = importlib.import_module(row.module)
         if row.api in module.__dict__:

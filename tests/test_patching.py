@@ -17,7 +17,8 @@ import autoannot
 from autoannot import collectives
 
 ROWS = [row for row in collectives.COLLECTIVES
-        if row.module not in collectives.OP_MODULES and hasattr(sys.modules[row.module], row.api)]
+        if row.module in collectives.FUNCTION_MODULES
+        and hasattr(sys.modules[row.module], row.api)]
 
 
 def originals() -> dict[tuple[str, str], object]:

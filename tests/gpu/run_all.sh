@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU check and the GPU benchmark in one go; results packed into OUT/results.tgz (traces
 # trimmed for committing under tests/data/gpu/). The steps of two ranks need 2 GPUs; on one,
-# run STEPS="native observer_checks" and the benchmarks with WORLD=1.
+# run STEPS="native observer_checks symm_mem" and the benchmarks with WORLD=1.
 #
 #     bash tests/gpu/run_all.sh OUT
 #
 # Each step runs in its own processes under a time limit (a hang costs that step only) and
 # prints how long it took; steps that would end after DEADLINE seconds (default 540) are
-# skipped, most needed first. STEPS (default "native observer_checks patterns gpu_graph
-# gpu_capture graph_replay compile_graphs footprint"; native: build the native observer first,
+# skipped, most needed first. STEPS (default "native observer_checks symm_mem patterns
+# gpu_graph gpu_capture graph_replay compile_graphs footprint"; native: build the native observer first,
 # NATIVE=0: run without it) and
 # PATTERNS_TO_RUN choose a part. The exit status is the number of steps that failed or skipped.
 set -u
@@ -40,7 +40,7 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
-want() { [[ " ${STEPS:-native observer_checks patterns gpu_graph gpu_capture graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
+want() { [[ " ${STEPS:-native observer_checks symm_mem patterns gpu_graph gpu_capture graph_replay compile_graphs footprint} " == *" $1 "* ]]; }
 
 # The native observer, built first (every later step then runs with it: launches below the
 # Python API seen through torch's RecordFunction callbacks, captured ones noted in C++);
@@ -62,6 +62,10 @@ if want observer_checks; then  # one GPU: the ledger against torch's record_para
     python tests/gpu/observer_checks.py "$OUT/observer/checks_${NATIVE_NAME:-native}.json"
   step observer_checks_python 120 env AUTOANNOT=1 AUTOANNOT_NATIVE=0 \
     PYTHONPATH=autoannot/_hook:. python tests/gpu/observer_checks.py "$OUT/observer/checks_python.json"
+fi
+if want symm_mem; then  # one GPU: symmetric-memory collectives, eager and graphed
+  step symm_mem 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. \
+    python tests/gpu/symm_mem.py "$OUT/symm_mem"
 fi
 if want patterns; then
   for pattern in ${PATTERNS_TO_RUN:-ddp graphed compiled mixed threads inference}; do

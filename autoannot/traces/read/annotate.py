@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from autoannot import vocabulary as V
+from autoannot.collectives import SYMM_MEM_FAMILIES
 from autoannot.traces.files import Trace, TraceError, dump_event
 from autoannot.traces.read import ledger as ledgers
 from autoannot.traces.read.ledger import REPLAY_PREFIX
@@ -42,11 +43,29 @@ from autoannot.traces.read.ledger import REPLAY_PREFIX
 # --- matching --------------------------------------------------------------------------------
 
 _FAMILY = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+# torch's symmetric-memory kernels: ``void ...::one_shot_all_reduce_kernel<float, 16, 2>(...)``
+_SYMM_MEM_FAMILY = re.compile(
+    r"\b(" + "|".join(SYMM_MEM_FAMILIES) + r")_kernel(?:_inplace)?<")
+
+
+_SYMM_MEM_MARKERS = tuple(f"{family}_kernel" for family in SYMM_MEM_FAMILIES)
+
+
+def may_name_a_collective_kernel(text: str) -> bool:
+    """Cheap first look at an event's text: could it be a collective's kernel (NCCL's or a
+    symmetric-memory one)? ``kernel_family`` decides."""
+    return "nccl" in text or any(marker in text for marker in _SYMM_MEM_MARKERS)
 
 
 def kernel_family(name: str) -> str | None:
-    """``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)`` -> ``"AllReduce"``; None if not NCCL."""
+    """``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)`` -> ``"AllReduce"``, a symmetric-memory
+    kernel -> its op (``"one_shot_all_reduce"``); None if neither."""
     match = _FAMILY.match(name)
+    if match:
+        return match.group(1)
+    if "_kernel" not in name:
+        return None
+    match = _SYMM_MEM_FAMILY.search(name)
     return match.group(1) if match else None
 
 
@@ -72,8 +91,9 @@ class Report:
 
 def _wanted(chunk: str) -> bool:
     """Cheap first look at an event's text: might matching need it? (``annotate`` decides.)"""
-    return "nccl" in chunk or "GraphLaunch" in chunk or REPLAY_PREFIX in chunk or (
-        '"thread_name"' in chunk) or '"gloo:' in chunk or '"ProfilerStep#' in chunk
+    return may_name_a_collective_kernel(chunk) or "GraphLaunch" in chunk or (
+        REPLAY_PREFIX in chunk) or '"thread_name"' in chunk or '"gloo:' in chunk or (
+        '"ProfilerStep#' in chunk)
 
 
 @dataclass

@@ -136,9 +136,11 @@ def _events(trace: files.Trace, progress: bool) -> Iterable[dict[str, Any]]:
 
 def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
     """The chunks the summary reads (a long read shows its bar: ``files.ReadingBar``)."""
+    from autoannot.traces.read.annotate import may_name_a_collective_kernel
+
     for block in trace._blocks():
         for chunk in block:
-            if "nccl" in chunk or '"gloo:' in chunk:
+            if may_name_a_collective_kernel(chunk) or '"gloo:' in chunk:
                 yield chunk
 
 

@@ -1,0 +1,49 @@
+"""Issue 38: the symmetric-memory collectives (``torch.ops.symm_mem``: async tensor
+parallelism's and the custom all-reduces) are annotated as torch records them, on real gloo
+ranks: no process group call is made for them, so no hook sees them; a proxy of each op does
+(its packet and its overloads), on every torch. Torch runs them on CUDA only: the test gives
+them CPU kernels of its own (``symm_mem_cases``); on the device, ``tests/gpu/symm_mem.py``
+runs torch's own."""
+
+from __future__ import annotations
+
+import symm_mem_cases as cases
+from harness import run_job, run_ranks
+
+
+def test_every_symm_mem_collective_is_recorded_as_torch_records_it() -> None:
+    """Each of the 12 ops, on the default group and on a group of its own, packet and overload:
+    one record each, equal to what torch's RECORD_PARAM_COMMS holds for the call (written from
+    its source), with no kernel of the agent on the dispatcher; the results are those of the
+    agent off, and ``disable()`` gives back torch's own packets and overloads."""
+    for result in run_ranks(cases.every_op, 2):
+        assert [api for api, _ in result["records"]] == [
+            f"symm_mem.{op}" for op in result["ops"]]
+        for (api, recorded), cpu_only, truth in zip(result["records"], result["cpu_only"],
+                                                     result["truth"], strict=True):
+            recorded = {k: v for k, v in recorded.items() if k not in ("name", "stream")}
+            assert {**recorded, **cpu_only} == truth, api
+        assert result["same_results"] and result["restored"]
+        assert result["agent_kernels"] == []
+
+
+def test_the_record_file_holds_each_symm_mem_launch(tmp_path) -> None:
+    """``AUTOANNOT=1`` and ``AUTOANNOT_RECORD``, as users run a job: each launch in the file,
+    in order, with its call site (the agent is on from the start: both rounds of calls)."""
+    for result in run_job(cases.every_op, 2, tmp_path):
+        lines = [line for line in result["journal"] if line.get("api", "").startswith(
+            "symm_mem.")]
+        assert [line["api"] for line in lines] == [api for api, _ in result["records"]] * 2
+        assert {line["call_site"].rsplit(":", 1)[0] for line in lines} == {cases.__file__}
+        assert [line["annotation"] for line in lines[len(lines) // 2:]] == [
+            annotation for _, annotation in result["records"]]
+
+
+def test_compiled_code_launches_are_recorded_as_eager_ones() -> None:
+    """``torch.compile(fullgraph=True)``: no graph break, the same result, and the compiled
+    code's launches recorded as the eager calls are."""
+    for result in run_ranks(cases.compiled, 2):
+        assert result["graph_breaks"] == 0 and result["same_result"]
+        assert result["compiled"] == result["eager"]
+        assert [api for api, _ in result["eager"]] == ["symm_mem.one_shot_all_reduce",
+                                                       "symm_mem.one_shot_all_reduce_copy"]
