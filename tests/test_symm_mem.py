@@ -47,3 +47,39 @@ def test_compiled_code_launches_are_recorded_as_eager_ones() -> None:
         assert result["compiled"] == result["eager"]
         assert [api for api, _ in result["eager"]] == ["symm_mem.one_shot_all_reduce",
                                                        "symm_mem.one_shot_all_reduce_copy"]
+
+
+def test_graphed_symm_mem_kernels_of_a_real_replay_get_their_ledger_entries(tmp_path) -> None:
+    """Real traces (``tests/gpu/symm_mem.py``, one H200, torch 2.11: one_shot_all_reduce, its
+    ``_out`` form, two_shot_all_reduce_ captured and replayed twice): annotated offline, each
+    graphed symm_mem kernel carries its ledger entry's args, in capture order; torch 2.11's
+    eager kernels carry none (it records nothing for these ops: the annotation is the table's,
+    by torch's later rules)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from autoannot import vocabulary as V
+    from autoannot.traces.read import annotate as tracetool
+
+    data = Path(__file__).parent / "data" / "gpu" / "symm_mem"
+    for name in ("graph_rank0.json", "graph_rank0.autoannot"):
+        shutil.copy(data / name, tmp_path / name)
+    report = tracetool.annotate_file(tmp_path / "graph_rank0.json", tmp_path / "out.json")
+    ledger = json.loads((data / "graph_rank0.autoannot").read_text())["graphs"]
+    (entries,) = ledger.values()
+
+    def kernels(path: Path) -> list[dict]:
+        events = json.loads(path.read_text())["traceEvents"]
+        return sorted((e for e in events if e.get("cat") == "kernel"
+                       and tracetool.kernel_family(e["name"])), key=lambda e: e["ts"])
+
+    annotated = kernels(tmp_path / "out.json")
+    assert (report.kernels_annotated, report.kernels_left) == (6, 0)
+    assert [{k: v for k, v in e["args"].items() if k in V.KERNEL_KEYS} for e in annotated] == [
+        {k: v for k, v in entry["annotation"].items() if k in V.KERNEL_KEYS}
+        for entry in entries] * 2
+    assert [tracetool.kernel_family(e["name"]) for e in annotated[:3]] == [
+        "one_shot_all_reduce", "one_shot_all_reduce", "two_shot_all_reduce"]
+    eager = kernels(data / "eager_rank0.json")
+    assert len(eager) == 3 and not any(V.COLLECTIVE_NAME in e.get("args", {}) for e in eager)
