@@ -41,7 +41,8 @@ class _Op(NamedTuple):
     read: list[int]  # positions of the arguments its metadata is read from
 
 
-#: Kinds kept before Python lets go of them (and the observer forgets its own).
+#: Kinds derived before the observer forgets its own and Python lets go of the generation
+#: before (so at most twice this many are kept, in C++ and in Python together).
 CACHE_SIZE = 4096
 
 
@@ -87,7 +88,11 @@ class NativeObserver:
         self.agent = agent
         self.order = module.order  # launches noted so far (read with no call)
         self._ops = _ops()
+        # kind id (or (id, label)) -> what it derives; bounded (``_let_go_of_kinds``)
         self._kinds: dict[Any, Derived | None] = {}
+        self._generation = 0  # ids below this: kinds the observer forgot a generation ago
+        self._derived_since = 0  # kinds derived since the observer last forgot its kinds
+        self.kinds_let_go = 0  # (counted: doctor and the tests)
         self._needs_operators: bool | None = None
         module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
                            _collective_ops(self._ops))
@@ -171,8 +176,6 @@ class NativeObserver:
         launched = noted if not derive else self._ledger_entries(noted)
         if last:
             module.drain(-1)
-        if len(self._kinds) >= CACHE_SIZE and module.forget_kinds(if_idle=True):
-            self._kinds.clear()  # (no note waits for a kind: the observer knows them anew)
         return launched
 
     def _ledger_entries(self, noted: list[tuple]) -> list[tuple]:
@@ -247,8 +250,28 @@ class NativeObserver:
             diagnostics.warn_once(label, "deriving the collective metadata", exc)
             derived = None
         if kind:
+            self._derived_since += 1
+            if self._derived_since >= CACHE_SIZE:
+                self._let_go_of_kinds()
             self._kinds[kind] = derived
         return derived
+
+    def _let_go_of_kinds(self) -> None:
+        """Keep what Python derived bounded (a job whose sizes keep changing, MoE all-to-all,
+        makes new kinds for good): the observer forgets the kinds it knows (launches get new
+        ones, described afresh), and Python lets go of those it forgot the time before — not
+        of these: a launch under way on another thread may still tell one by its id. Where a
+        note waits in a capture, nothing is forgotten yet (its kind must stay known)."""
+        boundary = self.module.forget_kinds_at(if_idle=True)
+        if boundary < 0:
+            return
+        older = self._generation
+        kept = {key: derived for key, derived in self._kinds.items()
+                if (key[0] if type(key) is tuple else key) >= older}
+        self.kinds_let_go += len(self._kinds) - len(kept)
+        self._kinds = kept
+        self._generation = boundary
+        self._derived_since = 0
 
     def _relabeled(self, kind: int, label: str, derived: Derived) -> dict[str, Any]:
         """The annotation of a kind named by a proxy's label (once per kind and label)."""

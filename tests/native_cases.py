@@ -415,3 +415,26 @@ def observer_state(rank: int, world: int) -> dict[str, Any]:
                                                   C._dispatch_tls_is_dispatch_key_included(key))
     seen["layer made"] = hooks.AGENT.layer is not None
     return {"seen": seen, "first": first, "again": again, "orphaned": orphaned}
+
+
+def many_kinds(rank: int, world: int) -> dict[str, Any]:
+    """A job whose sizes keep changing (MoE all-to-all): more kinds than the observer keeps
+    (a small ``CACHE_SIZE`` here). What C++ and Python hold stays bounded, old kinds are let
+    go (counted), and every launch is still recorded right — sizes seen before, after their
+    kind was let go, included."""
+    from autoannot import observer as native_observer
+
+    _start()
+    agent_observer = hooks.AGENT.observer
+    native_observer.CACHE_SIZE = 32
+    pg = dist.group.WORLD
+    sizes = [*range(1, 201), *range(1, 41)]
+    most_in_cpp = most_in_python = 0
+    with autoannot.record() as records:
+        for n in sizes:
+            pg.allreduce([torch.ones(n)]).wait()
+            most_in_cpp = max(most_in_cpp, agent_observer.module.kinds())
+            most_in_python = max(most_in_python, len(agent_observer._kinds))
+    return {"recorded": [r.annotation[V.IN_NELEMS] for r in records], "sizes": sizes,
+            "most_in_cpp": most_in_cpp, "most_in_python": most_in_python,
+            "let_go": agent_observer.kinds_let_go}

@@ -321,3 +321,13 @@ def test_a_forked_child_neither_hangs_on_the_observer_nor_records_for_its_parent
                           env=os.environ, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-4:] == ["0", "0", "True", "True"], done.stdout
+
+
+def test_kinds_stay_bounded_when_sizes_keep_changing() -> None:
+    """Before, every new size was a kind kept for good, in C++ and in Python (240 launches of
+    200 sizes: 200 kinds each side); now at most twice ``CACHE_SIZE`` (32 here), the oldest
+    let go a generation after the observer forgot them, and every launch recorded right."""
+    for result in run_ranks(native_cases.many_kinds, 2, backend="fake"):
+        assert result["recorded"] == result["sizes"]
+        assert result["most_in_cpp"] <= 32 and result["most_in_python"] <= 2 * 32
+        assert result["let_go"] >= 200 - 3 * 32

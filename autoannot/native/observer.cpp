@@ -894,21 +894,29 @@ py::tuple drain(int64_t capture) {
 
 // A group Python derived kinds from is gone (its address may be taken by a new one), or Python
 // lets go of what it derived: launches get new kinds from now on. `if_idle`: only where no
-// note waits to be drained; whether the kinds were forgotten.
-bool forget_kinds(bool if_idle) {
+// note waits to be drained. Returns the first id a kind made from now on gets (every kind
+// forgotten has a smaller one: Python lets go of those a generation later, once no launch
+// under way can still hold one), or -1 where it forgot nothing.
+int64_t forget_kinds_at(bool if_idle) {
   std::unordered_map<std::string, std::shared_ptr<Kind>> forgotten;
+  int64_t boundary;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (if_idle && !g_notes.empty()) {
-      return false;
+      return -1;
     }
     forgotten.swap(g_kinds);
+    boundary = static_cast<int64_t>(g_kind_ids) + 1;
   }
   if (PyGILState_Check()) {  // (a kind may hold the last reference to the group gone: its
     py::gil_scoped_release released;  // destructor joins threads that may want the GIL)
     forgotten.clear();
   }
-  return true;
+  return boundary;
+}
+
+bool forget_kinds(bool if_idle) {
+  return forget_kinds_at(if_idle) >= 0;
 }
 
 // Whether this observer is the only callback operators would run on this thread now.
@@ -1453,6 +1461,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("drain", &drain, py::arg("capture") = 0);
   m.def("forget_kinds", &forget_kinds, py::arg("if_idle") = false);
+  m.def("forget_kinds_at", &forget_kinds_at, py::arg("if_idle") = false);
   m.def("kinds", []() {
     std::lock_guard<std::mutex> lock(g_mutex);
     return g_kinds.size();
