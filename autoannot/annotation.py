@@ -17,9 +17,12 @@ class AnnotationContext:
     """Context manager for one collective launch; reusable once entered and exited.
 
     ``agent``: what it reports to (the agent's ``Instrumentation``: its ``state`` and
-    ``captures``); None: nothing (a context made for its annotation alone)."""
+    ``captures``); None: nothing (a context made for its annotation alone). ``python_api``:
+    whether the launch was made through torch's Python API (else a ``record(python_api_only=
+    True)`` leaves it out)."""
 
-    __slots__ = ("_inner", "agent", "annotation", "api", "call_site", "cpu_only", "kernels")
+    __slots__ = ("_inner", "agent", "annotation", "api", "call_site", "cpu_only", "kernels",
+                 "python_api")
 
     def __init__(
         self,
@@ -29,6 +32,7 @@ class AnnotationContext:
         kernels: tuple[str, ...] = (),
         site: str | None = None,
         agent: Any = None,
+        python_api: bool = True,
     ) -> None:
         self.api = api
         self.annotation = annotation
@@ -36,6 +40,7 @@ class AnnotationContext:
         self.kernels = kernels  # NCCL kernel families the launch may run (for graph ledgers)
         self.call_site = site
         self.agent = agent
+        self.python_api = python_api  # false: a launch below torch's Python API
         self._inner: Any = None
 
     def __enter__(self) -> AnnotationContext:
@@ -59,7 +64,8 @@ class AnnotationContext:
         state = self.agent.state if self.agent is not None else None
         if exc_type is None and state is not None and state.recorders:
             site = self.call_site or call_site(2)
-            publish(state, new_record(self.api, self.annotation, site, self.cpu_only))
+            publish(state, new_record(self.api, self.annotation, site, self.cpu_only),
+                    self.python_api)
 
     def __repr__(self) -> str:
         return f"AnnotationContext({self.api!r}, {self.annotation!r})"

@@ -306,7 +306,7 @@ class HookObserver:
             return None
         label, annotation, cpu_only, kernels = kind
         return AnnotationContext(label, annotation, cpu_only, kernels, sites.site_from(caller),
-                                 self.agent)
+                                 self.agent, python_api=False)
 
     def _kept(self, key: Any, derive: Any) -> tuple | None:
         """A kind of launch, derived once by ``key`` (None: not keyed, derived each time);

@@ -48,10 +48,13 @@ def new_record(api: str, annotation: dict[str, Any], site: str, cpu_only: dict[s
     return _tuple_new(Record, (api, annotation, site, cpu_only))
 
 
-def publish(state: Any, entry: Record) -> None:
-    """Give a launch that returned to the open recorders."""
+def publish(state: Any, entry: Record, python_api: bool = True) -> None:
+    """Give a launch that returned to the open recorders; one made below torch's Python API
+    (``python_api`` false: DDP's reducer, ``pg.*``, compiled code) not to those that asked for
+    the Python API's launches only."""
     for recording in state.recorders:
-        recording.append(entry)
+        if python_api or not recording.python_api_only:
+            recording.append(entry)
 
 
 def enter(state: Any, entry: Record) -> None:

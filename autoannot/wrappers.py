@@ -73,7 +73,8 @@ def _run_annotated(
         if state.recorders:  # it launched: recorded as any launch, though not annotated
             try:
                 publish(state, new_record(label, ctx.annotation,
-                                          ctx.call_site or call_site(2), ctx.cpu_only))
+                                          ctx.call_site or call_site(2), ctx.cpu_only),
+                        ctx.python_api)
             except Exception as exc:
                 warn_once(label, "recording", exc)
         return result
@@ -142,6 +143,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
     # _c10d_functional kernels launch a c10d:: op, where a kernel of ours would be called again,
     # ~7 us to be let through); a c10d:: op's redispatch launches nothing of ours below.
     excludes = holds_data is None or row.module == OPS
+    python_api = holds_data is None  # (a dispatcher kernel's launch is below the Python API)
 
     def learn(args: tuple, kwargs: dict, key: tuple | None) -> Known:
         """Derive a launch not seen before (raises what deriving raises)."""
@@ -193,7 +195,8 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
             if state.captures:  # the capture's ledger (below), or torch's mark_kernels
                 if agent.captures.torch_marks is not None:
                     ctx = AnnotationContext(label, known.annotation, known.cpu_only,
-                                            known.launch.kernels, agent=agent)
+                                            known.launch.kernels, agent=agent,
+                                            python_api=python_api)
                     return _run_annotated(state, label, ctx, wrapped, args, kwargs)
                 in_capture = True
             if state.journals:  # written before the call: a collective that hangs is in it
@@ -234,7 +237,8 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                     site = call_site(2)
             entry = new_tuple(Record, (label, known[0], site, known[1]))
             for recording in recorders:
-                recording.append(entry)
+                if python_api or not recording.python_api_only:
+                    recording.append(entry)
         return result
 
     def known_for(args: tuple, kwargs: dict) -> Known:

@@ -363,6 +363,26 @@ def test_functorch_transforms_around_collectives(observer: str) -> None:
         assert result["ledger"][:2] == ["all_reduce", "funcol.all_reduce"]
 
 
+def two_recorders(rank: int, world: int) -> dict[str, Any]:
+    """``record()`` and ``record(python_api_only=True)`` open together."""
+    autoannot.enable()
+    pg = dist.group.WORLD
+    with autoannot.record() as everything, autoannot.record(python_api_only=True) as api_only:
+        pg.allreduce([torch.ones(4)]).wait()  # below the Python API
+        dist.all_reduce(torch.ones(3))
+    return {"which": _which(), "everything": everything.apis(), "api_only": api_only.apis()}
+
+
+def test_a_python_api_only_recorder_beside_a_full_one_gets_the_python_api_only(
+        observer: str) -> None:
+    """Before, the launch below the Python API went into both (every observer: the sink gave
+    each launch to every open recorder)."""
+    for result in run_ranks(two_recorders, 2):
+        assert result["which"] == observer
+        assert result["everything"] == ["c10d.allreduce_", "all_reduce"]
+        assert result["api_only"] == ["all_reduce"]
+
+
 # --- what tests/gpu/observer_checks.py found on one H200 (committed) ---------------------------
 
 GPU_CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "gpu", "observer")
