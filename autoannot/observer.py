@@ -21,7 +21,7 @@ import sys
 from typing import Any, NamedTuple
 
 from autoannot import collectives, diagnostics, groups, metadata, native, sites
-from autoannot.records import enter, new_record
+from autoannot.records import enter, new_record, publish
 
 
 class Derived(NamedTuple):
@@ -215,9 +215,7 @@ class NativeObserver:
         if when == 0:
             enter(state, record)
         else:
-            for recording in state.recorders:
-                if not recording.python_api_only:
-                    recording.append(record)
+            publish(state, record, python_api=False)
         return bool(kind)
 
     # deriving ----------------------------------------------------------------------------
