@@ -123,7 +123,7 @@ def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
     import functools
 
     from autoannot import proxies, wrappers
-    from autoannot.collectives import Role
+    from autoannot.collectives import SYMM_MEM, Role
 
     proxy = agent.proxies.get(original)
     if proxy is not None:
@@ -135,8 +135,8 @@ def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
     # no frame of ours sits between the caller and torch (warnings keep their stack levels).
     enabled = (None if row.role is Role.BATCH
                else functools.partial(getattr, agent.state, "demand"))
-    return agent.proxies.put(original, proxies.CollectiveProxy(original, wrapper,
-                                                               enabled=enabled))
+    kind = proxies.OpProxy if row.module == SYMM_MEM else proxies.CollectiveProxy
+    return agent.proxies.put(original, kind(original, wrapper, enabled=enabled))
 
 
 def _handing_off(row: Any, plan: Any, wrapper: Any, agent: Any) -> Any:

@@ -13,6 +13,7 @@ checks functions by identity, before any hook; under ``AUTOANNOT=1`` no user cod
 
 from __future__ import annotations
 
+import copy
 import copyreg
 import functools
 import sys
@@ -50,6 +51,20 @@ class CollectiveProxy(wrapt.FunctionWrapper):
 
     def __deepcopy__(self, memo: Any) -> CollectiveProxy:
         return self
+
+
+class OpProxy(CollectiveProxy):
+    """The proxy of a ``torch.ops`` op (a packet or an overload): it pickles and copies as the
+    op does (torch's ops do not pickle; a copy of an overload is a new overload)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+    def __reduce__(self) -> Any:
+        return self.__wrapped__.__reduce__()
+
+    def __copy__(self) -> Any:
+        return copy.copy(self.__wrapped__)
 
 
 def _reference(proxy: Any) -> Any:

@@ -85,3 +85,40 @@ def test_graphed_symm_mem_kernels_of_a_real_replay_get_their_ledger_entries(tmp_
     eager = kernels(data / "eager_rank0.json")
     assert len(eager) == len(entries)
     assert not any(V.COLLECTIVE_NAME in e.get("args", {}) for e in eager)
+
+
+def test_the_ops_pickle_and_copy_as_with_the_agent_off() -> None:
+    """A proxied op reads as the op: pickling raises what torch raises (before, it pickled to
+    a reference that loaded as None), a copy is torch's copy, a deep copy the op in place.
+    (``copy.copy`` of a packet recurses in torch itself: not tried.)"""
+    import copy
+    import pickle
+
+    import torch
+
+    import autoannot
+
+    def outcomes() -> list[tuple]:
+        found = []
+        packet = torch.ops.symm_mem.one_shot_all_reduce
+        for obj in (packet, packet.default):
+            try:
+                pickle.dumps(obj)
+                found.append(("pickled",))
+            except Exception as exc:
+                found.append((type(exc).__name__, str(exc).split(" object at ")[0]))
+        overload = packet.default
+        found.append((type(copy.copy(overload)).__name__, copy.copy(overload) is overload))
+        found.append((copy.deepcopy(overload) is overload,))
+        return found
+
+    was_on = autoannot.is_enabled()
+    autoannot.disable()
+    off = outcomes()
+    autoannot.enable()
+    try:
+        assert type(torch.ops.symm_mem.one_shot_all_reduce.default).__name__ == "OpProxy"
+        assert outcomes() == off
+    finally:
+        if not was_on:
+            autoannot.disable()
