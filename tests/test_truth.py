@@ -92,14 +92,20 @@ def test_no_rank_waits_more_than_the_delay_in_the_planted_step(jobs, capsys, kin
 
 
 def test_start_up_is_warm_up_not_the_straggler(jobs, capsys) -> None:
-    """Rank 3 starts late (before its first collective): shown, but not ranked, by default."""
-    out, _ = jobs["compute"]
+    """Rank 3 starts late (before its first collective): shown, but not ranked, by default.
+    The planted lateness is what the ranks lived: rank 3's arrival at its first collective
+    less the first rank's (the others' start-ups vary too: under load, 4 ranks on 2 cores,
+    they came up to 0.12 s after rank 3 began its 0.3 s sleep)."""
+    out, results = jobs["compute"]
+    arrivals = [r["arrived"] for r in results]
+    planted_us = (arrivals[3] - min(arrivals)) * 1e6
+    assert max(arrivals) == arrivals[3] and planted_us >= truth.WARMUP_S * 1e6 / 3
     _, said = _skew(capsys, str(out))
     first = next(i for i in said["instances"] if i["seq"] == 0 and i["group"] == "0")
-    assert first["warmup"] and first["skew_us"] >= truth.WARMUP_S * 1e6 * 0.9
+    assert first["warmup"] and abs(first["skew_us"] - planted_us) <= 0.1 * planted_us
     assert all(o["step"] != 0 for o in said["origins"])
     _, counted = _skew(capsys, "--include-warmup", str(out))
-    assert any(o["step"] == 0 and o["blamed_us"] >= truth.WARMUP_S * 1e6
+    assert any(o["step"] == 0 and o["blamed_us"] >= 0.9 * planted_us
                for o in counted["origins"])
 
 

@@ -69,7 +69,7 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
          "shard": torch.ones(1 << 8), "gathered": torch.zeros(world << 8),
          "small": torch.ones(64)}
     sites: dict[str, str] = {}
-    stuck = None
+    stuck = arrived = None
     with warnings.catch_warnings():  # ("won't be using warmup": every step is recorded)
         warnings.simplefilter("ignore")
         every_step = schedule(wait=0, warmup=0, active=STEPS, repeat=1)  # ProfilerStep#0, ...
@@ -79,6 +79,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
         for step in range(STEPS):
             if step == 0 and rank == 3:
                 time.sleep(WARMUP_S)  # a late start: warm-up's skew, not a straggler's
+            if step == 0:  # when this rank came to its first collective (one host: one clock)
+                arrived = time.time()
             if kind == "hang" and step == PLANTED_STEP and rank == 3:
                 break  # this rank is gone: it never enters step 3's broadcast
             try:
@@ -87,7 +89,7 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                 stuck = f"step {step}: {str(exc).splitlines()[0][:120]}"
                 break
             prof.step()
-    return {"sites": sites, "stuck": stuck}
+    return {"sites": sites, "stuck": stuck, "arrived": arrived}
 
 
 def run(kind: str, out: Path) -> list[dict[str, Any]]:
