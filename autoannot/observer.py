@@ -92,7 +92,7 @@ class NativeObserver:
         self._kinds: dict[Any, Derived | None] = {}
         self._generation = 0  # ids below this: kinds the observer forgot a generation ago
         self._derived_since = 0  # kinds derived since the observer last forgot its kinds
-        self.kinds_let_go = 0  # (counted: doctor and the tests)
+        self.kinds_let_go = 0  # (counted, for the tests)
         self._needs_operators: bool | None = None
         module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
                            _collective_ops(self._ops))
@@ -260,7 +260,7 @@ class NativeObserver:
         ones, described afresh), and Python lets go of those it forgot the time before — not
         of these: a launch under way on another thread may still tell one by its id. Where a
         note waits in a capture, nothing is forgotten yet (its kind must stay known)."""
-        boundary = self.module.forget_kinds_at(if_idle=True)
+        boundary = self.module.forget_kinds(if_idle=True)
         if boundary < 0:
             return
         older = self._generation

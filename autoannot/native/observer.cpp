@@ -897,7 +897,7 @@ py::tuple drain(int64_t capture) {
 // note waits to be drained. Returns the first id a kind made from now on gets (every kind
 // forgotten has a smaller one: Python lets go of those a generation later, once no launch
 // under way can still hold one), or -1 where it forgot nothing.
-int64_t forget_kinds_at(bool if_idle) {
+int64_t forget_kinds(bool if_idle) {
   std::unordered_map<std::string, std::shared_ptr<Kind>> forgotten;
   int64_t boundary;
   {
@@ -913,10 +913,6 @@ int64_t forget_kinds_at(bool if_idle) {
     forgotten.clear();
   }
   return boundary;
-}
-
-bool forget_kinds(bool if_idle) {
-  return forget_kinds_at(if_idle) >= 0;
 }
 
 // Whether this observer is the only callback operators would run on this thread now.
@@ -1461,7 +1457,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("drain", &drain, py::arg("capture") = 0);
   m.def("forget_kinds", &forget_kinds, py::arg("if_idle") = false);
-  m.def("forget_kinds_at", &forget_kinds_at, py::arg("if_idle") = false);
   m.def("kinds", []() {
     std::lock_guard<std::mutex> lock(g_mutex);
     return g_kinds.size();
