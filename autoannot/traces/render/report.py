@@ -89,14 +89,6 @@ def group_rows(analysis: Analysis) -> list[dict[str, Any]]:
     return rows
 
 
-def _instances_of(analysis: Analysis, launches: Any) -> Any:
-    """The instance of each of ``launches`` (indices into the launch arrays, which are in
-    instance order): no array over every launch is made."""
-    import numpy as np
-
-    return np.searchsorted(analysis.offsets, launches, side="right") - 1
-
-
 #: Groups offered in the heat map's menu, those with the most waiting first.
 MAX_HEAT_GROUPS = 64
 #: The heat map's most rows; a larger group's members are drawn in blocks (each cell the
@@ -113,10 +105,8 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     import plotly.graph_objects as go
 
     f = analysis.figures()
-    column, start = analysis.launch_column, analysis.launch_start
-    first = f.last - f.skew
     unit, scale = ("ms", 1e3) if np.nanmax(f.skew, initial=0.0) >= 1e3 else ("us", 1.0)
-    has_steps = bool((f.step >= 0).any())
+    has_steps = bool(analysis.heat.get("by_step"))
     # the groups by the waiting that began in them (then by skew), at most MAX_HEAT_GROUPS
     weight = np.bincount(f.group, weights=f.blame, minlength=len(f.group_names))
     worst = np.zeros(len(f.group_names))
@@ -125,34 +115,28 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     chosen = present[np.lexsort((present, -worst[present], -weight[present]))][:MAX_HEAT_GROUPS]
     figure = go.Figure()
     labels = []
-    # a group's instances are consecutive (by group, then seq), and so are their launches
-    first_instance = np.searchsorted(f.group, np.arange(len(f.group_names) + 1))
-    launch_at = analysis.offsets[first_instance]
     tallest = 1
     width = len(analysis.ranks)
+    # the cells (how late each rank arrived, the most per group, rank and step or bin), by
+    # group: their keys are (group * width + column) * span + x
+    keys, values = analysis.cells
+    span = int(analysis.heat["span"])
+    pair, x_all = keys // span, keys % span
+    cell_group = pair // width
+    group_at = np.searchsorted(cell_group, np.arange(len(f.group_names) + 1))
+    axis_title = ("profiler step" if has_steps
+                  else "the group's instances, in sequence order (binned)")
     for position, g in enumerate(chosen.tolist()):
-        mine = np.arange(launch_at[g], launch_at[g + 1])
-        instance = _instances_of(analysis, mine)
-        late = start[mine] - first[instance]
-        member = np.zeros(width, dtype=bool)
-        member[column[mine]] = True
-        members = np.flatnonzero(member)
-        rows = (np.cumsum(member) - 1)[column[mine]]
+        mine = slice(group_at[g], group_at[g + 1])
+        column, late = pair[mine] % width, values[mine]
+        members = np.unique(column)
+        rows = np.searchsorted(members, column)
         # more members than a page has room for: blocks of consecutive members, each cell the
         # largest of its block (a late rank is never averaged away, nor drawn thinner than a
         # pixel)
         block = max(1, -(-len(members) // MAX_HEAT_ROWS))
         rows = rows // block
-        if has_steps:
-            key = f.step[instance]
-            axis_title = "profiler step"
-        else:  # the group's instances in the order they started, in at most 200 bins
-            own = np.arange(first_instance[g], first_instance[g + 1])
-            in_time = np.empty(len(own), dtype=np.int64)
-            in_time[np.argsort(first[own], kind="stable")] = np.arange(len(own))
-            bins = min(200, len(own))
-            key = in_time[instance - first_instance[g]] * bins // max(1, len(own))
-            axis_title = "the group's instances, in the order they started (binned)"
+        key = x_all[mine] - 1 if has_steps else x_all[mine]
         steps, cols = np.unique(key, return_inverse=True)
         cells = np.full((-(-len(members) // block), len(steps)), -np.inf)
         np.maximum.at(cells, (rows.reshape(-1), cols.reshape(-1)), late / scale)
@@ -213,12 +197,11 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
         skew = np.where(f.warmup & ~analysis.warmup_counted, -1.0, f.skew)
         around = int(np.argmax(f.blame)) if f.blame.any() else int(np.argmax(skew))
     f = analysis.figures()
-    column, start, end = analysis.launch_column, analysis.launch_start, analysis.launch_end
     firsts = f.last - f.skew
     straggler = analysis.summary_of(instances[around])[0]
-    mine = np.arange(analysis.offsets[around], analysis.offsets[around + 1])
+    here = analysis.launches_of(around)
     waits = np.full(len(analysis.ranks), -1.0)
-    waits[column[mine]] = start[mine].max() - start[mine]
+    waits[here["column"]] = here["start"].max() - here["start"]
     picked: list[int] = []
     if straggler is not None:
         picked.append(analysis.ranks.index(straggler))
@@ -228,8 +211,11 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     step = max(1, len(rest) // max(1, TIMELINE_RANKS - len(picked)))
     picked += rest[::step][:max(0, TIMELINE_RANKS - len(picked))]
     picked.sort()
-    shown = np.flatnonzero(np.isin(column, picked))  # (their launches: a few per instance)
-    instance = _instances_of(analysis, shown)
+    from autoannot.traces.analysis.passes import rank_launches
+
+    shown = rank_launches(analysis, picked)  # (their launches: read from their rows)
+    instance = shown["instance"]
+    column, start, end, waits = shown["column"], shown["start"], shown["end"], shown["wait"]
     # the instances of those ranks nearest in time to the chosen one
     candidates = np.unique(instance)
     profiler_step = int(f.step[around])
@@ -242,8 +228,7 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     bars: dict[str, dict[str, list[Any]]] = {
         "wait": {"y": [], "base": [], "x": [], "text": []},
         "move": {"y": [], "base": [], "x": [], "text": []}}
-    waits = analysis.launch_wait
-    for i, index in zip(shown.tolist(), instance.tolist(), strict=True):
+    for i, index in enumerate(instance.tolist()):
         if index not in chosen:
             continue
         one = instances[index]

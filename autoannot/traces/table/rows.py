@@ -111,6 +111,10 @@ class Rows:
     path: Path | None = None
     count: int = 0
     dtypes: list[str] = field(default_factory=lambda: [""])  # what "dtype" indexes
+    #: A binary rows file's columns as its head lists them, and where they begin (``read_head``:
+    #: the columns are read by row range from there).
+    layout: list[tuple[str, str]] | None = None
+    data_offset: int | None = None
 
     def __len__(self) -> int:
         return len(self.columns["seq"]) if self.columns else self.count
@@ -228,9 +232,15 @@ def read_head(path: Path) -> tuple[Rows, int]:
                 data += more
     except OSError as exc:
         raise files.TraceError(f"{path}: cannot read: {exc.strerror}") from None
-    head, _ = _parse_head(path, data)
+    head, at = _parse_head(path, data)
     rows = _rows_of_head(head, {})
     rows.path, rows.count = Path(path), head["count"]
+    rows.layout, rows.data_offset = head["columns"], at
+    size = Path(path).stat().st_size
+    needed = sum(_WIDTH[code] for _, code in head["columns"]) * head["count"]
+    if size - at != needed:
+        raise files.TraceError(f"{path}: cut short or damaged ({size - at} bytes of columns, "
+                               f"{needed} expected for {head['count']} rows)")
     return rows, head["count"]
 
 

@@ -1,0 +1,124 @@
+"""Who runs the analysis's partition tasks (``partitions``): this process, a pool of this
+machine's processes, or a Dask cluster. Every engine runs the same functions on the same
+partitions and gives their results in the order asked, so every engine's answers are the
+same.
+
+Dask, as Nsight Systems' NCCL recipes use it: started the way its users start it (a
+scheduler's address, or a local cluster of N worker processes, each with its memory limit),
+its own scheduling, retries (a task of a worker lost mid-run runs again elsewhere) and
+transport. Nothing is written by a task: a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autoannot.traces.parallel import Progress
+
+_PLAN: Any = None  # a pool process's plan (set once per pass by the pool's initializer)
+
+
+def _set_plan(plan: Any) -> None:
+    global _PLAN
+    _PLAN = plan
+
+
+def _call(function: Callable[..., Any], item: Any) -> Any:
+    return function(_PLAN, item)
+
+
+class Embedded:
+    """This machine: the tasks in this process (``jobs`` 1) or on a pool of ``jobs`` fresh
+    processes (each holds the plan and one task's data at a time)."""
+
+    name = "embedded"
+
+    def __init__(self, jobs: int | None = None, progress: bool = False) -> None:
+        from autoannot.traces.parallel import default_jobs
+
+        self.jobs = jobs or default_jobs()
+        self.progress = progress
+
+    def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
+            label: str) -> list[Any]:
+        shown = Progress(len(items) if self.progress else 0)
+        jobs = min(self.jobs, len(items))
+        if jobs <= 1 or not plan.all_files():
+            found = []
+            for item in items:
+                found.append(function(plan, item))
+                shown.step(label)
+            return found
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # (fresh processes: a forked child would share, and count again, the driver's arrays)
+        context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_set_plan,
+                                 initargs=(plan,)) as pool:
+            futures = [pool.submit(_call, function, item) for item in items]
+            found = []
+            for future in futures:
+                found.append(future.result())
+                shown.step(label)
+        return found
+
+    def close(self) -> None:
+        pass
+
+
+class Dask:
+    """A Dask cluster: the scheduler at ``address`` (``DASK_SCHEDULER_ADDRESS`` where not
+    given), or a local cluster of ``workers`` processes of ``memory_limit`` each. Every
+    worker must see the rows files at the paths given."""
+
+    name = "dask"
+
+    def __init__(self, address: str | None = None, workers: int | None = None,
+                 memory_limit: str | None = None, progress: bool = False) -> None:
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            from autoannot.traces import files
+
+            raise files.TraceError("the Dask engine needs Dask's distributed scheduler: pip "
+                                   "install 'autoannot[dask]'") from None
+        address = address or os.environ.get("DASK_SCHEDULER_ADDRESS")
+        self.progress = progress
+        self.cluster = None
+        if address:
+            self.client = Client(address)
+        else:
+            self.cluster = LocalCluster(n_workers=workers or 4, threads_per_worker=1,
+                                        processes=True, memory_limit=memory_limit or "auto",
+                                        dashboard_address=None)
+            self.client = Client(self.cluster)
+
+    def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
+            label: str) -> list[Any]:
+        from distributed import as_completed
+
+        shared = self.client.scatter(plan, broadcast=True, hash=False)
+        futures = self.client.map(function, [shared] * len(items), list(items), pure=False)
+        shown = Progress(len(items) if self.progress else 0)
+        for _ in as_completed(futures):
+            shown.step(label)
+        found = self.client.gather(futures)
+        del shared
+        return found
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def make(name: str = "embedded", jobs: int | None = None, address: str | None = None,
+         workers: int | None = None, memory_limit: str | None = None,
+         progress: bool = False) -> Embedded | Dask:
+    """The engine a command asked for."""
+    if name == "dask":
+        return Dask(address, workers, memory_limit, progress)
+    return Embedded(jobs, progress)

@@ -1,0 +1,525 @@
+"""The analysis cut into partitions that an engine schedules (``engines``): the functions here
+are the whole matcher, run by every path, whether its rows fit in memory (one partition) or
+not (many, read one at a time or on a cluster's workers).
+
+A *partition* is a range of instance keys (group, seq): small groups together, a large
+group's sequence in stretches, each about ``TARGET_LAUNCHES`` launches. An instance never
+spans two partitions, and partitions in order are instances in (group, seq) order, so the
+answers do not depend on how many there are. A partition's rows in a rank's rows file lie in
+one range of rows (rows are in time order and a group's sequence runs forward in time), read
+with one ``pread`` a column. Passes, each a map over partitions or sources and a reduction of
+small results:
+
+1. ``survey_source`` then ``index_source`` (per rank): each group's launches and sequence,
+   the cut (``cut``), then each partition's row range in the rank's file.
+2. ``match_partition`` (per partition): launches sorted into instances, conflicts, the
+   instances' facts, and the clock estimates (each rank's kernel end less the first rank's).
+3. The driver: each rank's clock offset, the median of its estimates (``fit_clocks``).
+4. ``figure_partition`` (per partition, clocks applied): arrivals, straggler, skew,
+   transfer, each launch's wait and per-rank sums, what the cause chains need, heat-map cells.
+5. The driver (``matching``): cause chains and blame over all instances, per-rank figures.
+
+Each launch's previous and next launch *on its rank* (the lateness a straggler carried in,
+the bound on an entry-only wait) are the rows before and after it in its rank's file: known
+to the partition with no other rank's data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoannot.traces import files
+from autoannot.traces.analysis.results import IN_STEP_US
+
+SEQ_BITS = 40  # an instance key is group << 40 | seq
+#: Launches a partition holds at most, about (its working set: ~150 bytes a launch).
+TARGET_LAUNCHES = 4_000_000
+#: The columns a partition reads, and their numpy types in memory.
+READ = ("group", "seq", "collective", "size_bytes", "start_us", "end_us", "site", "kernel",
+        "step", "dtype")
+_NUMPY = {"I": "<u4", "q": "<i8", "d": "<f8", "i": "<i4", "B": "u1"}
+
+
+@dataclass
+class Source:
+    """One rank's rows: a rows file, read by row range (``path``), or rows in memory
+    (``columns``, sorted by time); with its string codes onto the plan's."""
+
+    rank: int
+    count: int
+    group_map: Any  # local group code -> the plan's
+    collective_map: Any
+    site_map: Any  # (with -1 at the end: local -1 stays -1)
+    dtype_map: Any
+    shift_us: float = 0.0  # onto the plan's epoch
+    path: str | None = None
+    layout: dict[str, tuple[int, str]] | None = None  # column -> (byte offset, numpy type)
+    columns: dict[str, Any] | None = None
+
+    def read(self, lo: int, hi: int, names: tuple[str, ...] = READ) -> dict[str, Any]:
+        """Rows ``lo`` to ``hi`` of the named columns (missing columns of version 1 files:
+        step -1, dtype 0)."""
+        import numpy as np
+
+        if self.columns is not None:
+            return {n: np.asarray(self.columns[n])[lo:hi] for n in names}
+        assert self.path is not None and self.layout is not None
+        found: dict[str, Any] = {}
+        with open(self.path, "rb") as handle:
+            fd = handle.fileno()
+            for name in names:
+                if name not in self.layout:
+                    found[name] = (np.full(hi - lo, -1, np.int32) if name == "step"
+                                   else np.zeros(hi - lo, np.uint32))
+                    continue
+                offset, kind = self.layout[name]
+                width = np.dtype(kind).itemsize
+                data = os.pread(fd, width * (hi - lo), offset + width * lo)
+                if len(data) != width * (hi - lo):
+                    raise files.TraceError(f"{self.path}: cut short while it was read")
+                found[name] = np.frombuffer(data, dtype=kind)
+        return found
+
+
+@dataclass
+class Plan:
+    """What every partition task needs: the sources, the names, and the partitions' bounds
+    and row ranges. Small (a few MB at 65,536 ranks): shipped to every worker once."""
+
+    sources: list[Source]
+    ranks: list[int]
+    group_keys: list[str]
+    group_size: Any
+    group_desc: list[str]
+    group_members: list[tuple[int, ...] | None]
+    collective_names: list[str]
+    site_names: list[str]
+    dtype_names: list[str]
+    starts: Any = None  # each partition's first instance key: partition k is keys
+    #                     starts[k] <= key < starts[k + 1]
+    ranges: Any = None  # (sources, partitions, 2): row ranges
+    partitions: int = 1
+
+    shift: Any = None  # each column's clock offset, taken out (pass 4)
+    heat: dict[str, Any] = field(default_factory=dict)  # how pass 4 keys its cells
+
+    @property
+    def width(self) -> int:
+        return len(self.ranks)
+
+    def all_files(self) -> bool:
+        """Whether every source is a file (what another process or machine can read)."""
+        return all(s.path is not None for s in self.sources)
+
+    def part_of(self, group: Any, seq: Any) -> Any:
+        """The partition of each (group, seq)."""
+        import numpy as np
+
+        if self.partitions == 1:
+            return np.zeros(len(seq), np.int64)
+        key = (np.asarray(group).astype(np.int64) << SEQ_BITS) | np.asarray(seq, np.int64)
+        return np.searchsorted(self.starts, key, "right") - 1
+
+
+def layout_of(path: str, head: dict[str, Any], at: int) -> dict[str, tuple[int, str]]:
+    """Where each column of a rows file begins, from its head."""
+    found = {}
+    for name, code in head["columns"]:
+        kind = _NUMPY[code]
+        found[name] = (at, kind)
+        at += int(head["count"]) * int(kind[-1])
+    return found
+
+
+def is_time_ordered(start: Any) -> bool:
+    import numpy as np
+
+    return bool(len(start) < 2 or np.all(start[1:] >= start[:-1]))
+
+
+def time_order(start: Any) -> Any:
+    """The order that puts a rank's launches in time order (ties: as given)."""
+    import numpy as np
+
+    return np.argsort(start, kind="stable")
+
+
+# --- pass 1: each partition's rows in each rank's file ------------------------------------------
+
+def survey_source(plan: Plan, source: int) -> tuple[Any, Any, Any, Any]:
+    """(group, launches, lowest seq, highest seq) of each group a source has launches of."""
+    import numpy as np
+
+    s = plan.sources[source]
+    c = s.read(0, s.count, ("group", "seq"))
+    group = s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64)
+    seq = np.asarray(c["seq"], np.int64)
+    if not len(seq):
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    order = np.lexsort((seq, group))
+    group, seq = group[order], seq[order]
+    heads = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    tails = np.r_[heads[1:], len(group)] - 1
+    return group[heads], tails - heads + 1, seq[heads], seq[tails]
+
+
+def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
+        target: int = TARGET_LAUNCHES) -> None:
+    """The partitions: consecutive ranges of instance keys (group, seq) of about ``target``
+    launches each — small groups together, a large group's sequence cut in stretches of about
+    as many launches (its launches taken as spread evenly over its sequence)."""
+    import numpy as np
+
+    groups = len(plan.group_keys)
+    launches = np.zeros(groups, np.int64)
+    low = np.full(groups, 1 << SEQ_BITS, np.int64)
+    high = np.full(groups, -1, np.int64)
+    for group, count, lo, hi in surveys:
+        np.add.at(launches, group, count)
+        np.minimum.at(low, group, lo)
+        np.maximum.at(high, group, hi)
+    starts = [0]
+    filled = 0
+    for g in np.flatnonzero(launches).tolist():
+        size = int(launches[g])
+        if size > target:  # this group's sequence in stretches, each a partition
+            pieces = -(-size // target)
+            span = int(high[g]) + 1 - int(low[g])
+            edges = [int(low[g]) + span * i // pieces for i in range(pieces)]
+            starts += [(g << SEQ_BITS) | e for e in edges if (g << SEQ_BITS) | e > starts[-1]]
+            starts.append((g + 1) << SEQ_BITS)
+            filled = 0
+            continue
+        if filled and filled + size > target:
+            starts.append(g << SEQ_BITS)
+            filled = 0
+        filled += size
+    plan.starts = np.unique(np.array(starts, np.int64))
+    plan.partitions = len(plan.starts)
+
+
+def index_source(plan: Plan, source: int) -> tuple[Any, bool]:
+    """Each partition's row range ``[lo, hi)`` in a source, and whether its rows are in time
+    order (the partitions need it)."""
+    import numpy as np
+
+    s = plan.sources[source]
+    c = s.read(0, s.count, ("group", "seq", "start_us"))
+    ranges = np.zeros((plan.partitions, 2), np.int64)
+    if not s.count:
+        return ranges, True
+    part = plan.part_of(s.group_map[np.asarray(c["group"], np.intp)], np.asarray(c["seq"]))
+    present = np.unique(part)
+    rows = np.arange(s.count)
+    first = np.full(plan.partitions, s.count, np.int64)
+    last = np.full(plan.partitions, -1, np.int64)
+    np.minimum.at(first, part, rows)
+    np.maximum.at(last, part, rows)
+    ranges[present, 0], ranges[present, 1] = first[present], last[present] + 1
+    return ranges, is_time_ordered(np.asarray(c["start_us"]))
+
+
+# --- pass 2: a partition's launches matched into instances ---------------------------------------
+
+@dataclass
+class Matched:
+    """A partition's valid instances (in (group, seq) order) and their launches (by instance,
+    then rank), with the facts the driver keeps."""
+
+    key: Any
+    collective: Any
+    size_bytes: Any
+    members: Any
+    needed: Any
+    step: Any
+    dtype: Any
+    kernel: Any
+    offsets: Any
+    conflicts: Any  # keys of the instances the ranks launched differently (left out)
+    launch: dict[str, Any] = field(default_factory=dict)  # column, start, end, site, prev_*
+    estimates: Any = None  # clock estimates, by column
+    estimate_counts: Any = None
+
+
+def read_partition(plan: Plan, k: int) -> dict[str, Any]:
+    """Every launch of partition ``k``, on the plan's codes, with its previous launch's key and
+    end and its next launch's start on its rank."""
+    import numpy as np
+
+    got: dict[str, list[Any]] = {n: [] for n in (*READ, "column", "prev_key", "prev_end",
+                                                 "next_start")}
+    for column, s in enumerate(plan.sources):
+        lo, hi = (int(v) for v in plan.ranges[column, k])
+        if lo >= hi:
+            continue
+        a, b = max(0, lo - 1), min(s.count, hi + 1)
+        c = s.read(a, b)
+        group = s.group_map[np.asarray(c["group"], np.intp)]
+        seq = np.asarray(c["seq"], np.int64)
+        key = (group.astype(np.int64) << SEQ_BITS) | seq
+        mine = np.flatnonzero(plan.part_of(group, seq) == k) if plan.partitions > 1 \
+            else np.arange(b - a)
+        start = np.asarray(c["start_us"], np.float64) + s.shift_us
+        end = np.asarray(c["end_us"], np.float64) + s.shift_us
+        before, after = mine - 1, mine + 1
+        has_before = before >= 0
+        has_after = after < (b - a)
+        got["prev_key"].append(np.where(has_before, key[np.maximum(before, 0)], -1))
+        got["prev_end"].append(np.where(has_before, end[np.maximum(before, 0)], np.nan))
+        got["next_start"].append(np.where(has_after, start[np.minimum(after, b - a - 1)],
+                                          np.nan))
+        got["group"].append(group[mine])
+        got["seq"].append(seq[mine])
+        got["collective"].append(s.collective_map[np.asarray(c["collective"], np.intp)[mine]])
+        got["size_bytes"].append(np.asarray(c["size_bytes"], np.int64)[mine])
+        got["start_us"].append(start[mine])
+        got["end_us"].append(end[mine])
+        got["site"].append(s.site_map[np.asarray(c["site"], np.intp)[mine]])
+        got["kernel"].append(np.asarray(c["kernel"], bool)[mine])
+        got["step"].append(np.asarray(c["step"], np.int32)[mine])
+        got["dtype"].append(s.dtype_map[np.asarray(c["dtype"], np.intp)[mine]])
+        got["column"].append(np.full(len(mine), column, np.int32))
+    empty = {"group": np.int32, "seq": np.int64, "collective": np.int32, "size_bytes": np.int64,
+             "start_us": np.float64, "end_us": np.float64, "site": np.int32, "kernel": bool,
+             "step": np.int32, "dtype": np.int16, "column": np.int32, "prev_key": np.int64,
+             "prev_end": np.float64, "next_start": np.float64}
+    return {n: np.concatenate(v) if v else np.zeros(0, empty[n]) for n, v in got.items()}
+
+
+def match_partition(plan: Plan, k: int, launches: dict[str, Any] | None = None) -> Matched:
+    """Partition ``k``'s launches sorted into instances: those the ranks launched differently
+    left out (their keys kept), the others' facts, and the clock estimates."""
+    import numpy as np
+
+    got = read_partition(plan, k) if launches is None else launches
+    width = plan.width
+    order, key = _sorted_by_instance(got["group"], got["seq"], got["column"], width,
+                                     len(plan.group_keys))
+    total = len(key)
+    head = np.ones(total, dtype=bool)
+    head[1:] = key[1:] != key[:-1]
+    unique = key[head]
+    segment = np.cumsum(head, dtype=np.int64) - 1
+    first = np.flatnonzero(head)
+    count = len(unique)
+    coll, size = got["collective"][order], got["size_bytes"][order]
+    disagree = (coll != coll[first][segment]) | (size != size[first][segment])
+    conflict = np.bincount(segment, weights=disagree, minlength=count) > 0
+    not_kernel = np.bincount(segment, weights=~got["kernel"][order], minlength=count) > 0
+    valid = ~conflict
+    kept = np.flatnonzero(valid)
+    keep_launch = valid[segment]
+    keep = order[keep_launch]
+    instance_of = (np.cumsum(valid, dtype=np.int64) - 1)[segment[keep_launch]]
+    n = len(kept)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(instance_of, minlength=n), out=offsets[1:])
+    first_kept = first[kept]
+    step = got["step"][keep]
+    dtype = got["dtype"][keep]
+    launch = {name: got[source][keep] for name, source in (
+        ("column", "column"), ("start", "start_us"), ("end", "end_us"), ("site", "site"),
+        ("prev_key", "prev_key"), ("prev_end", "prev_end"), ("next_start", "next_start"))}
+    kernel = ~not_kernel[kept]
+    matched = Matched(
+        key=unique[kept], collective=coll[first_kept], size_bytes=size[first_kept],
+        members=np.diff(offsets).astype(np.int32),
+        needed=plan.group_size[unique[kept] >> SEQ_BITS].astype(np.int32),
+        step=np.maximum.reduceat(step, offsets[:-1]) if n else np.zeros(0, np.int32),
+        dtype=dtype[offsets[:-1]] if n else np.zeros(0, np.int16),
+        kernel=kernel, offsets=offsets, conflicts=unique[conflict], launch=launch)
+    # clock estimates: each launch's kernel end less the first rank's in its instance
+    column, end = launch["column"], launch["end"]
+    reference = np.full(n, np.nan)
+    at_reference = column == 0
+    reference[instance_of[at_reference]] = end[at_reference]
+    estimate = end - reference[instance_of]
+    usable = kernel[instance_of] & ~at_reference & ~np.isnan(estimate)
+    by_rank = np.argsort(column[usable], kind="stable")
+    matched.estimates = estimate[usable][by_rank]
+    matched.estimate_counts = np.bincount(column[usable], minlength=width)
+    return matched
+
+
+def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
+                        groups: int) -> tuple[Any, Any]:
+    """The order that sorts launches by (group, seq, rank), and each sorted launch's instance
+    key. One sort of one 64-bit key where the three fit in it; else a stable sort on (group,
+    seq) of launches in rank order."""
+    import numpy as np
+
+    if len(seq) and (int(seq.min()) < 0 or int(seq.max()) >= 1 << SEQ_BITS):
+        raise files.TraceError("a rows file holds a sequence number outside 0 .. 2^40")
+    seq_bits = max(1, int(seq.max()).bit_length()) if len(seq) else 1
+    rank_bits = max(1, (width - 1).bit_length())
+    group_bits = max(1, (groups - 1).bit_length())
+    if group_bits + seq_bits + rank_bits <= 63:
+        composite = group.astype(np.int64) << (seq_bits + rank_bits)
+        composite |= seq << rank_bits
+        composite |= column
+        order = np.argsort(composite)
+    else:
+        by_rank = np.argsort(column, kind="stable")
+        order = by_rank[np.argsort(((group.astype(np.int64) << SEQ_BITS) | seq)[by_rank],
+                                   kind="stable")]
+    key = group[order].astype(np.int64) << SEQ_BITS
+    key |= seq[order]
+    return order, key
+
+
+def fit_clocks(estimates: list[tuple[Any, Any]], ranks: list[int]) -> list[Any]:
+    """Each rank's offset from the first rank's: the median of its estimates over every
+    partition; applied where it stands out of its spread."""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import ClockFit
+
+    if not ranks:
+        return []
+    bounds = [np.concatenate([[0], np.cumsum(counts)]) for _, counts in estimates]
+    fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
+    for c in range(1, len(ranks)):
+        pieces = [values[b[c]:b[c + 1]] for (values, _), b in zip(estimates, bounds,
+                                                                  strict=True)]
+        values = np.concatenate(pieces) if pieces else np.zeros(0)
+        if not len(values):
+            fits.append(ClockFit(ranks[c], 0.0, 0.0, 0, False))
+            continue
+        offset = float(np.median(values))
+        spread = float(np.median(np.abs(values - offset)))
+        fits.append(ClockFit(ranks[c], offset, spread, len(values),
+                             abs(offset) > max(1.0, 3 * spread)))
+    return fits
+
+
+# --- pass 4: a partition's figures --------------------------------------------------------------
+
+@dataclass
+class Figured:
+    """A partition's per-instance figures (its instances in ``Matched`` order), what the
+    driver's cause chains need of its late instances, and its per-rank sums and cells."""
+
+    key: Any
+    last: Any
+    skew: Any
+    straggler: Any  # column of the last to arrive (highest among equals)
+    transfer: Any
+    total: Any  # the waits of its ranks, added
+    straggler_site: Any
+    late: Any  # local indices of the instances with skew >= IN_STEP_US
+    chain: dict[str, Any]  # per late instance: the straggler's and first's previous launches
+    waited: Any  # per column
+    bare: int  # launches known by entry alone
+    reached: Any  # (group, column, highest seq) of each rank in each group
+    cells: Any  # (group, column, x, late): the heat map's cells, the most of each
+    launch: dict[str, Any] | None = None  # kept where asked (parts of instances)
+
+
+def apply_clocks(launch: dict[str, Any], shift: Any) -> None:
+    if shift.any():
+        by = shift[launch["column"]]
+        for name in ("start", "end", "prev_end", "next_start"):
+            launch[name] = launch[name] - by
+
+
+def waits_of(start: Any, end: Any, next_start: Any, last: Any, transfer: Any) -> Any:
+    """Each launch's wait: from its arrival to the last rank's, never more than its own time in
+    the collective less the transfer; where only its entry is known, never more than until
+    its next entry on its rank. (Each argument per launch.)"""
+    import numpy as np
+
+    waits = np.fmin(last, end - np.nan_to_num(transfer, nan=0.0)) - start
+    bare = np.isnan(end) & ~np.isnan(next_start)
+    waits[bare] = np.fmin(waits[bare], next_start[bare] - start[bare])
+    np.maximum(waits, 0.0, out=waits)
+    return waits
+
+
+def figure_partition(plan: Plan, matched: Matched, shift: Any, heat: dict[str, Any],
+                     keep_launches: bool = False) -> Figured:
+    """Arrivals, straggler, skew, transfer and waits of each instance of a partition (clocks
+    applied: ``shift`` per column), and the pieces the driver joins across partitions."""
+    import numpy as np
+
+    launch = dict(matched.launch)
+    apply_clocks(launch, shift)
+    start, end, column = launch["start"], launch["end"], launch["column"]
+    offsets = matched.offsets
+    n = len(matched.key)
+    width = plan.width
+    if n == 0:
+        z = np.zeros(0)
+        return Figured(matched.key, z, z, np.zeros(0, np.int32), z, z, np.zeros(0, np.int32),
+                       np.zeros(0, np.int64), {}, np.zeros(width), 0,
+                       np.zeros((0, 3), np.int64), _no_cells(),
+                       launch if keep_launches else None)
+    heads = offsets[:-1]
+    instance_of = np.repeat(np.arange(n), np.diff(offsets))
+    first = np.minimum.reduceat(start, heads)
+    last = np.maximum.reduceat(start, heads)
+    straggler = np.maximum.reduceat(np.where(start == last[instance_of], column, -1), heads)
+    at_straggler = np.flatnonzero(column == straggler[instance_of])
+    first_column = np.minimum.reduceat(np.where(start == first[instance_of], column, width),
+                                       heads)
+    at_first = np.flatnonzero(column == first_column[instance_of])
+    skew = last - first
+    transfer = end[at_straggler] - last
+    waits = waits_of(start, end, launch["next_start"], last[instance_of],
+                     transfer[instance_of])
+    launch["wait"] = waits
+    launch["offsets"] = offsets
+    total = np.add.reduceat(waits, heads)
+    late = np.flatnonzero(skew >= IN_STEP_US)
+    s, f = at_straggler[late], at_first[late]
+    chain = {"straggler_prev_key": launch["prev_key"][s],
+             "straggler_prev_end": launch["prev_end"][s], "straggler_start": start[s],
+             "first_prev_key": launch["prev_key"][f], "first_prev_end": launch["prev_end"][f],
+             "first_start": start[f]}
+    group = (matched.key >> SEQ_BITS).astype(np.int64)
+    seq = matched.key & ((1 << SEQ_BITS) - 1)
+    # each rank's furthest instance in each group
+    pair = group[instance_of] * width + column
+    order = np.lexsort((seq[instance_of], pair))
+    ends = np.flatnonzero(np.r_[pair[order][1:] != pair[order][:-1], True])
+    furthest = order[ends]
+    reached = np.stack([group[instance_of][furthest], column[furthest],
+                        seq[instance_of][furthest]], axis=1)
+    # heat-map cells: how late each rank arrived, the most per (group, rank, step or bin)
+    if heat["by_step"]:  # (x: the step + 1; 0: none known)
+        x = matched.step.astype(np.int64)[instance_of] + 1
+    else:
+        low, span, bins = heat["seq_low"], heat["seq_span"], heat["bins"]
+        g = group[instance_of]
+        x = (seq[instance_of] - low[g]) * bins[g] // np.maximum(span[g], 1)
+    cells = merge_cells([((group[instance_of] * width + column) * heat["span"] + x,
+                          start - first[instance_of])])
+    return Figured(
+        key=matched.key, last=last, skew=skew, straggler=straggler.astype(np.int32),
+        transfer=transfer, total=total, straggler_site=launch["site"][at_straggler],
+        late=late, chain=chain, waited=np.bincount(column, weights=waits, minlength=width),
+        bare=int(np.isnan(end).sum()), reached=reached, cells=cells,
+        launch=launch if keep_launches else None)
+
+
+def _no_cells() -> Any:
+    import numpy as np
+
+    return (np.zeros(0, np.int64), np.zeros(0))
+
+
+def merge_cells(parts: list[tuple[Any, Any]]) -> Any:
+    """(cell keys, the most of each) of several sets of cells; a cell's key is
+    ``(group * width + column) * span + x``."""
+    import numpy as np
+
+    key = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    value = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    if not len(key):
+        return key, value
+    order = np.argsort(key, kind="stable")
+    key, value = key[order], value[order]
+    heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    return key[heads], np.maximum.reduceat(value, heads)

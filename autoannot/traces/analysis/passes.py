@@ -1,0 +1,466 @@
+"""The analysis's passes over its partitions (``partitions``), run by an engine (``engines``),
+and what the driver joins of them: the plan from the ranks' rows, the instances' facts, the
+clocks, and — over every instance at once — the cause chains, the blame and each rank's
+figures. Small results cross between the driver and the tasks (per-instance arrays, per-rank
+sums, cells); launches never do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoannot.traces import files
+from autoannot.traces.analysis import partitions as parts
+from autoannot.traces.analysis.partitions import SEQ_BITS, Plan, Source
+
+
+def plan_of(ranks_rows: list[Any]) -> Plan:
+    """The plan of every rank's rows (``rows.Rows``: in memory, or heads of rows files whose
+    columns are read by row range)."""
+    import numpy as np
+
+    from autoannot.traces.table import rows as table
+
+    ranks_rows = sorted(ranks_rows, key=lambda r: r.rank)
+    for position, one in enumerate(ranks_rows):  # (Parquet rows: read whole, in memory)
+        if not one.columns and one.layout is None:
+            if one.path is None:
+                raise files.TraceError(f"rank {one.rank}'s rows have no columns")
+            full = table.read(one.path, numpy=True)
+            if len(full) != len(one):
+                raise files.TraceError(f"{one.path}: changed while it was read")
+            ranks_rows[position] = full
+    group_keys = sorted({str(g["name"]) for r in ranks_rows for g in r.groups})
+    group_id = {name: i for i, name in enumerate(group_keys)}
+    group_size = np.ones(len(group_keys), dtype=np.int64)
+    group_desc = [""] * len(group_keys)
+    group_members: list[tuple[int, ...] | None] = [None] * len(group_keys)
+    collectives: dict[str, int] = {}
+    sites: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
+    epochs = {r.base_ns if r.clock == "trace" else 0 for r in ranks_rows}
+    if len(epochs) > 1 and None in epochs:
+        raise files.TraceError("these rows count their times from different epochs, and some "
+                               "from none known: their times cannot be lined up")
+    origin = max(epochs) if len(epochs) > 1 else None  # type: ignore[type-var]
+    sources = []
+    for one in ranks_rows:
+        for g in one.groups:
+            gid = group_id[str(g["name"])]
+            group_size[gid] = max(int(group_size[gid]), int(g.get("size", 1)))
+            group_desc[gid] = group_desc[gid] or str(g.get("desc", ""))
+            if isinstance(g.get("ranks"), list) and group_members[gid] is None:
+                group_members[gid] = tuple(int(r) for r in g["ranks"])
+        # send and recv are one instance's two sides: compared as one
+        collective_map = np.array(
+            [collectives.setdefault("send/recv" if n in ("send", "recv") else n,
+                                    len(collectives)) for n in one.collectives] or [0],
+            dtype=np.int32)
+        site_map = np.array([sites.setdefault(s, len(sites)) for s in one.sites] + [-1],
+                            dtype=np.int32)
+        dtype_map = np.array([dtypes.setdefault(d, len(dtypes)) for d in one.dtypes] or [0],
+                             dtype=np.int16)
+        group_map = np.array([group_id[str(g["name"])] for g in one.groups] or [0],
+                             dtype=np.int32)
+        shift = 0.0
+        if origin is not None:  # onto one epoch (rows of traces with other time bases)
+            shift = ((one.base_ns if one.clock == "trace" else 0) - origin) / 1e3
+        source = Source(one.rank, len(one), group_map, collective_map, site_map, dtype_map,
+                        shift)
+        if one.columns:
+            source.columns = _in_time_order({n: np.asarray(one.columns[n])
+                                             for n in parts.READ})
+        else:
+            assert one.path is not None and one.layout is not None
+            source.path = str(one.path)
+            source.layout = parts.layout_of(str(one.path), {"columns": one.layout,
+                                                            "count": one.count},
+                                            int(one.data_offset or 0))
+        sources.append(source)
+    return Plan(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
+                group_members,
+                [n for n, _ in sorted(collectives.items(), key=lambda item: item[1])],
+                [s for s, _ in sorted(sites.items(), key=lambda item: item[1])],
+                [d for d, _ in sorted(dtypes.items(), key=lambda item: item[1])])
+
+
+def _in_time_order(columns: dict[str, Any]) -> dict[str, Any]:
+    if parts.is_time_ordered(columns["start_us"]):
+        return columns
+    order = parts.time_order(columns["start_us"])
+    return {n: c[order] for n, c in columns.items()}
+
+
+def _match_task(plan: Plan, k: int) -> parts.Matched:
+    matched = parts.match_partition(plan, k)
+    matched.launch = {}  # (launches stay with the task)
+    return matched
+
+
+def _figure_task(plan: Plan, k: int) -> parts.Figured:
+    return parts.figure_partition(plan, parts.match_partition(plan, k), plan.shift, plan.heat)
+
+
+def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> None:
+    """Pass 1: the partitions' bounds and each source's row ranges (a source out of time
+    order is put in order in memory: rows files the job writes are in order)."""
+    import numpy as np
+
+    total = sum(s.count for s in plan.sources)
+    plan.partitions, plan.starts = 1, np.zeros(1, np.int64)
+    if total > target:
+        surveys = engine.map(parts.survey_source, plan, range(len(plan.sources)), "surveying")
+        parts.cut(plan, surveys, target)
+    if plan.partitions == 1 and not plan.all_files():
+        plan.ranges = np.array([[[0, s.count]] for s in plan.sources], np.int64).reshape(
+            len(plan.sources), 1, 2)
+        _check_order(plan)
+        return
+    indexed = engine.map(parts.index_source, plan, range(len(plan.sources)), "indexing")
+    plan.ranges = np.stack([r for r, _ in indexed]) if indexed else np.zeros((0, 1, 2),
+                                                                             np.int64)
+    for column, (_, ordered) in enumerate(indexed):
+        if not ordered:  # (rows written out of time order: this rank's, in memory)
+            s = plan.sources[column]
+            s.columns = _in_time_order(s.read(0, s.count))
+            s.path = s.layout = None
+            plan.ranges[column] = parts.index_source(plan, column)[0]
+
+
+def _check_order(plan: Plan) -> None:
+    for s in plan.sources:
+        if s.columns is not None:
+            s.columns = _in_time_order(s.columns)
+
+
+def run(plan: Plan, engine: Any, include_warmup: bool = False,
+        target: int = parts.TARGET_LAUNCHES) -> Any:
+    """Every pass of the analysis of ``plan``'s rows on ``engine``: an ``Analysis``."""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import far_clocks_note
+
+    partition(plan, engine, target)
+    here = plan.partitions == 1 and engine.name == "embedded"
+    if here:  # (one partition, in this process: its launches kept for the parts and pass 4)
+        matched = [parts.match_partition(plan, 0)]
+    else:
+        matched = engine.map(_match_task, plan, range(plan.partitions), "matching")
+    joined = _join_matched(plan, matched)
+    fits = parts.fit_clocks([(m.estimates, m.estimate_counts) for m in matched], plan.ranks)
+    plan.shift = np.array([f.offset_us if f.applied else 0.0 for f in fits])
+    plan.heat = _heat_keys(plan, joined)
+    if here:
+        figured = [parts.figure_partition(plan, matched[0], plan.shift, plan.heat,
+                                          keep_launches=True)]
+    else:
+        figured = engine.map(_figure_task, plan, range(plan.partitions), "figures")
+    del matched
+    analysis = _analysis(plan, joined, fits, include_warmup)
+    note = far_clocks_note(analysis)
+    if note:
+        analysis.notes.append(note)
+    _join_figured(analysis, plan, joined, figured)
+    return analysis
+
+
+def _join_matched(plan: Plan, matched: list[parts.Matched]) -> dict[str, Any]:
+    """The instances of every partition, in partition order (each in (group, seq) order)."""
+    import numpy as np
+
+    joined = {name: np.concatenate([getattr(m, name) for m in matched])
+              for name in ("key", "collective", "size_bytes", "members", "needed", "step",
+                           "dtype", "kernel")}
+    joined["bases"] = np.concatenate([[0], np.cumsum([len(m.key) for m in matched])])
+    joined["conflicts"] = np.sort(np.concatenate([m.conflicts for m in matched]))
+    joined["by_key"] = np.argsort(joined["key"], kind="stable")
+    return joined
+
+
+def lookup(joined: dict[str, Any], keys: Any) -> Any:
+    """The instance of each key; -1 where there is none (no valid instance)."""
+    import numpy as np
+
+    order = joined["by_key"]
+    sorted_keys = joined["key"][order]
+    if not len(sorted_keys):
+        return np.full(len(keys), -1, np.int64)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == keys, order[at], -1)
+
+
+def _heat_keys(plan: Plan, joined: dict[str, Any]) -> dict[str, Any]:
+    """How the heat map's cells are keyed: by profiler step where any is known, else by bins
+    of each group's sequence (at most 200 a group)."""
+    import numpy as np
+
+    step = joined["step"]
+    groups = len(plan.group_keys)
+    group = joined["key"] >> SEQ_BITS
+    seq = joined["key"] & ((1 << SEQ_BITS) - 1)
+    if bool((step >= 0).any()):
+        return {"by_step": True, "span": int(step.max()) + 2}
+    low = np.full(groups, 1 << SEQ_BITS, np.int64)
+    high = np.full(groups, -1, np.int64)
+    np.minimum.at(low, group, seq)
+    np.maximum.at(high, group, seq)
+    count = np.bincount(group, minlength=groups)
+    return {"by_step": False, "seq_low": np.where(count > 0, low, 0),
+            "seq_span": np.maximum(high - low + 1, 1), "bins": np.minimum(200, count),
+            "span": 200}
+
+
+def _analysis(plan: Plan, joined: dict[str, Any], fits: list[Any],
+              include_warmup: bool) -> Any:
+    import numpy as np
+
+    from autoannot.traces.analysis.results import Analysis, Figures, Instances
+
+    n = len(joined["key"])
+    table = Figures.empty(n)
+    table.group = (joined["key"] >> SEQ_BITS).astype(np.int32)
+    table.collective = joined["collective"]
+    table.size_bytes = joined["size_bytes"]
+    table.members = joined["members"]
+    table.needed = joined["needed"]
+    table.step = joined["step"]
+    table.dtype = joined["dtype"]
+    table.group_names, table.group_descs = plan.group_keys, plan.group_desc
+    table.collective_names = plan.collective_names
+    table.dtype_names = plan.dtype_names
+    seq = joined["key"] & ((1 << SEQ_BITS) - 1)
+    analysis = Analysis(Instances(table, seq, joined["kernel"]), fits,
+                        _problems(plan, joined), plan.ranks, warmup_counted=include_warmup)
+    analysis.site_names = plan.site_names
+    analysis.table, analysis.seq = table, seq
+    analysis.plan, analysis.bases = plan, joined["bases"]
+    analysis.keys = (joined["key"][joined["by_key"]], joined["by_key"])
+    analysis.read_partition = lambda k: launches_of_partition(plan, k)
+    return analysis
+
+
+def _problems(plan: Plan, joined: dict[str, Any]) -> list[str]:
+    """The instances the ranks launched differently, one by one (up to ``LISTED_PROBLEMS``);
+    those some member ranks have no record of, one line per group."""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import LISTED_PROBLEMS, count, disagreement
+
+    problems: list[str] = []
+    bad = joined["conflicts"]
+    for key in bad[:LISTED_PROBLEMS].tolist():
+        problems.append(disagreement(plan.group_keys[key >> SEQ_BITS],
+                                     key & ((1 << SEQ_BITS) - 1),
+                                     "on the collective or its size"))
+    if len(bad) > LISTED_PROBLEMS:
+        problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances the ranks "
+                        "disagree on")
+    short = joined["by_key"][(joined["members"] < joined["needed"])[joined["by_key"]]]
+    keys = joined["key"][short]
+    for group_code in np.unique(keys >> SEQ_BITS).tolist():
+        mine = short[(keys >> SEQ_BITS) == group_code]
+        seqs = (joined["key"][mine] & ((1 << SEQ_BITS) - 1)).tolist()
+        size = int(joined["needed"][mine[0]])
+        fewest = int(joined["members"][mine].min())
+        shown = ", ".join(f"#{s}" for s in seqs[:5]) + (", ..." if len(seqs) > 5 else "")
+        problems.append(
+            f"group {plan.group_keys[group_code]}: {count(len(seqs), 'collective')} ({shown}) "
+            f"some of its {size} ranks have no trace or record of (down to {fewest} present): "
+            "lined up on the ranks present")
+    return problems
+
+
+def _join_figured(analysis: Any, plan: Plan, joined: dict[str, Any],
+                  figured: list[parts.Figured]) -> None:
+    """The figures of every partition in one table, then what needs every instance at once:
+    where each delay began (cause chains), the blame, each rank's figures, missing ranks."""
+    import numpy as np
+
+    table = analysis.table
+    n = len(joined["key"])
+    width = plan.width
+    bases = joined["bases"]
+    last = np.concatenate([f.last for f in figured])
+    skew = np.concatenate([f.skew for f in figured])
+    straggler = np.concatenate([f.straggler for f in figured]).astype(np.int32)
+    transfer = np.concatenate([f.transfer for f in figured])
+    total = np.concatenate([f.total for f in figured])
+    analysis.straggler_site = np.concatenate([f.straggler_site for f in figured])
+    analysis.straggler_column = straggler
+    late_at = np.concatenate([f.late + bases[k] for k, f in enumerate(figured)])
+    chain = {name: np.concatenate([f.chain[name] for f in figured if f.chain])
+             if any(f.chain for f in figured) else np.zeros(0)
+             for name in ("straggler_prev_key", "straggler_prev_end", "straggler_start",
+                          "first_prev_key", "first_prev_end", "first_start")}
+    bare = sum(f.bare for f in figured)
+    if bare:
+        analysis.notes.append(
+            f"{bare} launches are known by their entry times alone (record files): there "
+            "is no transfer time for them, and their waits are bounded by the rank's next "
+            "entry only (upper bounds)")
+    table.warmup = (table.step == 0) | (analysis.seq == 0)
+    late = skew >= parts.IN_STEP_US
+    # the lateness each late instance's straggler carried in from its previous collective:
+    # how much later it left that one than the first rank to arrive left its own
+    came_from = lookup(joined, chain["straggler_prev_key"].astype(np.int64))
+    first_from = lookup(joined, chain["first_prev_key"].astype(np.int64))
+    known_late = (came_from >= 0) & (first_from >= 0)
+
+    def left(end: Any, instance: Any, start: Any) -> Any:
+        """When a previous launch left its collective: its end; where only its entry is
+        known, the last arrival there, or the next launch's entry where that came first."""
+        return np.where(np.isnan(end), np.fmin(last[np.maximum(instance, 0)], start), end)
+
+    carried = np.zeros(n)
+    known = np.zeros(n, bool)
+    here = late_at[known_late]
+    known[here] = True
+    source = came_from[known_late]
+    carried[here] = np.clip(
+        left(chain["straggler_prev_end"][known_late], source,
+             chain["straggler_start"][known_late])
+        - left(chain["first_prev_end"][known_late], first_from[known_late],
+               chain["first_start"][known_late]),
+        0.0, np.minimum(skew[here], skew[source]))
+    previous = np.full(n, -1, np.int64)
+    previous[here] = source
+    # the cause of each late instance: its own straggler, or the cause of the instance the
+    # straggler came from where most of its lateness was carried from there
+    parent = np.arange(n)
+    inherits = known & (carried > skew - carried)
+    parent[inherits] = previous[inherits]
+    root = parent
+    while True:  # follow each chain back to where it began (pointer jumping)
+        further = root[root]
+        if np.array_equal(further, root):
+            break
+        root = further
+    share = np.where(late, carried / np.where(skew > 0, skew, 1.0), 0.0)
+    counted = late & (~table.warmup | analysis.warmup_counted)
+    blame = np.bincount(np.flatnonzero(counted), weights=(total * (1 - share))[counted],
+                        minlength=n)
+    carried_to = np.where(known, root[np.maximum(previous, 0)], -1)
+    moved = counted & (carried_to >= 0)
+    if not analysis.warmup_counted:  # (a delay that began in warm-up is warm-up's)
+        moved &= ~table.warmup[np.maximum(carried_to, 0)]
+    blame += np.bincount(carried_to[moved], weights=(total * share)[moved], minlength=n)
+    table.skew, table.last, table.transfer = skew, last, transfer
+    table.straggler = np.where(late, straggler, -1).astype(np.int32)
+    table.cause = np.where(late, root, -1)
+    table.carried, table.blame = carried, blame
+    waited = np.sum([f.waited for f in figured], axis=0) if figured else np.zeros(width)
+    caused = np.bincount(straggler[blame > 0], weights=blame[blame > 0], minlength=width)
+    times_late = np.bincount(straggler[counted], minlength=width)
+    analysis.ranks_figures = [
+        {"rank": r, "waited_us": round(float(waited[c]), 3),
+         "others_waited_for_it_us": round(float(caused[c]), 3),
+         "last_to_arrive": int(times_late[c])} for c, r in enumerate(analysis.ranks)]
+    analysis.cells = parts.merge_cells([f.cells for f in figured])
+    analysis.heat = plan.heat
+    analysis.missing = _missing(analysis, plan, joined,
+                                np.concatenate([f.reached for f in figured]))
+    if len(figured) == 1 and figured[0].launch is not None:
+        analysis.keep_partition(0, figured[0].launch, joined["bases"])
+
+
+def _missing(analysis: Any, plan: Plan, joined: dict[str, Any],
+             reached: Any) -> list[dict[str, Any]]:
+    """Per group whose ranks did not all leave a record of it, or did not all reach its last
+    instance: the ranks with no record at all, and the last instance each present rank
+    reached (a hang's shape: the ranks stuck in one collective, the rank that never came)."""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import natural_key
+
+    table, ranks = analysis.table, analysis.ranks
+    found: list[dict[str, Any]] = []
+    if not len(table.group):
+        return found
+    # a group whose last instance every member reached is whole: only the others are read
+    by_key = joined["by_key"]
+    group_sorted = table.group[by_key]
+    last = by_key[np.flatnonzero(np.r_[group_sorted[1:] != group_sorted[:-1], True])]
+    short = set(table.group[last[table.members[last] < table.needed[last]]].tolist())
+    if not short:
+        return found
+    # each rank's furthest instance in each short group (the most over the partitions)
+    reached = reached[np.isin(reached[:, 0], list(short))]
+    order = np.lexsort((reached[:, 2], reached[:, 1], reached[:, 0]))
+    reached = reached[order]
+    ends = np.flatnonzero(np.r_[(reached[1:, 0] != reached[:-1, 0])
+                                | (reached[1:, 1] != reached[:-1, 1]), True])
+    reached = reached[ends]
+    instance = lookup(joined, (reached[:, 0] << SEQ_BITS) | reached[:, 2])
+    by_group: dict[int, dict[int, int]] = {}
+    for g, c, i in zip(reached[:, 0].tolist(), reached[:, 1].tolist(), instance.tolist(),
+                       strict=True):
+        by_group.setdefault(g, {})[ranks[c]] = i
+    seq = analysis.seq
+    present = set(ranks)
+    for g, by_rank in sorted(by_group.items(),
+                             key=lambda item: natural_key(plan.group_keys[item[0]])):
+        size = int(plan.group_size[g])
+        members = plan.group_members[g]
+        if members is not None:
+            absent = [r for r in members if r not in present or r not in by_rank]
+            unknown_absent = 0
+        else:
+            absent, unknown_absent = [], max(0, size - len(by_rank))
+        furthest = max(int(seq[i]) for i in by_rank.values())
+        behind = {r: i for r, i in by_rank.items() if int(seq[i]) < furthest}
+        if not absent and not unknown_absent and not behind:
+            continue
+        ahead = sorted(r for r, i in by_rank.items() if int(seq[i]) == furthest)
+        top = next(i for r, i in by_rank.items() if int(seq[i]) == furthest)
+        found.append({
+            "group": plan.group_keys[g], "group_desc": plan.group_desc[g], "size": size,
+            "members": None if members is None else list(members),
+            "no_record": absent, "no_record_unknown": unknown_absent,
+            "reached": {"ranks": ahead, "seq": furthest,
+                        "collective": table.collective_names[int(table.collective[top])],
+                        "step": int(table.step[top])},
+            "behind": [{"rank": r, "seq": int(seq[i]),
+                        "collective": table.collective_names[int(table.collective[i])]}
+                       for r, i in sorted(behind.items())]})
+    return found
+
+
+def launches_of_partition(plan: Plan, k: int) -> dict[str, Any]:
+    """Partition ``k``'s launches as its figures saw them (clocks applied, waits): read
+    again, for the parts of its instances."""
+    matched = parts.match_partition(plan, k)
+    figured = parts.figure_partition(plan, matched, plan.shift, plan.heat, keep_launches=True)
+    assert figured.launch is not None
+    return figured.launch
+
+
+def rank_launches(analysis: Any, columns: list[int]) -> dict[str, Any]:
+    """Every launch of the ranks ``columns`` that is part of an instance, as the figures saw
+    it (clocks applied, its wait), in instance order then rank: read from their rows."""
+    import numpy as np
+
+    plan = analysis.plan
+    f = analysis.figures()
+    got: dict[str, list[Any]] = {n: [] for n in ("instance", "column", "start", "end", "wait")}
+    sorted_keys, order = analysis.keys
+    for column in columns:
+        s = plan.sources[column]
+        c = s.read(0, s.count, ("group", "seq", "start_us", "end_us"))
+        key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
+            | np.asarray(c["seq"], np.int64)
+        shift = s.shift_us - float(plan.shift[column])
+        start = np.asarray(c["start_us"], np.float64) + shift
+        end = np.asarray(c["end_us"], np.float64) + shift
+        next_start = np.r_[start[1:], np.nan]
+        at = np.minimum(np.searchsorted(sorted_keys, key), max(0, len(sorted_keys) - 1))
+        found = (sorted_keys[at] == key) if len(sorted_keys) else np.zeros(len(key), bool)
+        instance = order[at][found]
+        got["instance"].append(instance)
+        got["column"].append(np.full(len(instance), column, np.int32))
+        got["start"].append(start[found])
+        got["end"].append(end[found])
+        got["wait"].append(parts.waits_of(start[found], end[found], next_start[found],
+                                          f.last[instance], f.transfer[instance]))
+    joined = {n: np.concatenate(v) if v else np.zeros(0) for n, v in got.items()}
+    by = np.lexsort((joined["column"], joined["instance"])) if len(joined["instance"]) \
+        else np.zeros(0, np.int64)
+    return {n: v[by] for n, v in joined.items()}
