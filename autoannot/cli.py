@@ -418,9 +418,15 @@ def _lined_up(command: str, args: argparse.Namespace,
         _check_written([*inputs, *_every_file(args.inputs)], outputs, args.force)
         with tempfile.TemporaryDirectory(prefix=f"autoannot-{command}-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
-            analysis = lineup.analyze_files(readable, records, jobs=args.jobs,
-                                          progress=not args.quiet, run=args.run, rows=rows,
-                                          include_warmup=args.include_warmup)
+            engine = _engine(args)
+            try:
+                analysis = lineup.analyze_files(readable, records, jobs=args.jobs,
+                                                progress=not args.quiet, run=args.run,
+                                                rows=rows, include_warmup=args.include_warmup,
+                                                engine=engine, target=args.partition_launches)
+            finally:
+                if engine is not None:
+                    engine.close()
             for said in (analysis.problems, analysis.notes):  # (name the user's files)
                 for read, given in zip(readable, traces, strict=True):
                     said[:] = [line.replace(str(read), str(given)) for line in said]
@@ -433,6 +439,36 @@ def _lined_up(command: str, args: argparse.Namespace,
              "rows, trace or record file to line its collectives up")
         return INCOMPLETE, inputs
     return analysis, inputs
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    """The engine asked for (None: this machine's, the default)."""
+    if args.engine != "dask":
+        return None
+    from autoannot.traces.analysis import engines
+
+    return engines.Dask(args.scheduler, args.workers, args.worker_memory,
+                        progress=not args.quiet)
+
+
+def _engine_arguments(command: argparse.ArgumentParser) -> None:
+    engine = command.add_argument_group(
+        "engine", "where the analysis runs: this machine (embedded, the default: partitions "
+        "of rows read one at a time on its cores, for rows beyond its memory too) or a Dask "
+        "cluster (pip install 'autoannot[dask]'; every worker must see the rows files)")
+    engine.add_argument("--engine", choices=("embedded", "dask"), default="embedded",
+                        help="embedded (default) or dask")
+    engine.add_argument("--scheduler", metavar="ADDRESS",
+                        help="the Dask scheduler (tcp://host:8786; default: "
+                        "$DASK_SCHEDULER_ADDRESS, else a local cluster)")
+    engine.add_argument("--workers", type=_jobs, metavar="N",
+                        help="worker processes of the local Dask cluster (default 4)")
+    engine.add_argument("--worker-memory", metavar="SIZE",
+                        help="each local Dask worker's memory limit (2GB, ...; default: "
+                        "this machine's memory shared out)")
+    engine.add_argument("--partition-launches", type=_jobs, metavar="N",
+                        help="launches a partition holds, about (default 4,000,000: ~600 MB "
+                        "a partition task)")
 
 
 def _skew(args: argparse.Namespace) -> int:
@@ -711,6 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     skew_.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     skew_.add_argument("-j", "--jobs", type=_jobs, metavar="N",
                        help="traces read at once (default: the cores)")
+    _engine_arguments(skew_)
     skew_.set_defaults(func=_skew)
     rep = sub.add_parser(
         "report", help="one self-contained HTML page of the whole job: who was late, the "
@@ -741,6 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     rep.add_argument("-j", "--jobs", type=_jobs, metavar="N",
                      help="traces read at once (default: the cores)")
+    _engine_arguments(rep)
     rep.set_defaults(func=_report)
     check = sub.add_parser(
         "check", help="do the ranks launch the same collectives in the same order?",

@@ -100,14 +100,22 @@ class Dask:
             label: str) -> list[Any]:
         from distributed import as_completed
 
+        from autoannot.traces import files
+
         shared = self.client.scatter(plan, broadcast=True, hash=False)
         futures = self.client.map(function, [shared] * len(items), list(items), pure=False)
         shown = Progress(len(items) if self.progress else 0)
-        for _ in as_completed(futures):
-            shown.step(label)
-        found = self.client.gather(futures)
-        del shared
-        return found
+        try:
+            for _ in as_completed(futures):
+                shown.step(label)
+            return self.client.gather(futures)
+        except files.TraceError:
+            raise
+        except Exception as exc:  # (a task's error, or workers lost past Dask's retries)
+            raise files.TraceError(f"the Dask run failed while {label} ({type(exc).__name__}: "
+                                   f"{exc}): nothing written") from None
+        finally:
+            self.client.cancel([*futures, shared])
 
     def close(self) -> None:
         self.client.close()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from autoannot.traces import files
-from autoannot.traces.analysis.matching import Analysis, analyze, rank_list
+from autoannot.traces.analysis.matching import Analysis, rank_list
 from autoannot.traces.read.rank_files import (
     join,
     read_rows_files,
@@ -26,21 +27,25 @@ from autoannot.traces.table.launch import Launch
 
 def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
                   progress: bool = False, run: str | None = None,
-                  rows: Iterable[Path] = (), include_warmup: bool = False) -> Analysis:
+                  rows: Iterable[Path] = (), include_warmup: bool = False,
+                  engine: Any = None, target: int | None = None) -> Analysis:
     """Read every trace (on ``jobs`` processes), record file and rows file (``traces.rows``),
     join them per rank, and match instances. Record files holding several runs of a job:
     ``run`` names the one to line up (TraceError naming them all where it is None). A rank's
     rows stand for its trace and record file (they were made from them). Rows alone are
-    matched in whole-array steps (``matching``: thousands of ranks)."""
+    matched in whole-array steps (``matching``: thousands of ranks), in partitions of about
+    ``target`` launches run by ``engine`` (``engines``; default: this machine's ``jobs``
+    processes)."""
     from autoannot.traces import parallel
     from autoannot.traces.read import runs
 
     traces, records, rows = list(traces), list(records), list(rows)
     rows_of = read_rows_files(rows, run, heads_only=not traces and not records)
     if not traces and not records and rows_of:
-        from autoannot.traces.analysis import matching
+        from autoannot.traces.analysis import engines, matching
 
-        return matching.analyze_rows(list(rows_of.values()), include_warmup)
+        return matching.analyze_rows(list(rows_of.values()), include_warmup,
+                                     engine or engines.Embedded(jobs, progress), target)
     problems: list[str] = []
     traced: dict[int, tuple[list[Launch], list[tuple[str, float, float]], Path]] = {}
     read = parallel.map_files(trace_launches, traces, jobs, "read", show=progress)
@@ -100,7 +105,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
             wall = bool(launches) and all(launch.wall_us is not None for launch in launches)
             bases[rank] = ("record file", 0 if wall else None)
     _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
-    analysis = analyze(per_rank, include_warmup)
+    analysis = matching_rows(per_rank, include_warmup, engine, target)
     analysis.problems[:0] = problems
     analysis.notes[:0] = notes + cut_notes
     timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
@@ -111,6 +116,16 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
             "hosts are synchronised (NTP: often within a millisecond) — across hosts, skews "
             "and waits below that are not known")
     return analysis
+
+
+def matching_rows(per_rank: dict[int, list[Launch]], include_warmup: bool, engine: Any,
+                  target: int | None) -> Analysis:
+    """Launches read from traces and record files, matched (in this process unless asked)."""
+    from autoannot.traces.analysis.matching import analyze_rows
+    from autoannot.traces.table.rows import from_launches
+
+    return analyze_rows([from_launches(launches, rank) for rank, launches in per_rank.items()],
+                        include_warmup, engine, target)
 
 
 def _one_time_base(per_rank: dict[int, list[Launch]],

@@ -103,6 +103,10 @@ class Plan:
     partitions: int = 1
 
     shift: Any = None  # each column's clock offset, taken out (pass 4)
+    reference: dict[str, Any] = field(default_factory=dict)  # the first rank's, by key
+    #: Per source: (group, launches, lowest seq, highest seq) of its groups (None: unknown
+    #: until read: ``survey_source``).
+    surveys: list[Any] = field(default_factory=list)
     heat: dict[str, Any] = field(default_factory=dict)  # how pass 4 keys its cells
 
     @property
@@ -166,11 +170,8 @@ def survey_source(plan: Plan, source: int) -> tuple[Any, Any, Any, Any]:
     return group[heads], tails - heads + 1, seq[heads], seq[tails]
 
 
-def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
-        target: int = TARGET_LAUNCHES) -> None:
-    """The partitions: consecutive ranges of instance keys (group, seq) of about ``target``
-    launches each — small groups together, a large group's sequence cut in stretches of about
-    as many launches (its launches taken as spread evenly over its sequence)."""
+def extents(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any]:
+    """Per group: its launches over every rank, its lowest and highest seq (-1: none)."""
     import numpy as np
 
     groups = len(plan.group_keys)
@@ -181,6 +182,17 @@ def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
         np.add.at(launches, group, count)
         np.minimum.at(low, group, lo)
         np.maximum.at(high, group, hi)
+    return launches, np.where(high >= 0, low, 0), high
+
+
+def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
+        target: int = TARGET_LAUNCHES) -> None:
+    """The partitions: consecutive ranges of instance keys (group, seq) of about ``target``
+    launches each — small groups together, a large group's sequence cut in stretches of about
+    as many launches (its launches taken as spread evenly over its sequence)."""
+    import numpy as np
+
+    launches, low, high = extents(plan, surveys)
     starts = [0]
     filled = 0
     for g in np.flatnonzero(launches).tolist():
@@ -201,25 +213,107 @@ def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
     plan.partitions = len(plan.starts)
 
 
-def index_source(plan: Plan, source: int) -> tuple[Any, bool]:
-    """Each partition's row range ``[lo, hi)`` in a source, and whether its rows are in time
-    order (the partitions need it)."""
+def reference_of(plan: Plan) -> dict[str, Any]:
+    """The first rank's launches, by instance key: what every rank's clock is fitted against
+    (each launch's end less the first rank's end of the same instance)."""
+    import numpy as np
+
+    s = plan.sources[0]
+    c = s.read(0, s.count, ("group", "seq", "collective", "size_bytes", "end_us", "kernel"))
+    key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
+        | np.asarray(c["seq"], np.int64)
+    order = np.argsort(key, kind="stable")
+    return {"key": key[order],
+            "collective": s.collective_map[np.asarray(c["collective"], np.intp)][order],
+            "size": np.asarray(c["size_bytes"], np.int64)[order],
+            "end": np.asarray(c["end_us"], np.float64)[order] + s.shift_us}
+
+
+@dataclass
+class Indexed:
+    """A source's row range per partition, whether it is in time order, and what its launches
+    say of the clocks: the first rank's instances that cannot fit a clock (a rank disagreed on
+    the collective, or its part was no GPU kernel), and each usable launch's estimate."""
+
+    ranges: Any
+    ordered: bool
+    spoilt: Any  # indices into the reference
+    estimate: Any
+    estimate_of: Any  # the reference instance of each estimate
+    max_step: int = -1  # the highest profiler step of its launches (-1: none known)
+
+
+def index_source(plan: Plan, source: int) -> Indexed:
+    """Pass 1 on one rank's rows (``Indexed``)."""
     import numpy as np
 
     s = plan.sources[source]
-    c = s.read(0, s.count, ("group", "seq", "start_us"))
+    c = s.read(0, s.count, ("group", "seq", "start_us", "end_us", "collective", "size_bytes",
+                            "kernel", "step"))
     ranges = np.zeros((plan.partitions, 2), np.int64)
+    nothing = np.zeros(0, np.int64)
     if not s.count:
-        return ranges, True
-    part = plan.part_of(s.group_map[np.asarray(c["group"], np.intp)], np.asarray(c["seq"]))
-    present = np.unique(part)
-    rows = np.arange(s.count)
-    first = np.full(plan.partitions, s.count, np.int64)
-    last = np.full(plan.partitions, -1, np.int64)
-    np.minimum.at(first, part, rows)
-    np.maximum.at(last, part, rows)
-    ranges[present, 0], ranges[present, 1] = first[present], last[present] + 1
-    return ranges, is_time_ordered(np.asarray(c["start_us"]))
+        return Indexed(ranges, True, nothing, np.zeros(0), nothing)
+    group = s.group_map[np.asarray(c["group"], np.intp)]
+    seq = np.asarray(c["seq"], np.int64)
+    if plan.partitions == 1:
+        ranges[0] = (0, s.count)
+    else:
+        part = plan.part_of(group, seq)
+        present = np.unique(part)
+        rows = np.arange(s.count)
+        first = np.full(plan.partitions, s.count, np.int64)
+        last = np.full(plan.partitions, -1, np.int64)
+        np.minimum.at(first, part, rows)
+        np.maximum.at(last, part, rows)
+        ranges[present, 0], ranges[present, 1] = first[present], last[present] + 1
+    ordered = is_time_ordered(np.asarray(c["start_us"]))
+    max_step = int(np.max(np.asarray(c["step"]), initial=-1))
+    # the clocks: each launch against the first rank's launch of its instance
+    ref = plan.reference
+    key = (group.astype(np.int64) << SEQ_BITS) | seq
+    if not len(ref["key"]):
+        return Indexed(ranges, ordered, nothing, np.zeros(0), nothing, max_step)
+    at = np.minimum(np.searchsorted(ref["key"], key), len(ref["key"]) - 1)
+    shared = ref["key"][at] == key
+    at = at[shared]
+    collective = s.collective_map[np.asarray(c["collective"], np.intp)][shared]
+    spoilt = ((collective != ref["collective"][at])
+              | (np.asarray(c["size_bytes"], np.int64)[shared] != ref["size"][at])
+              | ~np.asarray(c["kernel"], bool)[shared])
+    spoilt_at = np.unique(at[spoilt])
+    if source == 0:
+        return Indexed(ranges, ordered, spoilt_at, np.zeros(0), nothing, max_step)
+    estimate = np.asarray(c["end_us"], np.float64)[shared] + s.shift_us - ref["end"][at]
+    usable = ~np.isnan(estimate)
+    return Indexed(ranges, ordered, spoilt_at, estimate[usable], at[usable], max_step)
+
+
+def fit_clocks(indexed: list[Indexed], ranks: list[int], reference: int) -> list[Any]:
+    """Each rank's offset from the first rank's: the median of its launches' estimates over
+    the instances both ran whole on GPU kernels, with no rank disagreeing; applied where it
+    stands out of its spread."""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import ClockFit
+
+    if not ranks:
+        return []
+    spoilt = np.zeros(reference, bool)
+    for one in indexed:
+        spoilt[one.spoilt] = True
+    fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
+    for c in range(1, len(ranks)):
+        one = indexed[c]
+        values = one.estimate[~spoilt[one.estimate_of]]
+        if not len(values):
+            fits.append(ClockFit(ranks[c], 0.0, 0.0, 0, False))
+            continue
+        offset = float(np.median(values))
+        spread = float(np.median(np.abs(values - offset)))
+        fits.append(ClockFit(ranks[c], offset, spread, len(values),
+                             abs(offset) > max(1.0, 3 * spread)))
+    return fits
 
 
 # --- pass 2: a partition's launches matched into instances ---------------------------------------
@@ -240,8 +334,6 @@ class Matched:
     offsets: Any
     conflicts: Any  # keys of the instances the ranks launched differently (left out)
     launch: dict[str, Any] = field(default_factory=dict)  # column, start, end, site, prev_*
-    estimates: Any = None  # clock estimates, by column
-    estimate_counts: Any = None
 
 
 def read_partition(plan: Plan, k: int) -> dict[str, Any]:
@@ -331,16 +423,6 @@ def match_partition(plan: Plan, k: int, launches: dict[str, Any] | None = None) 
         step=np.maximum.reduceat(step, offsets[:-1]) if n else np.zeros(0, np.int32),
         dtype=dtype[offsets[:-1]] if n else np.zeros(0, np.int16),
         kernel=kernel, offsets=offsets, conflicts=unique[conflict], launch=launch)
-    # clock estimates: each launch's kernel end less the first rank's in its instance
-    column, end = launch["column"], launch["end"]
-    reference = np.full(n, np.nan)
-    at_reference = column == 0
-    reference[instance_of[at_reference]] = end[at_reference]
-    estimate = end - reference[instance_of]
-    usable = kernel[instance_of] & ~at_reference & ~np.isnan(estimate)
-    by_rank = np.argsort(column[usable], kind="stable")
-    matched.estimates = estimate[usable][by_rank]
-    matched.estimate_counts = np.bincount(column[usable], minlength=width)
     return matched
 
 
@@ -368,31 +450,6 @@ def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
     key = group[order].astype(np.int64) << SEQ_BITS
     key |= seq[order]
     return order, key
-
-
-def fit_clocks(estimates: list[tuple[Any, Any]], ranks: list[int]) -> list[Any]:
-    """Each rank's offset from the first rank's: the median of its estimates over every
-    partition; applied where it stands out of its spread."""
-    import numpy as np
-
-    from autoannot.traces.analysis.results import ClockFit
-
-    if not ranks:
-        return []
-    bounds = [np.concatenate([[0], np.cumsum(counts)]) for _, counts in estimates]
-    fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
-    for c in range(1, len(ranks)):
-        pieces = [values[b[c]:b[c + 1]] for (values, _), b in zip(estimates, bounds,
-                                                                  strict=True)]
-        values = np.concatenate(pieces) if pieces else np.zeros(0)
-        if not len(values):
-            fits.append(ClockFit(ranks[c], 0.0, 0.0, 0, False))
-            continue
-        offset = float(np.median(values))
-        spread = float(np.median(np.abs(values - offset)))
-        fits.append(ClockFit(ranks[c], offset, spread, len(values),
-                             abs(offset) > max(1.0, 3 * spread)))
-    return fits
 
 
 # --- pass 4: a partition's figures --------------------------------------------------------------

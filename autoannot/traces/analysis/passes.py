@@ -42,7 +42,8 @@ def plan_of(ranks_rows: list[Any]) -> Plan:
         raise files.TraceError("these rows count their times from different epochs, and some "
                                "from none known: their times cannot be lined up")
     origin = max(epochs) if len(epochs) > 1 else None  # type: ignore[type-var]
-    sources = []
+    sources: list[Source] = []
+    surveys: list[Any] = []
     for one in ranks_rows:
         for g in one.groups:
             gid = group_id[str(g["name"])]
@@ -76,11 +77,31 @@ def plan_of(ranks_rows: list[Any]) -> Plan:
                                                             "count": one.count},
                                             int(one.data_offset or 0))
         sources.append(source)
-    return Plan(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
+        surveys.append(_survey_of_head(one, group_map))
+    plan = Plan(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
                 group_members,
                 [n for n, _ in sorted(collectives.items(), key=lambda item: item[1])],
                 [s for s, _ in sorted(sites.items(), key=lambda item: item[1])],
                 [d for d, _ in sorted(dtypes.items(), key=lambda item: item[1])])
+    plan.surveys = surveys
+    for column, source in enumerate(sources):
+        if surveys[column] is None and source.columns is not None:
+            surveys[column] = parts.survey_source(plan, column)
+    return plan
+
+
+def _survey_of_head(one: Any, group_map: Any) -> Any:
+    """(group, launches, lowest seq, highest seq) of a rows head that says them; else None."""
+    import numpy as np
+
+    if not one.groups or any("launches" not in g for g in one.groups):
+        return None
+    said = [(code, g["launches"], *g.get("seq", (0, 0)))
+            for code, g in zip(group_map.tolist(), one.groups, strict=False) if g["launches"]]
+    if not said:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    return tuple(np.array(column, np.int64) for column in zip(*said, strict=True))
 
 
 def _in_time_order(columns: dict[str, Any]) -> dict[str, Any]:
@@ -90,46 +111,42 @@ def _in_time_order(columns: dict[str, Any]) -> dict[str, Any]:
     return {n: c[order] for n, c in columns.items()}
 
 
-def _match_task(plan: Plan, k: int) -> parts.Matched:
+def _figure_task(plan: Plan, k: int) -> tuple[parts.Matched, parts.Figured]:
+    """Pass 2 on one partition: matched, then its figures (its launches stay here)."""
     matched = parts.match_partition(plan, k)
-    matched.launch = {}  # (launches stay with the task)
-    return matched
+    figured = parts.figure_partition(plan, matched, plan.shift, plan.heat)
+    matched.launch = {}
+    return matched, figured
 
 
-def _figure_task(plan: Plan, k: int) -> parts.Figured:
-    return parts.figure_partition(plan, parts.match_partition(plan, k), plan.shift, plan.heat)
-
-
-def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> None:
-    """Pass 1: the partitions' bounds and each source's row ranges (a source out of time
-    order is put in order in memory: rows files the job writes are in order)."""
+def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> list[Any]:
+    """Pass 1: the partitions (cut by the groups' extents: the heads', or read), each
+    source's row ranges and clock estimates (``partitions.Indexed``). A source out of time
+    order is put in order in memory (rows files the job writes are in order)."""
     import numpy as np
 
-    total = sum(s.count for s in plan.sources)
+    surveys = list(plan.surveys)
+    lacking = [c for c, one in enumerate(surveys) if one is None]
+    if lacking:
+        for c, one in zip(lacking, engine.map(parts.survey_source, plan, lacking, "surveying"),
+                          strict=True):
+            surveys[c] = one
     plan.partitions, plan.starts = 1, np.zeros(1, np.int64)
-    if total > target:
-        surveys = engine.map(parts.survey_source, plan, range(len(plan.sources)), "surveying")
+    if sum(s.count for s in plan.sources) > target:
         parts.cut(plan, surveys, target)
-    if plan.partitions == 1 and not plan.all_files():
-        plan.ranges = np.array([[[0, s.count]] for s in plan.sources], np.int64).reshape(
-            len(plan.sources), 1, 2)
-        _check_order(plan)
-        return
+    plan.surveys = surveys
+    plan.reference = parts.reference_of(plan) if plan.sources else {"key": np.zeros(0)}
     indexed = engine.map(parts.index_source, plan, range(len(plan.sources)), "indexing")
-    plan.ranges = np.stack([r for r, _ in indexed]) if indexed else np.zeros((0, 1, 2),
-                                                                             np.int64)
-    for column, (_, ordered) in enumerate(indexed):
-        if not ordered:  # (rows written out of time order: this rank's, in memory)
+    plan.ranges = np.stack([one.ranges for one in indexed]) if indexed \
+        else np.zeros((0, 1, 2), np.int64)
+    for column, one in enumerate(indexed):
+        if not one.ordered:  # (rows written out of time order: this rank's, in memory)
             s = plan.sources[column]
             s.columns = _in_time_order(s.read(0, s.count))
             s.path = s.layout = None
-            plan.ranges[column] = parts.index_source(plan, column)[0]
-
-
-def _check_order(plan: Plan) -> None:
-    for s in plan.sources:
-        if s.columns is not None:
-            s.columns = _in_time_order(s.columns)
+            indexed[column] = parts.index_source(plan, column)
+            plan.ranges[column] = indexed[column].ranges
+    return indexed
 
 
 def run(plan: Plan, engine: Any, include_warmup: bool = False,
@@ -139,27 +156,24 @@ def run(plan: Plan, engine: Any, include_warmup: bool = False,
 
     from autoannot.traces.analysis.results import far_clocks_note
 
-    partition(plan, engine, target)
-    here = plan.partitions == 1 and engine.name == "embedded"
-    if here:  # (one partition, in this process: its launches kept for the parts and pass 4)
-        matched = [parts.match_partition(plan, 0)]
-    else:
-        matched = engine.map(_match_task, plan, range(plan.partitions), "matching")
-    joined = _join_matched(plan, matched)
-    fits = parts.fit_clocks([(m.estimates, m.estimate_counts) for m in matched], plan.ranks)
+    indexed = partition(plan, engine, target)
+    fits = parts.fit_clocks(indexed, plan.ranks, len(plan.reference["key"]))
     plan.shift = np.array([f.offset_us if f.applied else 0.0 for f in fits])
-    plan.heat = _heat_keys(plan, joined)
-    if here:
-        figured = [parts.figure_partition(plan, matched[0], plan.shift, plan.heat,
-                                          keep_launches=True)]
+    plan.heat = _heat_keys(plan, max(one.max_step for one in indexed) if indexed else -1)
+    del indexed
+    if plan.partitions == 1 and engine.name == "embedded":  # (here: its launches kept)
+        matched = parts.match_partition(plan, 0)
+        figured = parts.figure_partition(plan, matched, plan.shift, plan.heat,
+                                         keep_launches=True)
+        done = [(matched, figured)]
     else:
-        figured = engine.map(_figure_task, plan, range(plan.partitions), "figures")
-    del matched
+        done = engine.map(_figure_task, plan, range(plan.partitions), "matching")
+    joined = _join_matched(plan, [m for m, _ in done])
     analysis = _analysis(plan, joined, fits, include_warmup)
     note = far_clocks_note(analysis)
     if note:
         analysis.notes.append(note)
-    _join_figured(analysis, plan, joined, figured)
+    _join_figured(analysis, plan, joined, [f for _, f in done])
     return analysis
 
 
@@ -188,25 +202,17 @@ def lookup(joined: dict[str, Any], keys: Any) -> Any:
     return np.where(sorted_keys[at] == keys, order[at], -1)
 
 
-def _heat_keys(plan: Plan, joined: dict[str, Any]) -> dict[str, Any]:
+def _heat_keys(plan: Plan, max_step: int) -> dict[str, Any]:
     """How the heat map's cells are keyed: by profiler step where any is known, else by bins
     of each group's sequence (at most 200 a group)."""
     import numpy as np
 
-    step = joined["step"]
-    groups = len(plan.group_keys)
-    group = joined["key"] >> SEQ_BITS
-    seq = joined["key"] & ((1 << SEQ_BITS) - 1)
-    if bool((step >= 0).any()):
-        return {"by_step": True, "span": int(step.max()) + 2}
-    low = np.full(groups, 1 << SEQ_BITS, np.int64)
-    high = np.full(groups, -1, np.int64)
-    np.minimum.at(low, group, seq)
-    np.maximum.at(high, group, seq)
-    count = np.bincount(group, minlength=groups)
-    return {"by_step": False, "seq_low": np.where(count > 0, low, 0),
-            "seq_span": np.maximum(high - low + 1, 1), "bins": np.minimum(200, count),
-            "span": 200}
+    if max_step >= 0:
+        return {"by_step": True, "span": max_step + 2}
+    _, low, high = parts.extents(plan, plan.surveys)
+    span = np.maximum(high - low + 1, 1)
+    return {"by_step": False, "seq_low": low, "seq_span": span,
+            "bins": np.minimum(200, span), "span": 200}
 
 
 def _analysis(plan: Plan, joined: dict[str, Any], fits: list[Any],

@@ -152,11 +152,41 @@ def from_launches(launches: list[Launch], rank: int, **head: Any) -> Rows:
                 dtypes=list(dtypes) or [""], **head)
 
 
+def with_extents(rows: Rows) -> list[dict[str, Any]]:
+    """The head's groups, each with its launches here and the first and last seq of them
+    (``"launches"``, ``"seq"``): what an analysis cuts its partitions by, with no column read.
+    (Standard library only: the job writes this.)"""
+    if not rows.columns:
+        return rows.groups
+    if not isinstance(rows.columns["seq"], array):  # numpy (readers, tools): whole-array
+        import numpy as np
+
+        group = np.asarray(rows.columns["group"], np.int64)
+        seq = np.asarray(rows.columns["seq"], np.int64)
+        found = np.bincount(group, minlength=len(rows.groups))
+        low_of = np.full(len(rows.groups), np.iinfo(np.int64).max)
+        high_of = np.full(len(rows.groups), -1)
+        np.minimum.at(low_of, group, seq)
+        np.maximum.at(high_of, group, seq)
+        return [{**g, "launches": int(found[i]), "seq": [int(low_of[i]), int(high_of[i])]}
+                if found[i] else {**g, "launches": 0} for i, g in enumerate(rows.groups)]
+    count = [0] * len(rows.groups)
+    low: list[int | None] = [None] * len(rows.groups)
+    high: list[int | None] = [None] * len(rows.groups)
+    for g, seq in zip(rows.columns["group"], rows.columns["seq"], strict=True):
+        g, seq = int(g), int(seq)
+        count[g] += 1
+        low[g] = seq if low[g] is None or seq < low[g] else low[g]  # type: ignore[operator]
+        high[g] = seq if high[g] is None or seq > high[g] else high[g]  # type: ignore[operator]
+    return [{**g, "launches": count[i], "seq": [low[i], high[i]]} if count[i] else
+            {**g, "launches": 0} for i, g in enumerate(rows.groups)]
+
+
 def encode(rows: Rows) -> bytes:
     head = {"version": VERSION, "rank": rows.rank, "run": rows.run, "host": rows.host,
             "clock": rows.clock, "base_ns": rows.base_ns, "source": rows.source,
             "count": len(rows), "byteorder": "little", "columns": [list(c) for c in COLUMNS],
-            "groups": rows.groups, "collectives": rows.collectives, "sites": rows.sites,
+            "groups": with_extents(rows), "collectives": rows.collectives, "sites": rows.sites,
             "dtypes": rows.dtypes,
             **rows.extra}
     parts = [MAGIC, json.dumps(head, separators=(",", ":")).encode(), b"\n"]
@@ -380,7 +410,7 @@ def encode_parquet(rows: Rows) -> bytes:
     })
     head = {"version": VERSION, "rank": rows.rank, "run": rows.run, "host": rows.host,
             "clock": rows.clock, "base_ns": rows.base_ns, "source": rows.source,
-            "count": count, "groups": rows.groups, "collectives": rows.collectives,
+            "count": count, "groups": with_extents(rows), "collectives": rows.collectives,
             "sites": rows.sites, "dtypes": rows.dtypes, **rows.extra}
     table = table.replace_schema_metadata({_HEAD_KEY: json.dumps(head).encode()})
     sink = pa.BufferOutputStream()
