@@ -126,39 +126,50 @@ def run_arrow(c):
 
 
 def _launches_of(c):
-    """The launches as ``matching`` holds them (every one timed by a kernel that ends 55 us
-    after its instance's slot began: waits and transfers are real)."""
+    """The launches as flat arrays (every one timed by a kernel that ends 55 us after its
+    instance's slot began: waits and transfers are real)."""
+    import types
+
     import numpy as np
 
-    from autoannot.traces.analysis import matching
-
-    launch = matching._Launches(len(c["rank"]))
-    launch.group[:], launch.seq[:], launch.column[:] = c["group"], c["seq"], c["rank"]
-    launch.collective[:], launch.size[:], launch.site[:] = 0, 1 << 20, -1
-    launch.start[:] = c["start"]
-    launch.end[:] = np.floor(c["start"] / 100) * 100 + 55
-    launch.kernel[:], launch.step[:], launch.dtype[:] = True, 1, 0
-    return launch
+    n = len(c["rank"])
+    return types.SimpleNamespace(
+        group=c["group"].astype(np.int32), seq=c["seq"].astype(np.int64),
+        column=c["rank"].astype(np.int32), collective=np.zeros(n, np.int32),
+        size=np.full(n, 1 << 20, np.int64), site=np.full(n, -1, np.int32),
+        start=c["start"], end=np.floor(c["start"] / 100) * 100 + 55,
+        kernel=np.ones(n, bool), step=np.ones(n, np.int32), dtype=np.zeros(n, np.int16))
 
 
 def run_matcher(c):
-    """The whole matcher as autoannot runs it (``matching._match``: instances, clocks, waits,
-    carried lateness, causes, blame, per-rank figures), in numpy."""
+    """The whole matcher as autoannot runs it (``matching.analyze_rows``: instances, clocks,
+    waits, carried lateness, causes, blame, per-rank figures), in numpy, in one partition."""
     import numpy as np
 
     from autoannot.traces.analysis import matching
+    from autoannot.traces.table.rows import Rows
 
     launch = _launches_of(c)
     ranks = int(c["rank"].max()) + 1
-    groups = int(c["group"].max()) + 1
-    sizes = np.full(groups, TP)
-    sizes[0] = ranks
     del c
-    analysis = matching._match(launch, list(range(ranks)), [str(g) for g in range(groups)],
-                               sizes, [""] * groups, [None] * groups, {"allreduce": 0}, {})
+    order = np.argsort(launch.column, kind="stable")
+    bounds = np.searchsorted(launch.column[order], np.arange(ranks + 1))
+    per_rank = []
+    for rank in range(ranks):
+        mine = order[bounds[rank]:bounds[rank + 1]]
+        groups = [{"name": "0", "size": ranks}, {"name": str(1 + rank // TP), "size": TP}]
+        local = np.where(launch.group[mine] == 0, 0, 1).astype(np.uint32)
+        per_rank.append(Rows(rank, {
+            "group": local, "seq": launch.seq[mine], "collective": launch.collective[mine],
+            "size_bytes": launch.size[mine], "start_us": launch.start[mine],
+            "end_us": launch.end[mine], "site": launch.site[mine],
+            "kernel": launch.kernel[mine].astype(np.uint8), "step": launch.step[mine],
+            "dtype": launch.dtype[mine].astype(np.uint32)}, groups, ["allreduce"], []))
+    del launch, order
+    analysis = matching.analyze_rows(per_rank, target=1 << 62)
     table = analysis.figures()
-    return (len(table.group), float(analysis.launch_wait.sum()), int(table.members.max()),
-            None, None)
+    return (len(table.group), float(sum(r["waited_us"] for r in analysis.per_rank())),
+            int(table.members.max()), None, None)
 
 
 def run_duckdb_matcher(c):

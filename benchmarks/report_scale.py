@@ -14,9 +14,11 @@ JSON. A benchmark, not a test: it never fails on a figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -70,17 +72,25 @@ def write_rows(folder: Path, ranks: int, instances: int, straggler: int | None =
 
 
 def timed(command: list[str], said: Path) -> tuple[float, float, int, str]:
-    """Seconds, peak MiB, exit status and standard output of one command (run under a fresh
-    Python that reports its child's peak, so the peaks of earlier commands do not count; its
-    output kept in ``said``)."""
-    probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
-             "out = open(sys.argv[1], 'w'); r = subprocess.run(sys.argv[2:], stdout=out); "
-             "print(time.perf_counter() - t, r.returncode, "
-             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)")
-    done = subprocess.run([sys.executable, "-c", probe, str(said), *command],
-                          capture_output=True, text=True, check=True)
-    seconds, code, peak = done.stdout.split()
-    return float(seconds), float(peak), int(code), said.read_text()
+    """Seconds, peak MiB and exit status of one command, and its standard output (kept in
+    ``said``). The peak is the resident set of the whole process tree (the command and every
+    process it starts: a pool's, a local cluster's), summed, sampled every 50 ms."""
+    import psutil
+
+    started = time.perf_counter()
+    with open(said, "w") as out:
+        process = subprocess.Popen(command, stdout=out)
+        root = psutil.Process(process.pid)
+        peak = 0
+        while process.poll() is None:
+            total = 0
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for one in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        total += one.memory_info().rss
+            peak = max(peak, total)
+            time.sleep(0.05)
+    return time.perf_counter() - started, peak / 2**20, process.returncode, said.read_text()
 
 
 def committed_rows() -> dict[str, object]:
@@ -113,6 +123,11 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8192)
     parser.add_argument("--instances", type=int, default=2000)
     parser.add_argument("--dir", help="where to write the rows (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="use the rows already in --dir "
+                        "(written by an earlier run with the same --ranks and --instances)")
+    parser.add_argument("--engine-args", default="", metavar="ARGS",
+                        help="engine arguments given to skew and report, one string (e.g. "
+                        "'--engine dask --workers 4 --worker-memory 3GB')")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.dir or tmp) / "rows"
@@ -120,17 +135,21 @@ def main() -> int:
         print(f"writing {args.ranks} ranks' rows of {args.instances} instances ...",
               file=sys.stderr)
         started = time.perf_counter()
-        mib = write_rows(folder, args.ranks, args.instances)
+        if args.keep and any(folder.iterdir()):
+            mib = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+        else:
+            mib = write_rows(folder, args.ranks, args.instances)
         wrote_s = time.perf_counter() - started
         out = Path(tmp) / "out"
         cli = [sys.executable, "-m", "autoannot"]
+        engine = shlex.split(args.engine_args)
         # (instance #0 is each group's first: warm-up, shown but not ranked)
         late_instances = len(range(10, args.instances // 2, 10))
         skew_s, skew_mib, skew_code, skew_said = timed(
-            [*cli, "skew", str(folder), "-q", "--top", str(late_instances)],
+            [*cli, "skew", str(folder), "-q", "--top", str(late_instances), *engine],
             Path(tmp) / "skew.txt")
         report_s, report_mib, report_code, _ = timed(
-            [*cli, "report", str(folder), "-q", "-o", str(out / "report.html")],
+            [*cli, "report", str(folder), "-q", "-o", str(out / "report.html"), *engine],
             Path(tmp) / "report.txt")
         # the top instances by skew: the late ones, each naming its late rank and ~35 us
         top = re.findall(r"^default_pg \(0\)\s+(\d+)\s+allreduce\s+\S+ \S+\s+(\d+)\s+"
@@ -140,6 +159,7 @@ def main() -> int:
         matched = re.search(r"^(\d+) collective instances", skew_said, re.M)
         figures = {
             "ranks": args.ranks, "instances_per_rank": args.instances,
+            "engine": " ".join(engine) or "embedded",
             "rows": args.ranks * args.instances, "rows_mib": round(mib),
             "rows_written_s": round(wrote_s, 1), "cores": os.cpu_count(),
             "skew": {"seconds": round(skew_s, 1), "peak_mib": round(skew_mib),

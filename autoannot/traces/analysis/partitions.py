@@ -338,47 +338,79 @@ class Matched:
 
 def read_partition(plan: Plan, k: int) -> dict[str, Any]:
     """Every launch of partition ``k``, on the plan's codes, with its previous launch's key and
-    end and its next launch's start on its rank."""
+    end and its next launch's start on its rank. Each rank's range is read as it lies (one
+    ``pread`` a column, a row either side for the neighbours), then all at once: codes
+    mapped, neighbours taken, the partition's rows kept."""
     import numpy as np
 
-    got: dict[str, list[Any]] = {n: [] for n in (*READ, "column", "prev_key", "prev_end",
-                                                 "next_start")}
+    raw: dict[str, list[Any]] = {n: [] for n in READ}
+    spans = []  # (column, rows read)
     for column, s in enumerate(plan.sources):
         lo, hi = (int(v) for v in plan.ranges[column, k])
         if lo >= hi:
             continue
         a, b = max(0, lo - 1), min(s.count, hi + 1)
-        c = s.read(a, b)
-        group = s.group_map[np.asarray(c["group"], np.intp)]
-        seq = np.asarray(c["seq"], np.int64)
-        key = (group.astype(np.int64) << SEQ_BITS) | seq
-        mine = np.flatnonzero(plan.part_of(group, seq) == k) if plan.partitions > 1 \
-            else np.arange(b - a)
-        start = np.asarray(c["start_us"], np.float64) + s.shift_us
-        end = np.asarray(c["end_us"], np.float64) + s.shift_us
-        before, after = mine - 1, mine + 1
-        has_before = before >= 0
-        has_after = after < (b - a)
-        got["prev_key"].append(np.where(has_before, key[np.maximum(before, 0)], -1))
-        got["prev_end"].append(np.where(has_before, end[np.maximum(before, 0)], np.nan))
-        got["next_start"].append(np.where(has_after, start[np.minimum(after, b - a - 1)],
-                                          np.nan))
-        got["group"].append(group[mine])
-        got["seq"].append(seq[mine])
-        got["collective"].append(s.collective_map[np.asarray(c["collective"], np.intp)[mine]])
-        got["size_bytes"].append(np.asarray(c["size_bytes"], np.int64)[mine])
-        got["start_us"].append(start[mine])
-        got["end_us"].append(end[mine])
-        got["site"].append(s.site_map[np.asarray(c["site"], np.intp)[mine]])
-        got["kernel"].append(np.asarray(c["kernel"], bool)[mine])
-        got["step"].append(np.asarray(c["step"], np.int32)[mine])
-        got["dtype"].append(s.dtype_map[np.asarray(c["dtype"], np.intp)[mine]])
-        got["column"].append(np.full(len(mine), column, np.int32))
-    empty = {"group": np.int32, "seq": np.int64, "collective": np.int32, "size_bytes": np.int64,
-             "start_us": np.float64, "end_us": np.float64, "site": np.int32, "kernel": bool,
-             "step": np.int32, "dtype": np.int16, "column": np.int32, "prev_key": np.int64,
-             "prev_end": np.float64, "next_start": np.float64}
-    return {n: np.concatenate(v) if v else np.zeros(0, empty[n]) for n, v in got.items()}
+        for name, values in s.read(a, b).items():
+            raw[name].append(values)
+        spans.append((column, b - a, a == 0, b == s.count))
+    if not spans:
+        return _no_launches()
+    columns = np.array([c for c, _, _, _ in spans], np.int32)
+    lengths = np.array([n for _, n, _, _ in spans], np.int64)
+    column = np.repeat(columns, lengths)
+    got = {n: np.concatenate(v) for n, v in raw.items()}
+    del raw
+    total = len(column)
+    # codes onto the plan's: each source's tables, end to end
+    def mapped(name: str, field_name: str, dtype: Any) -> Any:
+        tables = [getattr(plan.sources[c], field_name) for c in columns.tolist()]
+        at = np.concatenate([[0], np.cumsum([len(t) for t in tables])])[:-1]
+        flat = np.concatenate(tables).astype(dtype)
+        return flat[np.repeat(at, lengths) + got[name].astype(np.int64)]
+
+    group = mapped("group", "group_map", np.int32)
+    seq = got["seq"].astype(np.int64, copy=False)
+    shifts = np.array([plan.sources[c].shift_us for c in columns.tolist()])
+    start = got["start_us"].astype(np.float64, copy=False)
+    end = got["end_us"].astype(np.float64, copy=False)
+    if shifts.any():
+        by = np.repeat(shifts, lengths)
+        start, end = start + by, end + by
+    key = (group.astype(np.int64) << SEQ_BITS) | seq
+    # each row's neighbours on its rank: the rows before and after it in its range (the first
+    # and last rows read are there for that: none before a file's first row, or after its last)
+    first_row = np.zeros(total, bool)
+    first_row[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
+    last_row = np.zeros(total, bool)
+    last_row[np.cumsum(lengths) - 1] = True
+    mine = (plan.part_of(group, seq) == k) if plan.partitions > 1 else np.ones(total, bool)
+    mine = np.flatnonzero(mine)
+    before, after = np.maximum(mine - 1, 0), np.minimum(mine + 1, total - 1)
+    has_before, has_after = ~first_row[mine], ~last_row[mine]
+    return {
+        "group": group[mine], "seq": seq[mine],
+        "collective": mapped("collective", "collective_map", np.int32)[mine],
+        "size_bytes": got["size_bytes"].astype(np.int64, copy=False)[mine],
+        "start_us": start[mine], "end_us": end[mine],
+        "site": np.where(got["site"][mine] < 0, -1, mapped("site", "site_map", np.int32)[mine]),
+        "kernel": got["kernel"].astype(bool)[mine],
+        "step": got["step"].astype(np.int32, copy=False)[mine],
+        "dtype": mapped("dtype", "dtype_map", np.int16)[mine],
+        "column": column[mine],
+        "prev_key": np.where(has_before, key[before], -1),
+        "prev_end": np.where(has_before, end[before], np.nan),
+        "next_start": np.where(has_after, start[after], np.nan)}
+
+
+def _no_launches() -> dict[str, Any]:
+    import numpy as np
+
+    kinds = {"group": np.int32, "seq": np.int64, "collective": np.int32,
+             "size_bytes": np.int64, "start_us": np.float64, "end_us": np.float64,
+             "site": np.int32, "kernel": bool, "step": np.int32, "dtype": np.int16,
+             "column": np.int32, "prev_key": np.int64, "prev_end": np.float64,
+             "next_start": np.float64}
+    return {n: np.zeros(0, t) for n, t in kinds.items()}
 
 
 def match_partition(plan: Plan, k: int, launches: dict[str, Any] | None = None) -> Matched:
