@@ -4,4 +4,5 @@ import sys
 
 from autoannot.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # (not when a worker process re-imports the main module: spawn)
+    sys.exit(main())

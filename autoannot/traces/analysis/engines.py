@@ -29,6 +29,23 @@ def _call(function: Callable[..., Any], item: Any) -> Any:
     return function(_PLAN, item)
 
 
+_PLANS: dict[str, Any] = {}  # a Dask worker's plans, by token (the last few)
+
+
+def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any], item: Any) -> Any:
+    """``function(plan, item)`` on a Dask worker: the plan unpickled once per worker (it is
+    shipped as one blob: thousands of small arrays as Dask's frames cost seconds each)."""
+    import pickle
+
+    token, blob = shipped
+    plan = _PLANS.get(token)
+    if plan is None:
+        while len(_PLANS) >= 2:
+            _PLANS.pop(next(iter(_PLANS)))
+        plan = _PLANS[token] = pickle.loads(blob)
+    return function(plan, item)
+
+
 class Embedded:
     """This machine: the tasks in this process (``jobs`` 1) or on a pool of ``jobs`` fresh
     processes (each holds the plan and one task's data at a time)."""
@@ -98,12 +115,17 @@ class Dask:
 
     def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
             label: str) -> list[Any]:
+        import pickle
+        import uuid
+
         from distributed import as_completed
 
         from autoannot.traces import files
 
-        shared = self.client.scatter(plan, broadcast=True, hash=False)
-        futures = self.client.map(function, [shared] * len(items), list(items), pure=False)
+        shipped = (uuid.uuid4().hex, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+        shared = self.client.scatter(shipped, broadcast=True, hash=False)
+        futures = self.client.map(_call_with, [shared] * len(items),
+                                  [function] * len(items), list(items), pure=False)
         shown = Progress(len(items) if self.progress else 0)
         try:
             for _ in as_completed(futures):

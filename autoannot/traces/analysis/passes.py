@@ -119,6 +119,24 @@ def _figure_task(plan: Plan, k: int) -> tuple[parts.Matched, parts.Figured]:
     return matched, figured
 
 
+#: Ranks a per-rank task takes (one task a rank costs a scheduler more than the work).
+SOURCES_A_TASK = 256
+
+
+def _sources_task(plan: Plan, item: tuple[Any, list[int]]) -> list[Any]:
+    function, sources = item
+    return [function(plan, source) for source in sources]
+
+
+def _per_source(engine: Any, function: Any, plan: Plan, sources: list[int],
+                label: str) -> list[Any]:
+    """``function(plan, source)`` for each source, in tasks of ``SOURCES_A_TASK`` sources."""
+    chunks = [sources[i:i + SOURCES_A_TASK] for i in range(0, len(sources), SOURCES_A_TASK)]
+    return [one for done in engine.map(_sources_task, plan,
+                                       [(function, chunk) for chunk in chunks], label)
+            for one in done]
+
+
 def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> list[Any]:
     """Pass 1: the partitions (cut by the groups' extents: the heads', or read), each
     source's row ranges and clock estimates (``partitions.Indexed``). A source out of time
@@ -128,15 +146,16 @@ def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> l
     surveys = list(plan.surveys)
     lacking = [c for c, one in enumerate(surveys) if one is None]
     if lacking:
-        for c, one in zip(lacking, engine.map(parts.survey_source, plan, lacking, "surveying"),
-                          strict=True):
+        for c, one in zip(lacking, _per_source(engine, parts.survey_source, plan, lacking,
+                                               "surveying"), strict=True):
             surveys[c] = one
     plan.partitions, plan.starts = 1, np.zeros(1, np.int64)
     if sum(s.count for s in plan.sources) > target:
         parts.cut(plan, surveys, target)
     plan.surveys = surveys
     plan.reference = parts.reference_of(plan) if plan.sources else {"key": np.zeros(0)}
-    indexed = engine.map(parts.index_source, plan, range(len(plan.sources)), "indexing")
+    indexed = _per_source(engine, parts.index_source, plan, list(range(len(plan.sources))),
+                          "indexing")
     plan.ranges = np.stack([one.ranges for one in indexed]) if indexed \
         else np.zeros((0, 1, 2), np.int64)
     for column, one in enumerate(indexed):
