@@ -110,8 +110,12 @@ class Dask:
         else:
             self.cluster = LocalCluster(n_workers=workers or 4, threads_per_worker=1,
                                         processes=True, memory_limit=memory_limit or "auto",
-                                        dashboard_address=None)
+                                        dashboard_address=":0")
             self.client = Client(self.cluster)
+        if progress and self.client.dashboard_link:  # (Dask's own view of the run)
+            import sys
+
+            print(f"autoannot: Dask's dashboard: {self.client.dashboard_link}", file=sys.stderr)
 
     def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
             label: str) -> list[Any]:

@@ -1,0 +1,195 @@
+"""Issue 39: the one analysis in partitions, on this machine or on a Dask cluster, says the same
+thing byte for byte; a Dask worker lost mid-run is retried by Dask, and a run that cannot
+finish fails cleanly with nothing written.
+
+Inputs: real 4-rank gloo jobs with a planted delay (``truth_jobs``: its rank, step and call
+site known), and, for the killed workers, rows of 128 ranks with a late rank planted at every
+10th instance (``benchmarks/report_scale.py``). Clusters are real: Dask's own scheduler and
+worker processes on this machine (``distributed.LocalCluster``), killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import truth_jobs as truth
+
+from autoannot import cli
+from autoannot.traces.analysis import lineup, matching
+from autoannot.traces.table import rows
+
+distributed = pytest.importorskip("distributed", reason="the Dask engine's extra")
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
+    made = {}
+    for kind in ("chain", "hang"):
+        out = tmp_path_factory.mktemp(kind)
+        made[kind] = (out, truth.run(kind, out))
+    return made
+
+
+def _cluster(folder: Path, workers: int) -> Any:
+    return distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                    memory_limit="1GB", dashboard_address=":0",
+                                    local_directory=str(folder))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Any:
+    with _cluster(tmp_path_factory.mktemp("dask"), 2) as made:
+        yield made
+
+
+def _answers(capsys, tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
+    """What skew (text, JSON on stdout, JSON and CSV files) and report (the page) say of the
+    inputs, with ``args``; and their exit statuses."""
+    out = tmp_path / name
+    out.mkdir()
+    found: dict[str, Any] = {"codes": []}
+    found["codes"].append(cli.main(["skew", "-q", "--top", "50", *args]))
+    found["text"] = capsys.readouterr().out
+    found["codes"].append(cli.main(["skew", "-q", "--json", *args, "-o", str(out / "i.json"),
+                                    "-o", str(out / "i.csv")]))
+    found["json"] = capsys.readouterr().out
+    found["codes"].append(cli.main(["report", "-q", *args, "-o", str(out / "page.html")]))
+    capsys.readouterr()
+    for written in ("i.json", "i.csv", "page.html"):
+        found[written] = (out / written).read_bytes()
+    return found
+
+
+@pytest.mark.parametrize("kind", ["chain", "hang"])
+def test_every_engine_says_the_same_byte_for_byte(jobs, cluster, capsys, tmp_path: Path,
+                                                  kind: str) -> None:
+    """One partition in this process; many partitions on a pool of this machine's processes;
+    the same many on a Dask cluster: the text, the JSON, the CSV and the page are equal."""
+    out, _ = jobs[kind]
+    if kind == "chain":  # (rows files: read by row range)
+        heads = [rows.read_head(p)[0] for p in sorted(out.glob("*.rows*"))]
+        assert len(heads) == truth.WORLD
+        assert matching.analyze_rows(heads, target=16).plan.partitions >= 4  # (really cut)
+        assert matching.analyze_rows(heads).plan.partitions == 1
+    else:  # (a hang leaves record files alone: their rows in memory, shipped to Dask)
+        records = sorted(out.glob("*.jsonl"))
+        assert len(records) == truth.WORLD
+        assert lineup.analyze_files([], records, target=16).plan.partitions >= 4
+    whole = _answers(capsys, tmp_path, "whole", str(out))
+    cut = _answers(capsys, tmp_path, "cut", str(out), "--partition-launches", "16", "-j", "2")
+    on_dask = _answers(capsys, tmp_path, "dask", str(out), "--partition-launches", "16",
+                       "--engine", "dask", "--scheduler", cluster.scheduler_address)
+    assert whole["codes"] == ([1, 1, 1] if kind == "hang" else [0, 0, 0])
+    for name in ("codes", "text", "json", "i.json", "i.csv", "page.html"):
+        assert cut[name] == whole[name], name
+        assert on_dask[name] == whole[name], name
+
+
+def test_the_planted_delay_is_found_on_dask(jobs, cluster, capsys) -> None:
+    """The chain's delay (rank 1, its pair all-reduce, step 3) comes first, blamed once, on a
+    Dask cluster in many partitions; the hang names the rank that never came."""
+    out, results = jobs["chain"]
+    dask = ["--engine", "dask", "--scheduler", cluster.scheduler_address,
+            "--partition-launches", "16"]
+    assert cli.main(["skew", "-q", "--json", str(out), *dask]) == 0
+    said = json.loads(capsys.readouterr().out)
+    planted = truth.PLANTED_RANK["chain"]
+    top = said["origins"][0]
+    assert (top["rank"], top["call_site"], top["step"]) == (
+        planted, results[planted]["sites"]["pair"], truth.PLANTED_STEP)
+    assert top["blamed_us"] == pytest.approx(truth.DELAY_S * 1e6 * (truth.WORLD - 1), rel=0.1)
+    out, _ = jobs["hang"]
+    assert cli.main(["skew", "-q", "--json", str(out), *dask]) == 1
+    said = json.loads(capsys.readouterr().out)
+    behind = said["missing"][0]["behind"]  # (furthest behind: the rank that left)
+    assert min(behind, key=lambda b: b["seq"])["rank"] == truth.PLANTED_RANK["hang"]
+
+
+def _late_rows(folder: Path) -> Path:
+    """128 ranks' rows, 8,000 instances each (1M launches), a late rank at every 10th."""
+    spec = importlib.util.spec_from_file_location(
+        "report_scale", Path(__file__).parent.parent / "benchmarks" / "report_scale.py")
+    assert spec is not None and spec.loader is not None
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    made = folder / "rows"
+    made.mkdir()
+    scale.write_rows(made, 128, 8000)
+    return made
+
+
+def _kill_a_busy_worker(address: str, running: threading.Thread) -> dict[str, Any]:
+    """SIGKILL the first worker seen running one of the analysis's tasks while the run is on;
+    what was killed, and when."""
+    with distributed.Client(address) as watcher:
+        while running.is_alive():
+            busy = {w: keys for w, keys in watcher.processing().items()
+                    if any(str(k).startswith("_call_with") for k in keys)}
+            if busy:
+                worker = sorted(busy)[0]
+                pid = watcher.run(os.getpid, workers=[worker])[worker]
+                held = list(watcher.has_what().get(worker, ()))
+                os.kill(pid, signal.SIGKILL)
+                return {"worker": worker, "pid": pid, "running": busy[worker], "held": held}
+            time.sleep(0.002)
+    return {}
+
+
+def _run_in_thread(argv: list[str]) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def go() -> None:
+        result["code"] = cli.main(argv)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread, result
+
+
+def test_a_worker_killed_mid_run_is_retried_and_the_answers_stay(capsys, tmp_path: Path) -> None:
+    folder = _late_rows(tmp_path)
+    embedded = tmp_path / "embedded.json"
+    assert cli.main(["skew", "-q", str(folder), "-o", str(embedded),
+                     "--partition-launches", "100000"]) == 0
+    capsys.readouterr()
+    with _cluster(tmp_path, 2) as made:
+        on_dask = tmp_path / "dask.json"
+        running, result = _run_in_thread(
+            ["skew", "-q", str(folder), "-o", str(on_dask), "--partition-launches", "100000",
+             "--engine", "dask", "--scheduler", made.scheduler_address])
+        killed = _kill_a_busy_worker(made.scheduler_address, running)
+        running.join(timeout=300)
+    assert killed and killed["running"], "no task of the run was seen running: none killed"
+    assert result["code"] == 0
+    assert on_dask.read_bytes() == embedded.read_bytes()
+
+
+def test_a_run_that_cannot_finish_fails_cleanly_and_writes_nothing(capsys,
+                                                                    tmp_path: Path) -> None:
+    """Dask allowed no retry, and its one worker killed while it runs a task: the command
+    says so, exits 2, and leaves no output, whole or half-written."""
+    import dask
+
+    folder = _late_rows(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            _cluster(tmp_path, 1) as made:
+        running, result = _run_in_thread(
+            ["skew", "-q", str(folder), "-o", str(out / "i.json"),
+             "--partition-launches", "100000", "--engine", "dask",
+             "--scheduler", made.scheduler_address])
+        killed = _kill_a_busy_worker(made.scheduler_address, running)
+        running.join(timeout=300)
+    assert killed and killed["running"]
+    assert result["code"] == cli.BAD_INPUT
+    assert "the Dask run failed" in capsys.readouterr().err
+    assert list(out.iterdir()) == []
