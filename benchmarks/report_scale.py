@@ -71,15 +71,16 @@ def write_rows(folder: Path, ranks: int, instances: int, straggler: int | None =
     return total / 2**20
 
 
-def timed(command: list[str], said: Path) -> tuple[float, float, int, str]:
+def timed(command: list[str], said: Path,
+          stderr: Path | None = None) -> tuple[float, float, int, str]:
     """Seconds, peak MiB and exit status of one command, and its standard output (kept in
     ``said``). The peak is the resident set of the whole process tree (the command and every
     process it starts: a pool's, a local cluster's), summed, sampled every 50 ms."""
     import psutil
 
     started = time.perf_counter()
-    with open(said, "w") as out:
-        process = subprocess.Popen(command, stdout=out)
+    with open(said, "w") as out, open(stderr or os.devnull, "w") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err if stderr else None)
         root = psutil.Process(process.pid)
         peak = 0
         while process.poll() is None:

@@ -25,14 +25,34 @@ def _set_plan(plan: Any) -> None:
     _PLAN = plan
 
 
-def _call(function: Callable[..., Any], item: Any) -> Any:
-    return function(_PLAN, item)
+def _timed(function: Callable[..., Any], plan: Any, item: Any) -> tuple[float, Any]:
+    import time
+
+    started = time.perf_counter()
+    found = function(plan, item)
+    return time.perf_counter() - started, found
+
+
+def _call(function: Callable[..., Any], item: Any) -> tuple[float, Any]:
+    return _timed(function, _PLAN, item)
+
+
+def said(label: str, seconds: list[float], wall: float) -> None:
+    """One line on stderr for a pass: its tasks, the wall time, each task's own time."""
+    import statistics
+    import sys
+
+    if seconds:
+        print(f"autoannot: {label}: {len(seconds)} tasks in {wall:.1f} s; a task "
+              f"{statistics.median(seconds):.2f} s (median), {max(seconds):.2f} s (most)",
+              file=sys.stderr)
 
 
 _PLANS: dict[str, Any] = {}  # a Dask worker's plans, by token (the last few)
 
 
-def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any], item: Any) -> Any:
+def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any],
+               item: Any) -> tuple[float, Any]:
     """``function(plan, item)`` on a Dask worker: the plan unpickled once per worker (it is
     shipped as one blob: thousands of small arrays as Dask's frames cost seconds each)."""
     import pickle
@@ -43,7 +63,7 @@ def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any], item: A
         while len(_PLANS) >= 2:
             _PLANS.pop(next(iter(_PLANS)))
         plan = _PLANS[token] = pickle.loads(blob)
-    return function(plan, item)
+    return _timed(function, plan, item)
 
 
 class Embedded:
@@ -60,27 +80,33 @@ class Embedded:
 
     def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
             label: str) -> list[Any]:
+        import time
+
+        started = time.perf_counter()
         shown = Progress(len(items) if self.progress else 0)
         jobs = min(self.jobs, len(items))
+        timed: list[tuple[float, Any]] = []
         if jobs <= 1 or not plan.all_files():
-            found = []
             for item in items:
-                found.append(function(plan, item))
+                timed.append(_timed(function, plan, item))
                 shown.step(label)
-            return found
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-        # (fresh processes: a forked child would share, and count again, the driver's arrays)
-        context = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_set_plan,
-                                 initargs=(plan,)) as pool:
-            futures = [pool.submit(_call, function, item) for item in items]
-            found = []
-            for future in futures:
-                found.append(future.result())
-                shown.step(label)
-        return found
+            # (fresh processes: a forked child would share, and count again, the driver's
+            # arrays)
+            context = multiprocessing.get_context("forkserver" if os.name == "posix"
+                                                  else "spawn")
+            with ProcessPoolExecutor(jobs, mp_context=context, initializer=_set_plan,
+                                     initargs=(plan,)) as pool:
+                futures = [pool.submit(_call, function, item) for item in items]
+                for future in futures:
+                    timed.append(future.result())
+                    shown.step(label)
+        if self.progress and len(items) > 1:
+            said(label, [t for t, _ in timed], time.perf_counter() - started)
+        return [found for _, found in timed]
 
     def close(self) -> None:
         pass
@@ -131,10 +157,16 @@ class Dask:
         futures = self.client.map(_call_with, [shared] * len(items),
                                   [function] * len(items), list(items), pure=False)
         shown = Progress(len(items) if self.progress else 0)
+        import time
+
+        started = time.perf_counter()
         try:
             for _ in as_completed(futures):
                 shown.step(label)
-            return self.client.gather(futures)
+            timed = self.client.gather(futures)
+            if self.progress:
+                said(label, [t for t, _ in timed], time.perf_counter() - started)
+            return [found for _, found in timed]
         except files.TraceError:
             raise
         except Exception as exc:  # (a task's error, or workers lost past Dask's retries)
