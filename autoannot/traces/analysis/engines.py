@@ -48,7 +48,7 @@ def said(label: str, seconds: list[float], wall: float) -> None:
               file=sys.stderr)
 
 
-_PLANS: dict[str, Any] = {}  # a Dask worker's plans, by token (the last few)
+_PLANS: dict[str, Any] = {}  # a Dask worker's plan, by token (this pass's)
 
 
 def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any],
@@ -60,8 +60,7 @@ def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any],
     token, blob = shipped
     plan = _PLANS.get(token)
     if plan is None:
-        while len(_PLANS) >= 2:
-            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS.clear()  # (one pass at a time: its plan replaces the last)
         plan = _PLANS[token] = pickle.loads(blob)
     return _timed(function, plan, item)
 

@@ -10,14 +10,17 @@ one range of rows (rows are in time order and a group's sequence runs forward in
 with one ``pread`` a column. Passes, each a map over partitions or sources and a reduction of
 small results:
 
-1. ``survey_source`` then ``index_source`` (per rank): each group's launches and sequence,
-   the cut (``cut``), then each partition's row range in the rank's file.
-2. ``match_partition`` (per partition): launches sorted into instances, conflicts, the
-   instances' facts, and the clock estimates (each rank's kernel end less the first rank's).
-3. The driver: each rank's clock offset, the median of its estimates (``fit_clocks``).
-4. ``figure_partition`` (per partition, clocks applied): arrivals, straggler, skew,
+1. Per rank (``spoilt_by``, then ``index_source``), in tasks of many ranks: the first
+   rank's instances this rank spoils for the clock fit (it disagreed there, or ran off a GPU
+   kernel); then, all of those known, each partition's row range in the rank's file and the
+   rank's clock: the median of its kernels' ends less the first rank's over the instances both
+   ran (found by key in the first rank's launches: no sort). Only three numbers a rank come
+   back. The cut (``cut``) before: by the groups' extents, which rows heads say
+   (``survey_source`` reads them where a head does not).
+2. ``match_partition`` then ``figure_partition`` (per partition, clocks applied): launches
+   sorted into instances, conflicts, the instances' facts; arrivals, straggler, skew,
    transfer, each launch's wait and per-rank sums, what the cause chains need, heat-map cells.
-5. The driver (``matching``): cause chains and blame over all instances, per-rank figures.
+3. The driver (``passes``): cause chains and blame over all instances, per-rank figures.
 
 Each launch's previous and next launch *on its rank* (the lateness a straggler carried in,
 the bound on an entry-only wait) are the rows before and after it in its rank's file: known
@@ -42,10 +45,11 @@ READ = ("group", "seq", "collective", "size_bytes", "start_us", "end_us", "site"
 _NUMPY = {"I": "<u4", "q": "<i8", "d": "<f8", "i": "<i4", "B": "u1"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Source:
-    """One rank's rows: a rows file, read by row range (``path``), or rows in memory
-    (``columns``, sorted by time); with its string codes onto the plan's."""
+    """One rank's rows: a rows file, read by row range (``path``: its columns, as the head
+    lists them, from ``data_offset`` on), or rows in memory (``columns``, sorted by time);
+    with its string codes onto the plan's. (Slotted and small: a plan holds one a rank.)"""
 
     rank: int
     count: int
@@ -55,7 +59,8 @@ class Source:
     dtype_map: Any
     shift_us: float = 0.0  # onto the plan's epoch
     path: str | None = None
-    layout: dict[str, tuple[int, str]] | None = None  # column -> (byte offset, numpy type)
+    kinds: tuple[tuple[str, str], ...] | None = None  # (column, numpy type), in file order
+    data_offset: int = 0
     columns: dict[str, Any] | None = None
 
     def read(self, lo: int, hi: int, names: tuple[str, ...] = READ) -> dict[str, Any]:
@@ -65,22 +70,37 @@ class Source:
 
         if self.columns is not None:
             return {n: np.asarray(self.columns[n])[lo:hi] for n in names}
-        assert self.path is not None and self.layout is not None
+        assert self.path is not None and self.kinds is not None
+        where: dict[str, tuple[int, str]] = {}
+        at = self.data_offset
+        for name, kind in self.kinds:
+            where[name] = (at, kind)
+            at += self.count * int(kind[-1])
         found: dict[str, Any] = {}
         with open(self.path, "rb") as handle:
             fd = handle.fileno()
             for name in names:
-                if name not in self.layout:
+                if name not in where:
                     found[name] = (np.full(hi - lo, -1, np.int32) if name == "step"
                                    else np.zeros(hi - lo, np.uint32))
                     continue
-                offset, kind = self.layout[name]
-                width = np.dtype(kind).itemsize
+                offset, kind = where[name]
+                width = int(kind[-1])
                 data = os.pread(fd, width * (hi - lo), offset + width * lo)
                 if len(data) != width * (hi - lo):
                     raise files.TraceError(f"{self.path}: cut short while it was read")
                 found[name] = np.frombuffer(data, dtype=kind)
         return found
+
+
+_KINDS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+
+
+def kinds_of(columns: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """A rows file's columns as (name, numpy type): one shared tuple for every file of a
+    layout."""
+    kinds = tuple((str(name), _NUMPY[code]) for name, code in columns)
+    return _KINDS.setdefault(kinds, kinds)
 
 
 @dataclass
@@ -104,6 +124,7 @@ class Plan:
 
     shift: Any = None  # each column's clock offset, taken out (pass 4)
     reference: dict[str, Any] = field(default_factory=dict)  # the first rank's, by key
+    spoilt: Any = None  # the reference's instances no clock is fitted on
     #: Per source: (group, launches, lowest seq, highest seq) of its groups (None: unknown
     #: until read: ``survey_source``).
     surveys: list[Any] = field(default_factory=list)
@@ -125,16 +146,6 @@ class Plan:
             return np.zeros(len(seq), np.int64)
         key = (np.asarray(group).astype(np.int64) << SEQ_BITS) | np.asarray(seq, np.int64)
         return np.searchsorted(self.starts, key, "right") - 1
-
-
-def layout_of(path: str, head: dict[str, Any], at: int) -> dict[str, tuple[int, str]]:
-    """Where each column of a rows file begins, from its head."""
-    found = {}
-    for name, code in head["columns"]:
-        kind = _NUMPY[code]
-        found[name] = (at, kind)
-        at += int(head["count"]) * int(kind[-1])
-    return found
 
 
 def is_time_ordered(start: Any) -> bool:
@@ -229,31 +240,61 @@ def reference_of(plan: Plan) -> dict[str, Any]:
             "end": np.asarray(c["end_us"], np.float64)[order] + s.shift_us}
 
 
-@dataclass
-class Indexed:
-    """A source's row range per partition, whether it is in time order, and what its launches
-    say of the clocks: the first rank's instances that cannot fit a clock (a rank disagreed on
-    the collective, or its part was no GPU kernel), and each usable launch's estimate."""
-
-    ranges: Any
-    ordered: bool
-    spoilt: Any  # indices into the reference
-    estimate: Any
-    estimate_of: Any  # the reference instance of each estimate
-    max_step: int = -1  # the highest profiler step of its launches (-1: none known)
-
-
-def index_source(plan: Plan, source: int) -> Indexed:
-    """Pass 1 on one rank's rows (``Indexed``)."""
+def spoilt_by(plan: Plan, source: int) -> Any:
+    """The first rank's instances a rank's launches spoil for the clock fit (it launched
+    another collective or size there, or its part was no GPU kernel): indices into the
+    reference."""
     import numpy as np
 
     s = plan.sources[source]
-    c = s.read(0, s.count, ("group", "seq", "start_us", "end_us", "collective", "size_bytes",
-                            "kernel", "step"))
+    ref = plan.reference
+    if not s.count or not len(ref["key"]):
+        return np.zeros(0, np.int64)
+    c = s.read(0, s.count, ("group", "seq", "collective", "size_bytes", "kernel"))
+    at, shared = _in_reference(ref, s, c)
+    collective = s.collective_map[np.asarray(c["collective"], np.intp)][shared]
+    spoilt = ((collective != ref["collective"][at])
+              | (np.asarray(c["size_bytes"], np.int64)[shared] != ref["size"][at])
+              | ~np.asarray(c["kernel"], bool)[shared])
+    return np.unique(at[spoilt])
+
+
+def _in_reference(ref: dict[str, Any], s: Source, c: dict[str, Any]) -> tuple[Any, Any]:
+    """Where each launch's instance is in the reference, for the launches whose it is."""
+    import numpy as np
+
+    key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
+        | np.asarray(c["seq"], np.int64)
+    at = np.minimum(np.searchsorted(ref["key"], key), len(ref["key"]) - 1)
+    shared = ref["key"][at] == key
+    return at[shared], shared
+
+
+@dataclass
+class Indexed:
+    """A source's row range per partition, whether it is in time order, its highest profiler
+    step, and its clock against the first rank's."""
+
+    ranges: Any
+    ordered: bool
+    max_step: int  # -1: none known
+    clock: Any  # results.ClockFit
+
+
+def index_source(plan: Plan, source: int) -> Indexed:
+    """Pass 1 on one rank's rows (``Indexed``), the reference's spoilt instances known
+    (``plan.spoilt``): its clock is the median of its kernels' ends less the first rank's over
+    the unspoilt instances both took part in; applied where it stands out of its spread."""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import ClockFit
+
+    s = plan.sources[source]
+    c = s.read(0, s.count, ("group", "seq", "start_us", "end_us", "step"))
     ranges = np.zeros((plan.partitions, 2), np.int64)
-    nothing = np.zeros(0, np.int64)
+    unfitted = ClockFit(s.rank, 0.0, 0.0, 0, False)
     if not s.count:
-        return Indexed(ranges, True, nothing, np.zeros(0), nothing)
+        return Indexed(ranges, True, -1, unfitted)
     group = s.group_map[np.asarray(c["group"], np.intp)]
     seq = np.asarray(c["seq"], np.int64)
     if plan.partitions == 1:
@@ -269,51 +310,19 @@ def index_source(plan: Plan, source: int) -> Indexed:
         ranges[present, 0], ranges[present, 1] = first[present], last[present] + 1
     ordered = is_time_ordered(np.asarray(c["start_us"]))
     max_step = int(np.max(np.asarray(c["step"]), initial=-1))
-    # the clocks: each launch against the first rank's launch of its instance
     ref = plan.reference
-    key = (group.astype(np.int64) << SEQ_BITS) | seq
-    if not len(ref["key"]):
-        return Indexed(ranges, ordered, nothing, np.zeros(0), nothing, max_step)
-    at = np.minimum(np.searchsorted(ref["key"], key), len(ref["key"]) - 1)
-    shared = ref["key"][at] == key
-    at = at[shared]
-    collective = s.collective_map[np.asarray(c["collective"], np.intp)][shared]
-    spoilt = ((collective != ref["collective"][at])
-              | (np.asarray(c["size_bytes"], np.int64)[shared] != ref["size"][at])
-              | ~np.asarray(c["kernel"], bool)[shared])
-    spoilt_at = np.unique(at[spoilt])
-    if source == 0:
-        return Indexed(ranges, ordered, spoilt_at, np.zeros(0), nothing, max_step)
-    estimate = np.asarray(c["end_us"], np.float64)[shared] + s.shift_us - ref["end"][at]
-    usable = ~np.isnan(estimate)
-    return Indexed(ranges, ordered, spoilt_at, estimate[usable], at[usable], max_step)
-
-
-def fit_clocks(indexed: list[Indexed], ranks: list[int], reference: int) -> list[Any]:
-    """Each rank's offset from the first rank's: the median of its launches' estimates over
-    the instances both ran whole on GPU kernels, with no rank disagreeing; applied where it
-    stands out of its spread."""
-    import numpy as np
-
-    from autoannot.traces.analysis.results import ClockFit
-
-    if not ranks:
-        return []
-    spoilt = np.zeros(reference, bool)
-    for one in indexed:
-        spoilt[one.spoilt] = True
-    fits = [ClockFit(ranks[0], 0.0, 0.0, 0, False)]
-    for c in range(1, len(ranks)):
-        one = indexed[c]
-        values = one.estimate[~spoilt[one.estimate_of]]
-        if not len(values):
-            fits.append(ClockFit(ranks[c], 0.0, 0.0, 0, False))
-            continue
-        offset = float(np.median(values))
-        spread = float(np.median(np.abs(values - offset)))
-        fits.append(ClockFit(ranks[c], offset, spread, len(values),
-                             abs(offset) > max(1.0, 3 * spread)))
-    return fits
+    if source == 0 or not len(ref["key"]):
+        return Indexed(ranges, ordered, max_step, unfitted)
+    at, shared = _in_reference(ref, s, c)
+    values = np.asarray(c["end_us"], np.float64)[shared] + s.shift_us - ref["end"][at]
+    values = values[~np.isnan(values) & ~plan.spoilt[at]]
+    if not len(values):
+        return Indexed(ranges, ordered, max_step, unfitted)
+    offset = float(np.median(values))
+    spread = float(np.median(np.abs(values - offset)))
+    return Indexed(ranges, ordered, max_step,
+                   ClockFit(s.rank, offset, spread, len(values),
+                            abs(offset) > max(1.0, 3 * spread)))
 
 
 # --- pass 2: a partition's launches matched into instances ---------------------------------------

@@ -73,9 +73,8 @@ def plan_of(ranks_rows: list[Any]) -> Plan:
         else:
             assert one.path is not None and one.layout is not None
             source.path = str(one.path)
-            source.layout = parts.layout_of(str(one.path), {"columns": one.layout,
-                                                            "count": one.count},
-                                            int(one.data_offset or 0))
+            source.kinds = parts.kinds_of(one.layout)
+            source.data_offset = int(one.data_offset or 0)
         sources.append(source)
         surveys.append(_survey_of_head(one, group_map))
     plan = Plan(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
@@ -154,15 +153,18 @@ def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> l
         parts.cut(plan, surveys, target)
     plan.surveys = surveys
     plan.reference = parts.reference_of(plan) if plan.sources else {"key": np.zeros(0)}
-    indexed = _per_source(engine, parts.index_source, plan, list(range(len(plan.sources))),
-                          "indexing")
+    everyone = list(range(len(plan.sources)))
+    plan.spoilt = np.zeros(len(plan.reference["key"]), bool)
+    for spoilt in _per_source(engine, parts.spoilt_by, plan, everyone, "checking"):
+        plan.spoilt[spoilt] = True
+    indexed = _per_source(engine, parts.index_source, plan, everyone, "indexing")
     plan.ranges = np.stack([one.ranges for one in indexed]) if indexed \
         else np.zeros((0, 1, 2), np.int64)
     for column, one in enumerate(indexed):
         if not one.ordered:  # (rows written out of time order: this rank's, in memory)
             s = plan.sources[column]
             s.columns = _in_time_order(s.read(0, s.count))
-            s.path = s.layout = None
+            s.path = s.kinds = None
             indexed[column] = parts.index_source(plan, column)
             plan.ranges[column] = indexed[column].ranges
     return indexed
@@ -176,10 +178,11 @@ def run(plan: Plan, engine: Any, include_warmup: bool = False,
     from autoannot.traces.analysis.results import far_clocks_note
 
     indexed = partition(plan, engine, target)
-    fits = parts.fit_clocks(indexed, plan.ranks, len(plan.reference["key"]))
+    fits = [one.clock for one in indexed]
     plan.shift = np.array([f.offset_us if f.applied else 0.0 for f in fits])
     plan.heat = _heat_keys(plan, max(one.max_step for one in indexed) if indexed else -1)
     del indexed
+    plan.surveys, plan.spoilt = [], None  # (the driver's: not shipped to every task)
     if plan.partitions == 1 and engine.name == "embedded":  # (here: its launches kept)
         matched = parts.match_partition(plan, 0)
         figured = parts.figure_partition(plan, matched, plan.shift, plan.heat,
