@@ -87,6 +87,8 @@ def main() -> int:
                               "exit": code,
                               "passes": passes(said.with_suffix(".err").read_text())},
                      "planted_late_named": f"{right}/{planted}"}
+            if code:  # (what it said, where it failed)
+                point["skew"]["said"] = said.with_suffix(".err").read_text()[-2000:]
             if ranks == max(args.ranks) and not args.no_report:
                 page = Path(tmp) / "report.html"
                 seconds, peak, code, _ = scale.timed(
