@@ -109,6 +109,9 @@ def main() -> int:
 
 
 def plot(figures: dict, path: Path) -> None:
+    import os
+
+    os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp())  # (no font cache in ~/.cache)
     import matplotlib
 
     matplotlib.use("Agg")

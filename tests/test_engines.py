@@ -193,3 +193,51 @@ def test_a_run_that_cannot_finish_fails_cleanly_and_writes_nothing(capsys,
     assert result["code"] == cli.BAD_INPUT
     assert "the Dask run failed" in capsys.readouterr().err
     assert list(out.iterdir()) == []
+
+
+def test_the_command_starts_its_own_local_cluster(jobs, tmp_path: Path) -> None:
+    """``python -m autoannot skew --engine dask --workers 1``, as a user types it: the command
+    starts a local cluster and stops it, and says what the embedded engine says."""
+    import subprocess
+    import sys
+
+    from harness import clean_env
+
+    out, _ = jobs["chain"]
+    command = [sys.executable, "-m", "autoannot", "skew", "-q", str(out)]
+    env = {**clean_env(), "DASK_TEMPORARY_DIRECTORY": str(tmp_path)}
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    here = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    on_dask = subprocess.run([*command, "--engine", "dask", "--workers", "1",
+                              "--worker-memory", "1GB"], capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert here.returncode == on_dask.returncode == 0, on_dask.stderr[-2000:]
+    assert on_dask.stdout == here.stdout
+
+
+def test_a_plan_of_thousands_of_ranks_reaches_the_workers_in_seconds(cluster,
+                                                                     tmp_path: Path) -> None:
+    """4,096 ranks' rows (a plan of 4,096 sources, each with its own small tables) on the
+    Dask cluster: the same figures, in well under a minute (the plan goes as one blob)."""
+    spec = importlib.util.spec_from_file_location(
+        "report_scale", Path(__file__).parent.parent / "benchmarks" / "report_scale.py")
+    assert spec is not None and spec.loader is not None
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    scale.write_rows(folder, 4096, 20)
+    heads = [rows.read_head(p)[0] for p in sorted(folder.iterdir())]
+    from autoannot.traces.analysis import engines
+
+    here = matching.analyze_rows(heads, target=20_000)
+    engine = engines.Dask(cluster.scheduler_address)
+    started = time.monotonic()
+    try:
+        on_dask = matching.analyze_rows(heads, engine=engine, target=20_000)
+    finally:
+        engine.close()
+    took = time.monotonic() - started
+    assert on_dask.plan.partitions > 1
+    assert on_dask.per_rank() == here.per_rank() and on_dask.origins() == here.origins()
+    assert took < 45, f"{took:.0f} s"
