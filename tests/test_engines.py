@@ -113,8 +113,9 @@ def test_the_planted_delay_is_found_on_dask(jobs, cluster, capsys) -> None:
     assert min(behind, key=lambda b: b["seq"])["rank"] == truth.PLANTED_RANK["hang"]
 
 
-def _late_rows(folder: Path) -> Path:
-    """128 ranks' rows, 8,000 instances each (1M launches), a late rank at every 10th."""
+def _write_rows(folder: Path, ranks: int, instances: int) -> Path:
+    """``benchmarks/report_scale.py``'s rows: a late rank at every 10th default-group
+    instance."""
     spec = importlib.util.spec_from_file_location(
         "report_scale", Path(__file__).parent.parent / "benchmarks" / "report_scale.py")
     assert spec is not None and spec.loader is not None
@@ -122,8 +123,13 @@ def _late_rows(folder: Path) -> Path:
     spec.loader.exec_module(scale)
     made = folder / "rows"
     made.mkdir()
-    scale.write_rows(made, 128, 8000)
+    scale.write_rows(made, ranks, instances)
     return made
+
+
+def _late_rows(folder: Path) -> Path:
+    """128 ranks' rows, 8,000 instances each (1M launches), a late rank at every 10th."""
+    return _write_rows(folder, 128, 8000)
 
 
 def _kill_a_busy_worker(address: str, running: threading.Thread) -> dict[str, Any]:
@@ -219,14 +225,7 @@ def test_a_plan_of_thousands_of_ranks_reaches_the_workers_in_seconds(cluster,
                                                                      tmp_path: Path) -> None:
     """4,096 ranks' rows (a plan of 4,096 sources, each with its own small tables) on the
     Dask cluster: the same figures, in well under a minute (the plan goes as one blob)."""
-    spec = importlib.util.spec_from_file_location(
-        "report_scale", Path(__file__).parent.parent / "benchmarks" / "report_scale.py")
-    assert spec is not None and spec.loader is not None
-    scale = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scale)
-    folder = tmp_path / "rows"
-    folder.mkdir()
-    scale.write_rows(folder, 4096, 20)
+    folder = _write_rows(tmp_path, 4096, 20)
     heads = [rows.read_head(p)[0] for p in sorted(folder.iterdir())]
     from autoannot.traces.analysis import engines
 

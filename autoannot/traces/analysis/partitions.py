@@ -361,11 +361,11 @@ def read_partition(plan: Plan, k: int) -> dict[str, Any]:
         a, b = max(0, lo - 1), min(s.count, hi + 1)
         for name, values in s.read(a, b).items():
             raw[name].append(values)
-        spans.append((column, b - a, a == 0, b == s.count))
+        spans.append((column, b - a))
     if not spans:
         return _no_launches()
-    columns = np.array([c for c, _, _, _ in spans], np.int32)
-    lengths = np.array([n for _, n, _, _ in spans], np.int64)
+    columns = np.array([c for c, _ in spans], np.int32)
+    lengths = np.array([n for _, n in spans], np.int64)
     column = np.repeat(columns, lengths)
     got = {n: np.concatenate(v) for n, v in raw.items()}
     del raw

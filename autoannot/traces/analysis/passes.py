@@ -209,19 +209,20 @@ def _join_matched(plan: Plan, matched: list[parts.Matched]) -> dict[str, Any]:
     joined["bases"] = np.concatenate([[0], np.cumsum([len(m.key) for m in matched])])
     joined["conflicts"] = np.sort(np.concatenate([m.conflicts for m in matched]))
     joined["by_key"] = np.argsort(joined["key"], kind="stable")
+    joined["keys"] = (joined["key"][joined["by_key"]], joined["by_key"])
     return joined
 
 
-def lookup(joined: dict[str, Any], keys: Any) -> Any:
-    """The instance of each key; -1 where there is none (no valid instance)."""
+def lookup(keys: tuple[Any, Any], wanted: Any) -> Any:
+    """The instance of each key ``wanted``; -1 where there is none (no valid instance).
+    ``keys``: the instances' keys sorted, and the order that sorts them."""
     import numpy as np
 
-    order = joined["by_key"]
-    sorted_keys = joined["key"][order]
+    sorted_keys, order = keys
     if not len(sorted_keys):
-        return np.full(len(keys), -1, np.int64)
-    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return np.where(sorted_keys[at] == keys, order[at], -1)
+        return np.full(len(wanted), -1, np.int64)
+    at = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == wanted, order[at], -1)
 
 
 def _heat_keys(plan: Plan, max_step: int) -> dict[str, Any]:
@@ -261,7 +262,7 @@ def _analysis(plan: Plan, joined: dict[str, Any], fits: list[Any],
     analysis.site_names = plan.site_names
     analysis.table, analysis.seq = table, seq
     analysis.plan, analysis.bases = plan, joined["bases"]
-    analysis.keys = (joined["key"][joined["by_key"]], joined["by_key"])
+    analysis.keys = joined["keys"]
     analysis.read_partition = lambda k: launches_of_partition(plan, k)
     return analysis
 
@@ -329,8 +330,8 @@ def _join_figured(analysis: Any, plan: Plan, joined: dict[str, Any],
     late = skew >= parts.IN_STEP_US
     # the lateness each late instance's straggler carried in from its previous collective:
     # how much later it left that one than the first rank to arrive left its own
-    came_from = lookup(joined, chain["straggler_prev_key"].astype(np.int64))
-    first_from = lookup(joined, chain["first_prev_key"].astype(np.int64))
+    came_from = lookup(joined["keys"], chain["straggler_prev_key"].astype(np.int64))
+    first_from = lookup(joined["keys"], chain["first_prev_key"].astype(np.int64))
     known_late = (came_from >= 0) & (first_from >= 0)
 
     def left(end: Any, instance: Any, start: Any) -> Any:
@@ -387,7 +388,7 @@ def _join_figured(analysis: Any, plan: Plan, joined: dict[str, Any],
     analysis.missing = _missing(analysis, plan, joined,
                                 np.concatenate([f.reached for f in figured]))
     if len(figured) == 1 and figured[0].launch is not None:
-        analysis.keep_partition(0, figured[0].launch, joined["bases"])
+        analysis.keep_partition(0, figured[0].launch)
 
 
 def _missing(analysis: Any, plan: Plan, joined: dict[str, Any],
@@ -417,7 +418,7 @@ def _missing(analysis: Any, plan: Plan, joined: dict[str, Any],
     ends = np.flatnonzero(np.r_[(reached[1:, 0] != reached[:-1, 0])
                                 | (reached[1:, 1] != reached[:-1, 1]), True])
     reached = reached[ends]
-    instance = lookup(joined, (reached[:, 0] << SEQ_BITS) | reached[:, 2])
+    instance = lookup(joined["keys"], (reached[:, 0] << SEQ_BITS) | reached[:, 2])
     by_group: dict[int, dict[int, int]] = {}
     for g, c, i in zip(reached[:, 0].tolist(), reached[:, 1].tolist(), instance.tolist(),
                        strict=True):
@@ -469,7 +470,6 @@ def rank_launches(analysis: Any, columns: list[int]) -> dict[str, Any]:
     plan = analysis.plan
     f = analysis.figures()
     got: dict[str, list[Any]] = {n: [] for n in ("instance", "column", "start", "end", "wait")}
-    sorted_keys, order = analysis.keys
     for column in columns:
         s = plan.sources[column]
         c = s.read(0, s.count, ("group", "seq", "start_us", "end_us"))
@@ -479,9 +479,9 @@ def rank_launches(analysis: Any, columns: list[int]) -> dict[str, Any]:
         start = np.asarray(c["start_us"], np.float64) + shift
         end = np.asarray(c["end_us"], np.float64) + shift
         next_start = np.r_[start[1:], np.nan]
-        at = np.minimum(np.searchsorted(sorted_keys, key), max(0, len(sorted_keys) - 1))
-        found = (sorted_keys[at] == key) if len(sorted_keys) else np.zeros(len(key), bool)
-        instance = order[at][found]
+        instance = lookup(analysis.keys, key)
+        found = instance >= 0
+        instance = instance[found]
         got["instance"].append(instance)
         got["column"].append(np.full(len(instance), column, np.int32))
         got["start"].append(start[found])

@@ -143,7 +143,7 @@ class Analysis:
         assert self.table is not None
         return self.table
 
-    def keep_partition(self, k: int, launch: dict[str, Any], bases: Any) -> None:
+    def keep_partition(self, k: int, launch: dict[str, Any]) -> None:
         self._kept = (k, launch)
 
     def partition_of(self, index: int) -> int:
