@@ -22,16 +22,17 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "enable": "autoannot.instrumentation",
-    "disable": "autoannot.instrumentation",
-    "is_enabled": "autoannot.instrumentation",
+    "enable": "autoannot.agent.instrumentation",
+    "disable": "autoannot.agent.instrumentation",
+    "is_enabled": "autoannot.agent.instrumentation",
     "record": "autoannot.recorder",
-    "Record": "autoannot.records",
-    "Recording": "autoannot.records",
+    "Record": "autoannot.keep.records",
+    "Recording": "autoannot.keep.records",
     "annotate_collective": "autoannot.helper",
-    "AnnotationContext": "autoannot.annotation",
+    "AnnotationContext": "autoannot.observe.annotation",
     "describe_call": "autoannot.helper",
-    "AutoannotWarning": "autoannot.diagnostics",
+    "AutoannotWarning": "autoannot.base.diagnostics",
+    "SequenceMismatch": "autoannot.keep.verify",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

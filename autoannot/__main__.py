@@ -1,8 +1,6 @@
 """``python -m autoannot ...``: the ``autoannot`` command (see ``autoannot --help``)."""
 
-import sys
-
-from autoannot.cli import main
+from autoannot.cli import run
 
 if __name__ == "__main__":  # (not when a worker process re-imports the main module: spawn)
-    sys.exit(main())
+    run()

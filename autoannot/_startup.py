@@ -3,13 +3,13 @@
 value is reported and leaves it off), and open ``AUTOANNOT_RECORD``'s file. Imports neither
 torch nor wrapt."""
 
-from autoannot import config
+from autoannot.base import config
 
 if config.agent_requested():
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
 
     INSTRUMENTATION.enable()
     if config.record_template() is not None:
-        from autoannot import journal
+        from autoannot.keep import journal
 
         journal.open_from_environment(INSTRUMENTATION.state)

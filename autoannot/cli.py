@@ -34,6 +34,7 @@ HOOK_DIR = Path(__file__).parent / "_hook"
 
 FORCE_HELP = "write over an output file autoannot did not write (by default refused)"
 DONE, INCOMPLETE, BAD_INPUT = 0, 1, 2
+INTERRUPTED = 130  # (as a shell reports a command that SIGINT ended)
 
 
 def _jobs(value: str) -> int:
@@ -59,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
         return _bad_input("run", "give a command to run: autoannot run [--] CMD [ARGS...]")
     env = dict(os.environ, AUTOANNOT="1")
     if args.record:
-        from autoannot import journal
+        from autoannot.keep import journal
 
         try:
             journal.check_template(args.record)
@@ -234,6 +235,9 @@ def _summary(args: argparse.Namespace) -> int:
         skipped: list[str] = []
         traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
         _check_written([*traces, *records, *rows_files], outputs, args.force)
+        from autoannot.traces.read import record_files, runs
+
+        run = runs.choose(record_files.runs_in(records, rows_files), args.run)  # (one rule)
         for note in skipped:
             _say("summary", note)
         if traces and rows_files:  # (rows are what the job made of its traces: fewer facts)
@@ -243,7 +247,7 @@ def _summary(args: argparse.Namespace) -> int:
         result = (summary.summarize(traces, progress=not args.quiet, jobs=args.jobs) if traces
                   else summary.Summary([], [], []))
         if records:
-            result.record_rows = summary.record_rows(records, args.run)
+            result.record_rows = summary.record_rows(records, run)
             result.notes = [n for n in result.notes if "AUTOANNOT_RECORD" not in n]
         if rows_files:
             from autoannot.traces.analysis import lineup
@@ -251,7 +255,7 @@ def _summary(args: argparse.Namespace) -> int:
 
             try:
                 result.instance_rows = report.group_rows(
-                    lineup.analyze_files([], [], run=args.run, rows=rows_files))
+                    lineup.analyze_files([], [], run=run, rows=rows_files))
             except ImportError:
                 return _bad_input("summary", "rows files need numpy: pip install numpy")
     except FileNotFoundError as exc:
@@ -648,7 +652,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from autoannot import doctor
+    from autoannot.agent import doctor
 
     report = doctor.diagnose()
     print(json.dumps(report, indent=1) if args.json else doctor.format_report(report))
@@ -858,11 +862,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         _remove_created()
         print(f"autoannot {args.subcommand}: interrupted (nothing half-written is left)",
               file=sys.stderr)
-        return 130
+        return INTERRUPTED
     if status == BAD_INPUT:
         _remove_created()
     return status
 
 
+def run() -> None:
+    """The ``autoannot`` command as a process runs it (``python -m autoannot``, the console
+    script): ``main()``'s status as the exit status. An interrupted command (130) leaves within
+    10 s whatever its exit waits on (``parallel.leave_after_interrupt``)."""
+    from autoannot.traces import parallel
+
+    parallel.LEAVE_AFTER_INTERRUPT_S = 10.0
+    status = main()
+    if status == INTERRUPTED:
+        parallel.leave_after_interrupt()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

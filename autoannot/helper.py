@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoannot import collectives, metadata
-from autoannot.annotation import AnnotationContext
-from autoannot.instrumentation import INSTRUMENTATION
+from autoannot.agent.instrumentation import INSTRUMENTATION
+from autoannot.describe import collectives, metadata
+from autoannot.observe.annotation import AnnotationContext
 
 
 def annotate_collective(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoannot import instrumentation
+from autoannot.agent import instrumentation
 from autoannot.recorder import Recording, record
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from autoannot.instrumentation import INSTRUMENTATION
-from autoannot.records import Record, Recording
+from autoannot.agent.instrumentation import INSTRUMENTATION
+from autoannot.keep.records import Record, Recording
 
 __all__ = ["Record", "Recording", "record"]
 
@@ -63,7 +63,7 @@ def record(python_api_only: bool = False, *, dispatcher: bool | None = None
 
 def _say_once(key: str, message: str, stacklevel: int = 4) -> None:
     """Say once, as a warning pointing ``stacklevel`` frames up from this function's caller."""
-    from autoannot import diagnostics
+    from autoannot.base import diagnostics
 
     diagnostics.say_once(key, message, stacklevel=stacklevel + 1)
 

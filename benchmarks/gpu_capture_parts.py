@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import autoannot
-from autoannot.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
 
 LAUNCHES, ROUNDS = 512, 15
 

@@ -37,9 +37,9 @@ def main() -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import autoannot
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
-    if not pghooks.available():
+    if not group_hooks.available():
         print(json.dumps({"hooks": False, "torch": torch.__version__}))
         return 0
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)

@@ -83,8 +83,9 @@ def child(folder: str, calls: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import autoannot
-    from autoannot import cudagraphs, testing
-    from autoannot.instrumentation import INSTRUMENTATION as AGENT
+    from autoannot import testing
+    from autoannot.agent import graph_patches
+    from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
 
     sys.path.insert(0, str(Path(__file__).parent))
     import overhead
@@ -136,7 +137,7 @@ def child(folder: str, calls: int) -> None:
     # stand-in graph class instrumented as torch's CUDAGraph is (its methods do nothing).
     batches = [torch.ones(size, 64) for size in (128, 64, 32, 16, 8, 4, 2, 1)]
     graphs = overhead.stand_in_graphs()
-    patches = cudagraphs.install(graphs, AGENT)
+    patches = graph_patches.install(graphs, AGENT)
     module = AGENT.observer.module if AGENT.observer is not None else None
 
     def decoder(launch: Callable[..., Any]) -> None:
@@ -160,7 +161,7 @@ def child(folder: str, calls: int) -> None:
     graph = graphs.CUDAGraph()
     count("replay, agent off", graph.replay)
     autoannot.enable()
-    patches = cudagraphs.install(graphs, AGENT)
+    patches = graph_patches.install(graphs, AGENT)
     graph.capture_begin()
     graph.capture_end()
     count("replay, agent on", graph.replay)

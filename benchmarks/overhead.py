@@ -32,8 +32,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import autoannot
 from autoannot import testing
-from autoannot.instrumentation import INSTRUMENTATION as AGENT
-from autoannot.journal import Journal
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep.journal import Journal
 
 
 def per_call_us(call: Callable[[], Any], calls: int) -> float:
@@ -284,7 +284,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def stand_in_graphs() -> Any:
     """A module like ``torch.cuda.graphs`` whose ``CUDAGraph`` does nothing (no CUDA here), for
-    ``cudagraphs.install`` to instrument as it does torch's."""
+    ``graph_patches.install`` to instrument as it does torch's."""
     import types
 
     class CUDAGraph:
@@ -305,9 +305,9 @@ def stand_in_graphs() -> Any:
 def replay_added_us(calls: int, repeats: int) -> dict[str, float]:
     """What one ``CUDAGraph.replay()`` call costs added, agent on over off: a stand-in graph
     class (no CUDA here; its replay does nothing) instrumented as torch's is
-    (``cudagraphs.install``), its graph captured; with no profiler, and with torch's profiler
+    (``graph_patches.install``), its graph captured; with no profiler, and with torch's profiler
     recording (CPU). Best of interleaved samples (us)."""
-    from autoannot import cudagraphs
+    from autoannot.agent import graph_patches
 
     module = stand_in_graphs()
     graph = module.CUDAGraph()
@@ -319,7 +319,7 @@ def replay_added_us(calls: int, repeats: int) -> dict[str, float]:
                 if mode == "on":
                     autoannot.enable()
                     AGENT.captures.by_thread()
-                    patches = cudagraphs.install(module, AGENT)
+                    patches = graph_patches.install(module, AGENT)
                     graph.capture_begin()
                     graph.capture_end()
                 context = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])

@@ -17,7 +17,7 @@ def measure(rank, world, n):
 
     import autoannot
     from autoannot import describe_call
-    from autoannot.traces.analysis import sequences
+    from autoannot.keep import verify
     autoannot.enable()
     ann = describe_call(dist.all_reduce, torch.ones(1024))
     entries = [{"annotation": ann, "call_site": "x.py:1"} for _ in range(n)]
@@ -25,7 +25,7 @@ def measure(rank, world, n):
     for i in range(20):
         dist.barrier()
         t = time.perf_counter()
-        sequences.verify_capture(f"g{n}.{i}", entries)
+        verify.verify_capture(f"g{n}.{i}", entries)
         times.append((time.perf_counter() - t) * 1e3)
     return sorted(times)[len(times) // 2]
 

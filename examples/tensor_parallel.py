@@ -5,10 +5,17 @@
 The block is Megatron-style with sequence parallelism: all-gather the sequence shards, a
 column-parallel linear, a row-parallel linear, reduce-scatter back to sequence shards (the
 backward pass runs the mirror all-gather, launched by autograd from C++: annotated through the
-dispatcher); the replicated bias is broadcast at start and its
-gradient all-reduced. Run with ``AUTOANNOT=1`` and
-every Python process (the spawned ranks included) is instrumented: this script then prints the
-annotation the agent attached to each collective, read from ``AUTOANNOT_RECORD`` files.
+dispatcher); the replicated bias is broadcast at start and its gradient all-reduced. Run with
+``AUTOANNOT=1`` and every Python process (the spawned ranks included) is instrumented: this
+script then prints the annotation the agent attached to each collective, read from
+``AUTOANNOT_RECORD`` files.
+
+    AUTOANNOT=1 AUTOANNOT_RECORD='run/rank{rank}.jsonl' \
+        python examples/tensor_parallel.py --trace run/
+
+``--trace DIR`` also profiles each rank (torch's profiler, CPU) and exports its trace as
+``DIR/trace_rank{rank}.json``; the agent writes the rows of its collectives beside it
+(``trace_rank{rank}.rows.parquet`` with pyarrow).
 """
 
 from __future__ import annotations
@@ -47,19 +54,30 @@ class TensorParallelMLP(torch.nn.Module):
         return out + self.bias
 
 
-def worker(rank: int, world: int, port: int) -> None:
-    warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 renamed a few collectives
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    tp = dist.new_group(list(range(world)), group_desc="tp")
-    torch.manual_seed(0)
-    block = TensorParallelMLP(tp)
+def step(block: TensorParallelMLP, tp: dist.ProcessGroup, world: int) -> None:
     dist.broadcast(block.bias.data, src=0, group=tp)  # replicated parameters start equal
     x_shard = torch.randn(SEQ // world, BATCH, HIDDEN)
     loss = block(x_shard).square().mean()
     loss.backward()
     dist.all_reduce(block.bias.grad, group=tp)  # the replicated bias: sum its gradients
     dist.barrier()
+
+
+def worker(rank: int, world: int, port: int, trace: str | None) -> None:
+    warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 renamed a few collectives
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    tp = dist.new_group(list(range(world)), group_desc="tp")
+    torch.manual_seed(0)
+    block = TensorParallelMLP(tp)
+    if trace is None:
+        step(block, tp, world)
+    else:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(block, tp, world)
+        prof.export_chrome_trace(str(Path(trace) / f"trace_rank{rank}.json"))
     dist.destroy_process_group()
 
 
@@ -71,9 +89,16 @@ def free_port() -> int:
 
 def main() -> int:
     world = 2
+    trace = None
+    if sys.argv[1:2] == ["--trace"] and len(sys.argv) == 3:
+        trace = sys.argv[2]
+        Path(trace).mkdir(parents=True, exist_ok=True)
+    elif sys.argv[1:]:
+        print("usage: python examples/tensor_parallel.py [--trace DIR]", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as records:
         os.environ.setdefault("AUTOANNOT_RECORD", str(Path(records) / "rank{rank}.jsonl"))
-        mp.spawn(worker, args=(world, free_port()), nprocs=world)
+        mp.spawn(worker, args=(world, free_port(), trace), nprocs=world)
         template = os.environ["AUTOANNOT_RECORD"]
         if not any(Path(template.format(rank=r, pid="*")).exists() for r in range(world)):
             # (no record file: the agent was not on in the ranks, whatever AUTOANNOT says)

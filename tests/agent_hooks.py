@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoannot import capture_identity, cudagraphs
-from autoannot.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.agent import graph_patches
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep import capture_identity
 
 LEDGERS = AGENT.captures.ledgers
 
 
 def _hook(name: str) -> Any:
-    return cudagraphs.capture_hooks(AGENT.captures)[name]
+    return graph_patches.capture_hooks(AGENT.captures)[name]
 
 
 def begin_capture(begin: Any, graph: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -47,6 +48,7 @@ def group_hooks_observe() -> bool:
     torch's process-group hooks (torch >= 2.14, ``AUTOANNOT_GROUP_HOOKS`` not 0)."""
     import torch.distributed  # noqa: F401  (its C module: the hooks' feature test)
 
-    from autoannot import config, pghooks
+    from autoannot.base import config
+    from autoannot.observe import group_hooks
 
-    return pghooks.observe(config.from_environment())
+    return group_hooks.observe(config.from_environment())

@@ -139,7 +139,7 @@ def without_proxies() -> None:
     what it records then comes from its dispatcher kernels under the Python API alone."""
     import torch.distributed._functional_collectives  # noqa: F401  (patched on import)
 
-    from autoannot import patching
+    from autoannot.agent import patching
 
     for patch in hooks.AGENT.installed():
         if isinstance(patch, patching.Patch):
@@ -150,7 +150,7 @@ def launched_apis(call: Callable[[], Any]) -> list[str]:
     """The c10d functions the installed torch calls for ``call``, the agent off: which
     collectives an object collective launches differs by torch release (2.11 exchanges sizes
     with an all_gather of a list, 2.15 with a single-tensor all-gather)."""
-    from autoannot import collectives
+    from autoannot.describe import collectives
 
     c10d = dist.distributed_c10d
     seen: list[str] = []

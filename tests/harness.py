@@ -110,12 +110,14 @@ def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",
 
 
 def run_job(fn: Callable[..., Any], world: int, out: Path, args: tuple = (),
-            timeout_s: float = 300) -> list[Any]:
+            timeout_s: float = 300, record: str | None = "rank{rank}.jsonl") -> list[Any]:
     """``run_ranks`` as users run a job: ``AUTOANNOT=1`` and ``AUTOANNOT_RECORD`` into ``out``
     (``rank{rank}.jsonl``) in the ranks' environment, this process's restored after."""
     saved = {k: os.environ.get(k) for k in ("AUTOANNOT", "AUTOANNOT_RECORD")}
     os.environ["AUTOANNOT"] = "1"
-    os.environ["AUTOANNOT_RECORD"] = f"{out}/rank{{rank}}.jsonl"
+    os.environ.pop("AUTOANNOT_RECORD", None)
+    if record is not None:  # (None: no record file)
+        os.environ["AUTOANNOT_RECORD"] = f"{out}/{record}"
     try:
         return run_ranks(fn, world, "gloo", args, timeout_s=timeout_s)
     finally:

@@ -1,4 +1,4 @@
-"""Rank functions for ``test_pghooks.py``: run on real gloo ranks by ``harness.run_ranks``."""
+"""Rank functions for ``test_group_hooks.py``: run on real gloo ranks by ``harness.run_ranks``."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ def _torch_kernels_only() -> bool:
     and no ``c10d::`` op has a kernel under its key."""
     import torch
 
-    from autoannot import dispatch
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
+    from autoannot.observe import python_layer
 
     layer = INSTRUMENTATION.layer
     ops = [f"c10d::{name}" for name in ("allreduce_", "broadcast_", "_allgather_base_")]
     return (layer is None or layer.registrations == 0) and not any(
-        torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch.KEY) for op in ops)
+        torch._C._dispatch_has_kernel_for_dispatch_key(op, python_layer.KEY) for op in ops)
 
 
 def _foreign_fallback() -> Any:
@@ -66,7 +66,7 @@ def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]
     import torch.distributed as dist
 
     import autoannot
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
 
     library = _foreign_fallback() if foreign else None
     autoannot.enable()
@@ -178,12 +178,12 @@ def _beside_torchs_annotations(group: Any, torch_scope: Any, capturing: list[boo
     run as torch's contract runs hooks: in ascending id order (torch 2.14 and 2.15 keep them
     unordered: the agent's and the stand-in's pairs go through one hook that runs them in
     that order)."""
-    from autoannot import pghooks
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
+    from autoannot.observe import group_hooks
 
     observer = INSTRUMENTATION.hooks
-    group.unregister_pre_hook(pghooks.HOOK_ID)  # (the agent's, run below in their order)
-    group.unregister_post_hook(pghooks.HOOK_ID)
+    group.unregister_pre_hook(group_hooks.HOOK_ID)  # (the agent's, run below in their order)
+    group.unregister_post_hook(group_hooks.HOOK_ID)
     open_scopes: dict[int, Any] = {}
 
     def torch_pre(args: Any) -> None:
@@ -196,9 +196,9 @@ def _beside_torchs_annotations(group: Any, torch_scope: Any, capturing: list[boo
         if scope is not None:
             scope.__exit__(None, None, None)
 
-    pre = sorted([(pghooks.HOOK_ID, functools.partial(observer._before, weakref.ref(group))),
+    pre = sorted([(group_hooks.HOOK_ID, functools.partial(observer._before, weakref.ref(group))),
                   (TORCH_PRE_HOOK_ID, torch_pre)], key=lambda hook: hook[0])
-    post = sorted([(pghooks.HOOK_ID, functools.partial(observer._after, id(group))),
+    post = sorted([(group_hooks.HOOK_ID, functools.partial(observer._after, id(group))),
                    (TORCH_POST_HOOK_ID, torch_post)], key=lambda hook: hook[0])
     group.register_pre_hook(1, lambda args: [hook(args) for _, hook in pre])
     group.register_post_hook(1, lambda args: [hook(args) for _, hook in post])
@@ -214,7 +214,7 @@ def captured_with_torchs_annotations(rank: int, world: int, torch_annotates: boo
     import torch.distributed as dist
 
     import autoannot
-    from autoannot import features
+    from autoannot.base import features
 
     log = ScopeLog()
     agent_scope = log.marks("autoannot")

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import autoannot
 from autoannot import testing
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 
 def _launches(pg: Any, sub: Any, rank: int, world: int) -> None:
@@ -253,7 +253,7 @@ def as_nccl(rank: int, world: int) -> dict[str, Any]:
         body()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         body()
-    from autoannot.journal import Journal
+    from autoannot.keep.journal import Journal
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "trace.json")
@@ -422,7 +422,7 @@ def many_kinds(rank: int, world: int) -> dict[str, Any]:
     (a small ``CACHE_SIZE`` here). What C++ and Python hold stays bounded, old kinds are let
     go (counted), and every launch is still recorded right — sizes seen before, after their
     kind was let go, included."""
-    from autoannot import observer as native_observer
+    from autoannot.observe import native_observer
 
     _start()
     agent_observer = hooks.AGENT.observer

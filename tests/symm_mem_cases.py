@@ -138,7 +138,7 @@ def every_op(rank: int, world: int, compiled: bool = False) -> dict[str, Any]:
     import torch.distributed as dist
 
     import autoannot
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
 
     library = _cpu_kernels()
     namespace = torch.ops.symm_mem

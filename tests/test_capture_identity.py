@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autoannot import capture_identity
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
+from autoannot.keep import capture_identity
 
 
 class SimulatedCuda:
@@ -93,11 +93,11 @@ def _carry_callers_keys() -> None:
     """What autograd's engine does for its device threads: run with the backward caller's
     thread-local dispatch keys (the agent's key included; the real thing runs on CUDA).
     Where torch's process-group hooks observe, the agent has no key."""
-    from autoannot import dispatch
+    from autoannot.observe import python_layer
 
     if hooks.AGENT.group_hooks_observe():
         return
-    torch._C._dispatch_tls_set_dispatch_key_included(dispatch._key(), True)
+    torch._C._dispatch_tls_set_dispatch_key_included(python_layer._key(), True)
 
 
 def _ledger(graph: Graph) -> list[tuple[str, int]]:

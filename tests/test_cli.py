@@ -283,7 +283,7 @@ def test_7_record_without_the_agent_says_so_once() -> None:
     import autoannot
 
     assert not autoannot.is_enabled()
-    from autoannot import diagnostics
+    from autoannot.base import diagnostics
 
     diagnostics._said.discard("record:off")
     with warnings.catch_warnings(record=True) as said:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces.read import annotate
 from autoannot.traces.read import ledger as ledgers
 

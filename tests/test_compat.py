@@ -16,7 +16,7 @@ import wrapt
 from harness import run_ranks, skip_if_torch_cannot
 
 import autoannot
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 
 @pytest.mark.parametrize("world", [2, 4])

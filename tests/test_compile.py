@@ -254,19 +254,19 @@ def kernel_lifecycle(rank: int, world: int) -> dict[str, Any]:
     """In a fresh process: when our kernels are on torch's dispatcher, and who reaches them."""
     import threading
 
-    from autoannot import dispatch
+    from autoannot.observe import python_layer
 
     ops = torch.ops._c10d_functional
-    key = torch._C._dispatch_key_parse(dispatch.KEY)
+    key = torch._C._dispatch_key_parse(python_layer.KEY)
     seen: dict[str, Any] = {}
     ours = ("_c10d_functional::all_reduce_", "c10d::allreduce_")
 
     def registered() -> bool:
-        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch.KEY)
+        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, python_layer.KEY)
                    for op in ours)
 
     def none_registered() -> bool:
-        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch.KEY)
+        return not any(torch._C._dispatch_has_kernel_for_dispatch_key(op, python_layer.KEY)
                        for op in ours)
 
     def included() -> bool:

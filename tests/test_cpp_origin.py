@@ -15,7 +15,7 @@ import pytest
 import scenarios
 from harness import run_ranks
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 
 def _gloo_title(name: str) -> str:
@@ -90,7 +90,7 @@ def test_a_launch_from_cpp_with_no_python_caller_says_so() -> None:
     import _thread
     import time
 
-    from autoannot import sites
+    from autoannot.describe import sites
 
     found: list[str] = []
     # A thread whose only Python frame is the agent's own (map/extend are C): as on autograd's.

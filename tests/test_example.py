@@ -16,12 +16,12 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "tensor_parallel.py"
 def test_example_prints_the_annotations_of_every_collective(layer: str, request) -> None:
     """With each observer below the Python API: the backward's all-gather (a C++-origin
     launch on gloo, which makes no record of it) is in the record file too."""
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
     env["AUTOANNOT"] = "1"
     env["AUTOANNOT_GROUP_HOOKS"] = "1" if layer == "group hooks" else "0"
-    if layer == "group hooks" and not pghooks.available():
+    if layer == "group hooks" and not group_hooks.available():
         pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
     if layer == "native observer":
         env["AUTOANNOT_NATIVE_DIR"] = str(request.getfixturevalue("native_build").parents[1])

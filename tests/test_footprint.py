@@ -22,7 +22,9 @@ import wrapt
 from harness import run_ranks
 
 import autoannot
-from autoannot import collectives, cudagraphs, patching
+from autoannot.agent import patching
+from autoannot.describe import collectives
+from autoannot.keep import captures
 
 # --- pickling and copies --------------------------------------------------------------------
 
@@ -76,8 +78,8 @@ def test_collectives_pickle_and_copy_as_with_the_agent_off() -> None:
 
 #: What of the agent runs on every collective where torch's process groups take hooks (>=
 #: 2.14): its two hooks, which return at once while nothing asks (they cannot be taken off
-#: while other threads may issue collectives: ``pghooks``).
-IDLE_HOOKS = {("pghooks.py", "_before"), ("pghooks.py", "_after")}
+#: while other threads may issue collectives: ``group_hooks``).
+IDLE_HOOKS = {("group_hooks.py", "_before"), ("group_hooks.py", "_after")}
 
 
 def _agent_code_runs(call: Any) -> bool:
@@ -191,11 +193,11 @@ def test_compiled_code_is_never_recompiled_for_the_agent(layer: str, request,
     closing on each: compiled once. The native observer and torch's process-group hooks
     include no dispatch key, whatever a recorder sees; the Python layer includes one for a
     plain record() (its cost, said in the README), none for ``record(python_api_only=True)``."""
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
     monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "1" if layer == "group hooks" else "0")
     if layer == "group hooks":
-        if not pghooks.available():
+        if not group_hooks.available():
             pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
         (seen,) = run_ranks(compile_from_threads, 2, "fake", (False,), ranks=(0,))
     elif layer == "native observer":
@@ -237,7 +239,7 @@ def test_a_failing_agent_step_never_reaches_the_capture_or_replay(agent, monkeyp
         assert layer.holders == 0
         assert not torch._C._dispatch_tls_is_dispatch_key_included(
             torch._C._dispatch_key_parse("DeferredInit"))
-    monkeypatch.setattr(cudagraphs, "_profiler_running", broken)
+    monkeypatch.setattr(captures, "_profiler_running", broken)
     assert hooks.replay(lambda: "replayed", graph, (), {}) == "replayed"
     said = [str(w.message) for w in recwarn if "agent step broke" in str(w.message)]
     assert len(said) == 3, said
@@ -366,7 +368,7 @@ def test_a_call_site_is_found_by_its_code_object_not_by_an_id_it_once_had(fake_w
     """Call sites are kept by code object identity (a code object hashes its contents at every
     lookup): an entry under the same id for another code object (a freed one's address, taken
     again) is not this code's; the launch's own line is recorded."""
-    from autoannot import sites
+    from autoannot.describe import sites
 
     def launch() -> None:
         dist.all_reduce(torch.ones(2))
@@ -387,7 +389,9 @@ def test_a_call_site_is_found_by_its_code_object_not_by_an_id_it_once_had(fake_w
 def test_every_lock_is_renewed_in_a_forked_child(agent) -> None:
     """A thread holds each of the agent's locks while the process forks: the child can still
     take every one of them (enable, disable, record and capture in the child do)."""
-    from autoannot import capture_identity, groups, importhook, ledgers, locks
+    from autoannot.base import importhook, locks
+    from autoannot.describe import groups
+    from autoannot.keep import capture_identity, ledgers
 
     def agent_locks() -> list[Any]:
         return [hooks.AGENT._lock, importhook._lock, ledgers._LOCK.lock,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from harness import run_ranks
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 VOCABULARY = set(V.KERNEL_KEYS) | set(V.CPU_ONLY_KEYS)
@@ -89,9 +89,9 @@ def replays_via_observer(native_build) -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def replays_via_group_hooks() -> dict[str, list[dict]]:
     """Through torch's process-group hooks (torch >= 2.14), the observer where torch has them."""
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
-    if not pghooks.available():
+    if not group_hooks.available():
         pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
     return _via_ops(AUTOANNOT_GROUP_HOOKS="1")
 
@@ -144,7 +144,7 @@ def compare(label: str, rank: int, records: list[dict],
             expected, got = expected[:1], got[:1]
             first = (launched or {}).get(label, [None])[0]
             if first is not None:  # the size exchange this torch launches
-                from autoannot import collectives
+                from autoannot.describe import collectives
 
                 name = collectives.lookup(first).eager_name
                 expected = [{**expected[0], V.COLLECTIVE_NAME: name}]
@@ -157,7 +157,7 @@ def compare(label: str, rank: int, records: list[dict],
             expected_cpu, got_cpu = expected_cpu[:1], got_cpu[:1]
             first = (launched or {}).get(label, [None])[0]
             if first is not None:
-                from autoannot import collectives
+                from autoannot.describe import collectives
 
                 name = collectives.lookup(first).eager_name
                 expected_cpu = [{**expected_cpu[0], V.COLLECTIVE_NAME: name}]
@@ -220,9 +220,9 @@ def test_golden_below_the_python_api(layer: str, request, figures) -> None:
     replays_via_ops = request.getfixturevalue(FIXTURES[layer])
     read_as = None
     if layer == "group hooks":
-        from autoannot import pghooks
+        from autoannot.observe import group_hooks
 
-        if not pghooks._names_ops(torch._C._distributed_c10d.HookOpName):
+        if not group_hooks._names_ops(torch._C._distributed_c10d.HookOpName):
             read_as = READ_AS_BY_KIND
     matched, layers, untold, read_otherwise = 0, set(), set(), set()
     for rank in range(WORLD):

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import autoannot
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 
 def _fresh(function, *args, **kwargs) -> dict:
@@ -53,7 +53,7 @@ def test_meta_tensors_are_not_taken_for_the_real_launch_of_their_shape(fake_worl
 def test_a_new_group_is_never_taken_for_a_gone_one(fake_world, agent) -> None:
     """Keys name groups by id(); a group gone and a new one (perhaps at the same address): the
     new one's launches carry the new group's name, and no launch key outlives a group."""
-    from autoannot import groups
+    from autoannot.describe import groups
 
     seen = []
     for desc in ("first", "second", "third"):

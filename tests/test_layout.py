@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autoannot"
 #: The command-line tools and their trace readers: not loaded into an instrumented process.
-TOOLS = ("autoannot.traces", "autoannot.cli", "autoannot.__main__", "autoannot.doctor")
+TOOLS = ("autoannot.traces", "autoannot.cli", "autoannot.__main__", "autoannot.agent.doctor")
 
 
 def _modules() -> dict[str, Path]:
@@ -110,6 +110,80 @@ def test_the_trace_tools_import_one_way_through_their_folders() -> None:
     assert upward == []
 
 
+#: The runtime's folders, ground up, each importing only those before it: what every part
+#: leans on; what a launch is (its words, which the trace tools share); the trace tools; where
+#: launches go; how they are seen; the agent's owner. The modules left flat in ``autoannot/``
+#: (the public API, the command line, the start-up hook) stand above them all.
+RUNTIME_LAYERS = ("base", "native", "describe", "traces", "keep", "observe", "agent")
+
+
+def _runtime_layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in RUNTIME_LAYERS):
+        folder = parts[1]
+        return RUNTIME_LAYERS.index(folder) if folder in RUNTIME_LAYERS else len(RUNTIME_LAYERS)
+    return len(RUNTIME_LAYERS)  # a flat module: the public face
+
+
+def test_the_runtime_imports_one_way_through_its_folders() -> None:
+    """Issue 47: the runtime in folders by concern, imports one way (those inside functions
+    counted), at most ten modules left flat, each folder saying what it is for."""
+    modules = _modules()
+    graph = {name: _imports(path, modules) for name, path in modules.items()}
+    assert _cycles(graph) == []
+    upward = sorted(f"{name} -> {other}" for name, imports in graph.items() for other in imports
+                    if _runtime_layer(other) > _runtime_layer(name))
+    assert upward == []
+    flat = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(flat) <= 10, flat
+    for folder in RUNTIME_LAYERS:
+        doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
+        assert doc, folder
+
+
+def test_no_runtime_module_imports_the_trace_analysis() -> None:
+    """The runtime takes from the trace tools only what both sides share (their face, the
+    ledger format, names, atomic writes), never the analysis."""
+    offenders = sorted(f"{name} -> {other}" for name, imports in _runtime().items()
+                       for other in imports if other.startswith("autoannot.traces.analysis"))
+    assert offenders == []
+
+
+def _private_reaches(tree: ast.AST) -> list[str]:
+    """Names with a leading underscore taken from one of our modules (``module._name``,
+    ``from autoannot.x import _name``)."""
+    ours = {alias.asname or alias.name.rsplit(".", 1)[-1]
+            for node in ast.walk(tree) if isinstance(node, ast.ImportFrom | ast.Import)
+            for alias in node.names
+            if (getattr(node, "module", None) or alias.name).startswith("autoannot")
+            and not alias.name[:1].isupper()}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autoannot"):
+            found += [f"from {node.module} import {alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in ours and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    modules = _modules()
+    offences = {name: _private_reaches(ast.parse(path.read_text()))
+                for name, path in modules.items()}
+    assert {name: found for name, found in offences.items() if found} == {}
+
+
+def test_the_private_reach_check_finds_one() -> None:
+    tree = ast.parse("from autoannot.observe import native_observer\n"
+                     "from autoannot.keep.ledgers import _LOCK\n"
+                     "ops = native_observer._ops()\n")
+    assert _private_reaches(tree) == ["from autoannot.keep.ledgers import _LOCK",
+                                      "native_observer._ops"]
+
+
 def test_the_layer_check_finds_an_upward_import() -> None:
     assert _layer("autoannot.traces.render.skew") > _layer("autoannot.traces.analysis.matching")
     assert _layer("autoannot.traces.files") < _layer("autoannot.traces.table.rows")
@@ -125,7 +199,7 @@ def test_the_owner_is_imported_by_nothing_below_it() -> None:
     """Only the public API and the start-up path import the owner: every other part is handed
     the ``Instrumentation``."""
     importers = {name for name, imports in _runtime().items()
-                 if "autoannot.instrumentation" in imports}
+                 if "autoannot.agent.instrumentation" in imports}
     assert importers == {"autoannot._startup", "autoannot.recorder", "autoannot.helper",
                          "autoannot.pytest_plugin", "autoannot.testing"}
 

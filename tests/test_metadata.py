@@ -6,7 +6,7 @@ import pytest
 import scenarios
 from harness import run_ranks, skip_if_torch_cannot
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 
 def by_name(records, name):

@@ -19,8 +19,9 @@ import native_cases
 import pytest
 from harness import run_ranks
 
-from autoannot import native, sites
-from autoannot import vocabulary as V
+from autoannot import native
+from autoannot.describe import sites
+from autoannot.describe import vocabulary as V
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -204,7 +205,7 @@ def test_call_claimed_returns_raises_and_claims_only_during_the_call(built: Any)
 
 
 def test_not_loaded_when_turned_off_or_not_built(tmp_path, monkeypatch) -> None:
-    from autoannot import config
+    from autoannot.base import config
 
     assert native.built_path() is not None
     assert not config.from_environment({"AUTOANNOT_NATIVE": "0"}).native
@@ -216,7 +217,7 @@ def test_not_loaded_when_turned_off_or_not_built(tmp_path, monkeypatch) -> None:
 def test_stand_ins_read_as_tensors() -> None:
     import torch
 
-    from autoannot import collectives, metadata
+    from autoannot.describe import collectives, metadata
 
     row = next(r for r in collectives.COLLECTIVES if r.api == "allgather_"
                and r.module == collectives.PG_OPS)
@@ -262,7 +263,7 @@ import os, sys, threading, time
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import autoannot
-from autoannot.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
 
 autoannot.enable()
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)

@@ -14,7 +14,8 @@ import torch.distributed._functional_collectives as funcol
 from harness import run_ranks
 
 import autoannot
-from autoannot import diagnostics, groups
+from autoannot.base import diagnostics
+from autoannot.describe import groups
 
 
 def bad_calls():
@@ -123,7 +124,7 @@ def group_lifetime(rank: int, world: int) -> list[Any]:
     import gc
     import weakref
 
-    from autoannot import groups
+    from autoannot.describe import groups
 
     autoannot.enable()
     with autoannot.record():
@@ -143,24 +144,26 @@ def test_the_agent_does_not_keep_destroyed_groups_alive() -> None:
 
 
 def test_a_launch_whose_context_cannot_be_entered_is_still_recorded(fake_world, agent) -> None:
-    """Entering the annotation context fails (torch's mark_kernels, a capture listener): the
-    collective runs once, as the same launch (nothing below annotates it again), and the open
-    recorders still get it."""
+    """Entering the annotation fails (torch's mark_kernels, a record file): the collective
+    runs once, as the same launch (nothing below annotates it again), and the open recorders
+    still get it."""
     import agent_hooks as hooks
 
-    from autoannot import wrappers
-    from autoannot.annotation import AnnotationContext
+    from autoannot.describe.kinds import Kind
+    from autoannot.keep.sink import LaunchEvent, Sink
+    from autoannot.observe import wrappers
 
-    class Unenterable(AnnotationContext):
-        def __enter__(self) -> AnnotationContext:
+    class Unenterable(Sink):
+        def entered(self, event: LaunchEvent) -> None:
             raise RuntimeError("no driver")
 
     calls = []
-    ctx = Unenterable("all_reduce", {"name": "all_reduce"}, {"Rank": 0})
+    event = LaunchEvent(Kind("all_reduce", {"name": "all_reduce"}, {"Rank": 0}, (), None))
     with autoannot.record(dispatcher=True) as records, warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        result = wrappers._run_annotated(hooks.AGENT.state, "all_reduce", ctx,
-                                         lambda t: calls.append(t) or 7, (torch.ones(1),), {})
+        result = Unenterable(hooks.AGENT).run(
+            event, wrappers.call_as_one_launch, hooks.AGENT.state,
+            lambda t: calls.append(t) or 7, (torch.ones(1),), {})
         dist.all_reduce(torch.ones(2))
     assert result == 7 and len(calls) == 1
     assert [r.api for r in records] == ["all_reduce", "all_reduce"]

@@ -22,8 +22,9 @@ import torch.distributed as dist
 from harness import run_ranks
 
 import autoannot
-from autoannot import pghooks, testing
-from autoannot import vocabulary as V
+from autoannot import testing
+from autoannot.describe import vocabulary as V
+from autoannot.observe import group_hooks
 
 LAYERS = ["python layer", "native observer"]
 
@@ -31,7 +32,7 @@ LAYERS = ["python layer", "native observer"]
 def _see_below_the_api(way: str, request, monkeypatch) -> str:
     """Rank processes started now see launches below the Python API ``way``."""
     if way == "group hooks":
-        if not pghooks.available():
+        if not group_hooks.available():
             pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
         monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "1")
         return way
@@ -171,7 +172,7 @@ def test_another_librarys_fallback_on_the_key_registers_and_works(layer: str, wh
         else:  # the key has another owner: the layer steps aside, and says so once
             assert len(result["said"]) == 1 and "DeferredInit" in result["said"][0]
             # none of DDP's buckets (where torch's groups take hooks, they see every one:
-            # test_pghooks.py)
+            # test_group_hooks.py)
             assert buckets == 0
 
 

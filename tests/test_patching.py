@@ -14,7 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 import wrapt
 
 import autoannot
-from autoannot import collectives
+from autoannot.describe import collectives
 
 ROWS = [row for row in collectives.COLLECTIVES
         if row.module in collectives.FUNCTION_MODULES
@@ -103,7 +103,7 @@ def test_a_proxy_call_does_not_ask_its_function_for_a_bound_instance() -> None:
     """wrapt asks an unbound wrapper's function for ``__self__`` at every call: for a function
     an AttributeError raised and cleared, ~80% of a pass-through proxy's cost (1.5 -> 0.3 us a
     call here). A collective's proxy asks once, when it is made."""
-    from autoannot.proxies import CollectiveProxy
+    from autoannot.agent.proxies import CollectiveProxy
 
     function = _CountsSelfLookups()
     seen: list[object] = []

@@ -62,9 +62,9 @@ def test_each_line_names_rank_process_time_group_and_sequence(tmp_path: Path) ->
 
 
 def test_threads_write_whole_lines_in_sequence(tmp_path: Path) -> None:
-    done = run_job(tmp_path, str(tmp_path / "r.jsonl"), threads=4, calls=100)
+    done = run_job(tmp_path, str(tmp_path / "r{rank}.jsonl"), threads=4, calls=100)
     assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "r0.jsonl").read_text().splitlines()]
     assert len(lines) == 800
     assert [x["seq"] for x in lines] == list(range(800))  # file order is sequence order
     assert done.stdout.split() == ["800"]
@@ -85,9 +85,9 @@ def test_a_bad_path_costs_the_job_nothing_but_its_file(tmp_path: Path, bad: str)
 
 
 def test_a_missing_folder_is_created_and_said(tmp_path: Path) -> None:
-    done = run_job(tmp_path, str(tmp_path / "records" / "r.jsonl"))
+    done = run_job(tmp_path, str(tmp_path / "records" / "r{rank}.jsonl"))
     assert done.returncode == 0, done.stderr
-    assert len((tmp_path / "records" / "r.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "records" / "r0.jsonl").read_text().splitlines()) == 4
     assert f"created {tmp_path / 'records'}" in done.stderr
 
 

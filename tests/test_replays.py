@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import autoannot
-from autoannot import cudagraphs
+from autoannot.agent import graph_patches
 from autoannot.traces.names import REPLAY_PREFIX
 
 
@@ -53,14 +53,14 @@ needs_notices = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def no_on_demand_tracing(monkeypatch) -> None:
     """(A developer's KINETO_USE_DAEMON would keep the wrapper on in this process.)"""
-    monkeypatch.delenv(cudagraphs.ON_DEMAND_SETTING, raising=False)
+    monkeypatch.delenv(graph_patches.ON_DEMAND_SETTING, raising=False)
 
 
 @pytest.fixture
 def graphs(agent) -> Any:
     hooks.AGENT.captures.by_thread()
     module = _graphs_module()
-    patches = cudagraphs.install(module, hooks.AGENT)
+    patches = graph_patches.install(module, hooks.AGENT)
     try:
         yield module
     finally:
@@ -124,7 +124,7 @@ def test_profilers_after_disable_put_nothing_back(graphs) -> None:
 ON_DEMAND = textwrap.dedent("""
     import torch, autoannot
     autoannot.enable()
-    from autoannot.instrumentation import INSTRUMENTATION as agent
+    from autoannot.agent.instrumentation import INSTRUMENTATION as agent
     print(agent.proxies.is_proxy(torch.cuda.graphs.CUDAGraph.__dict__["replay"]))
 """)
 
@@ -135,7 +135,7 @@ def test_with_on_demand_tracing_configured_replays_stay_wrapped(setting: str,
                                                                 wrapped: str) -> None:
     """Kineto's daemon starts a profiler with no Python notice: where it is configured the
     replay keeps its wrapper for the whole process."""
-    env = {**os.environ, cudagraphs.ON_DEMAND_SETTING: setting}
+    env = {**os.environ, graph_patches.ON_DEMAND_SETTING: setting}
     done = subprocess.run([sys.executable, "-c", ON_DEMAND], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

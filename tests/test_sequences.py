@@ -16,7 +16,6 @@ import torch.distributed as dist
 from harness import run_ranks
 
 from autoannot import cli
-from autoannot.traces.analysis import sequences
 
 DATA = Path(__file__).parent / "data" / "gpu"
 
@@ -25,7 +24,7 @@ def a_branch_on_one_rank(rank: int, world: int, out: str) -> int:
     """Five collectives on every rank; rank 1 takes a branch that adds an all-gather before the
     fourth. Recorded (AUTOANNOT_RECORD's file). Returns the line of that extra call."""
     import autoannot
-    from autoannot.journal import Journal
+    from autoannot.keep.journal import Journal
 
     autoannot.enable()
     journal = Journal(f"{out}/rank{rank}.jsonl")
@@ -107,7 +106,7 @@ def capture_with_verify(rank: int, world: int, diverge: bool) -> dict[str, Any]:
     try:
         hooks.end_capture(lambda: None, graph, (), {})
         outcome = "captured"
-    except sequences.SequenceMismatch as exc:
+    except autoannot.SequenceMismatch as exc:
         outcome = str(exc)
     autoannot.disable()
     return {"outcome": outcome, "entries": len(ledger.entries)}

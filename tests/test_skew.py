@@ -26,7 +26,7 @@ def a_step_with_a_late_rank(rank: int, world: int, out: str) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import autoannot
-    from autoannot.journal import Journal
+    from autoannot.keep.journal import Journal
 
     autoannot.enable()
     journal = Journal(f"{out}/rank{rank}.jsonl")
@@ -222,7 +222,7 @@ def a_training_loop_profiled_for_one_step(rank: int, world: int, out: str) -> di
     from torch.profiler import ProfilerActivity, profile
 
     import autoannot
-    from autoannot.journal import Journal
+    from autoannot.keep.journal import Journal
 
     autoannot.enable()
     journal = Journal(f"{out}/rank{rank}.jsonl")

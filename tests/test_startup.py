@@ -107,7 +107,7 @@ def test_cli_run_sets_the_environment(tmp_path: Path) -> None:
 NESTED = textwrap.dedent("""
     import os, subprocess, sys
     import torch, torch.distributed as dist
-    from autoannot.instrumentation import INSTRUMENTATION as AGENT
+    from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)

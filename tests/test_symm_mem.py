@@ -60,7 +60,7 @@ def test_graphed_symm_mem_kernels_of_a_real_replay_get_their_ledger_entries(tmp_
     import shutil
     from pathlib import Path
 
-    from autoannot import vocabulary as V
+    from autoannot.describe import vocabulary as V
     from autoannot.traces.read import annotate as tracetool
 
     data = Path(__file__).parent / "data" / "gpu" / "symm_mem"

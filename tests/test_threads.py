@@ -38,7 +38,7 @@ def test_records_from_many_threads_exactly_once(fake_world, agent) -> None:
 def _blocked_inside_a_wrapped_call(state, entered: threading.Event,
                                    release: threading.Event) -> threading.Thread:
     """A thread held inside a wrapped call (as in a collective that waits for its peers)."""
-    from autoannot import wrappers
+    from autoannot.observe import wrappers
 
     def wait() -> None:
         entered.set()
@@ -52,7 +52,7 @@ def _blocked_inside_a_wrapped_call(state, entered: threading.Event,
 
 
 def test_a_thread_inside_a_wrapped_call_hides_no_other_threads_launch(fake_world, agent) -> None:
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
 
     state = INSTRUMENTATION.state
     entered, release = threading.Event(), threading.Event()
@@ -67,7 +67,7 @@ def test_a_thread_inside_a_wrapped_call_hides_no_other_threads_launch(fake_world
 
 
 def test_a_call_that_raises_leaves_its_thread_outside(fake_world, agent) -> None:
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
 
     with autoannot.record() as records:
         with pytest.raises(ValueError):  # (what torch raises for it, as with the agent off)
@@ -81,7 +81,7 @@ def test_a_forked_child_keeps_no_depth_of_its_parents_other_threads(fake_world, 
     import os
     import warnings
 
-    from autoannot.instrumentation import INSTRUMENTATION
+    from autoannot.agent.instrumentation import INSTRUMENTATION
 
     state = INSTRUMENTATION.state
     entered, release = threading.Event(), threading.Event()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autoannot import cli, doctor
+from autoannot import cli
+from autoannot.agent import doctor
 from autoannot.traces.render import summary
 
 DATA = Path(__file__).parent / "data" / "gpu"
@@ -119,10 +120,10 @@ def test_doctor_on_a_cpu_machine(capsys) -> None:
     assert report["torch"] and report["wrapt"]
     assert report["path"] in ("torch toolsId", "autoannot fallback (capture ledgers)")
     assert report["compiled_code"].startswith("annotated")  # torch 2.13 takes our kernels
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
     assert report["cpp_origin"].startswith(
-        "annotated through torch's process-group hooks" if pghooks.available() else
+        "annotated through torch's process-group hooks" if group_hooks.available() else
         "annotated by the Python layer (a DeferredInit kernel")
     import torch
 

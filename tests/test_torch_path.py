@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import autoannot
-from autoannot import features
-from autoannot import vocabulary as V
-from autoannot.ledgers import Ledger
+from autoannot.base import features
+from autoannot.describe import vocabulary as V
+from autoannot.keep.ledgers import Ledger
 from autoannot.traces.read import annotate as tracetool
 from autoannot.traces.read import ledger as ledgers
 
@@ -33,7 +33,7 @@ def test_feature_detection_finds_each_piece_where_this_torch_keeps_it() -> None:
     private one where it exists; doctor says which."""
     import importlib.util
 
-    from autoannot import doctor
+    from autoannot.agent import doctor
 
     shipped = [name for name in features.GRAPH_ANNOTATION_MODULES
                if importlib.util.find_spec(name) is not None]

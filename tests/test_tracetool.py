@@ -13,7 +13,7 @@ import pytest
 import verify_traces as verify
 
 from autoannot import cli
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 from autoannot.traces.read import annotate as tracetool
 from autoannot.traces.read import ledger as ledgers
@@ -198,7 +198,7 @@ def test_traces_annotated_inside_the_job_match_eager(figures) -> None:
 def test_export_hook_annotates_in_place_on_the_cpu(agent, monkeypatch, tmp_path: Path) -> None:
     import torch
 
-    from autoannot.ledgers import Ledger
+    from autoannot.keep.ledgers import Ledger
 
     ledger = Ledger("autoannot.graph.cpu")
     monkeypatch.setitem(hooks.LEDGERS, ledger.name, ledger)

@@ -93,13 +93,13 @@ def test_no_rank_waits_more_than_the_delay_in_the_planted_step(jobs, capsys, kin
 
 def test_start_up_is_warm_up_not_the_straggler(jobs, capsys) -> None:
     """Rank 3 starts late (before its first collective): shown, but not ranked, by default.
-    The planted lateness is what the ranks lived: rank 3's arrival at its first collective
-    less the first rank's (the others' start-ups vary too: under load, 4 ranks on 2 cores,
-    they came up to 0.12 s after rank 3 began its 0.3 s sleep)."""
+    The planted lateness is what the ranks lived: the last rank's arrival at its first
+    collective less the first rank's. That last rank is not always rank 3: under load (4 ranks
+    on 2 cores) another rank's start-up came 0.18 s after rank 3's 0.3 s sleep ended."""
     out, results = jobs["compute"]
     arrivals = [r["arrived"] for r in results]
-    planted_us = (arrivals[3] - min(arrivals)) * 1e6
-    assert max(arrivals) == arrivals[3] and planted_us >= truth.WARMUP_S * 1e6 / 3
+    planted_us = (max(arrivals) - min(arrivals)) * 1e6
+    assert planted_us >= truth.WARMUP_S * 1e6 / 3
     _, said = _skew(capsys, str(out))
     first = next(i for i in said["instances"] if i["seq"] == 0 and i["group"] == "0")
     assert first["warmup"] and abs(first["skew_us"] - planted_us) <= 0.1 * planted_us
@@ -133,12 +133,18 @@ def test_a_hang_names_the_rank_that_never_came(jobs, capsys, tmp_path: Path) -> 
     line = said["lead"][0]
     assert line.startswith("MISSING: group 0 (default_pg): rank 3's last launch was")
     before = 3 * truth.PLANTED_STEP - 1  # its last: step 2's all-reduce
-    assert f"allreduce #{before} (it never entered #{before + 1})" in line
+    # (issue 46) with the call sites: its last launch's, and the one it never entered
+    broadcast = results[0]["sites"]["broadcast"]
+    assert f"allreduce #{before} at {truth.__file__}:" in line
+    assert f"(it never entered #{before + 1} broadcast at {broadcast})" in line
+    # a hang leads with where the ranks stopped, never with a straggler
+    assert all(lead.startswith("MISSING: ") for lead in said["lead"]), said["lead"]
     assert cli.main(["check", str(out)]) == 1
     capsys.readouterr()
     page = tmp_path / "hang.html"
     assert cli.main(["report", "-q", str(out), "-o", str(page)]) == 1
-    assert "rank 3&#x27;s last launch was" in page.read_text()
+    text = page.read_text()
+    assert "rank 3&#x27;s last launch was" in text and 'id="straggler"' not in text
 
 
 def test_the_analysis_of_the_same_files_is_the_same_however_they_are_named(jobs,
@@ -213,7 +219,9 @@ def test_a_record_file_cut_by_a_killed_job_keeps_its_whole_lines(jobs, capsys,
     code, said = _skew(capsys, str(folder))
     assert code == 1  # (rank 1's last collective is gone: rank 1 is named as stopped there)
     assert any("rank1.jsonl:15: its last line was cut short" in n for n in said["notes"])
-    assert said["missing"][0]["behind"] == [{"rank": 1, "seq": 13, "collective": "_allgather_base"}]
+    behind = [{k: b[k] for k in ("rank", "seq", "collective")}
+              for b in said["missing"][0]["behind"]]
+    assert behind == [{"rank": 1, "seq": 13, "collective": "_allgather_base"}]
 
 
 def test_a_fifo_in_a_folder_is_skipped_never_opened(jobs, capsys, tmp_path: Path) -> None:

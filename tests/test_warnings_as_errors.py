@@ -20,8 +20,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import autoannot
-from autoannot import diagnostics, groups
-from autoannot import vocabulary as V
+from autoannot.base import diagnostics
+from autoannot.describe import groups
+from autoannot.describe import vocabulary as V
 
 
 class PythonGroup(dist.ProcessGroup):

@@ -28,7 +28,7 @@ warnings.simplefilter("error")  # (any warning of the agent's fails the job)
 import wrapt
 import torch, torch.distributed as dist
 import autoannot
-from autoannot import proxies
+from autoannot.agent import proxies
 
 original = dist.all_reduce
 autoannot.enable()

@@ -6,7 +6,7 @@ once, by ``autoannot build-native`` (``torch.utils.cpp_extension``: a C++ compil
 into ``AUTOANNOT_NATIVE_DIR`` (default ``~/.cache/autoannot/native``), one folder per torch
 version, Python and source. The agent loads it where it is built for this torch and
 ``AUTOANNOT_NATIVE`` is not off; it never builds it on its own (a build takes a minute).
-``autoannot.observer`` drives it.
+``autoannot.observe.native_observer`` drives it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class TraceError(Exception):
     """A trace or ledger that cannot be used; the message names the file and the problem."""
 
 
-def _temporary(folder: str) -> tuple[int, str]:
+def temporary_file(folder: str) -> tuple[int, str]:
     """A new file beside the output, opened for writing with the mode ``open()`` would give
     (0666 less the umask, applied by the kernel: the process's umask is never changed)."""
     while True:
@@ -47,7 +47,7 @@ def _atomic(path: str | os.PathLike[str], mode: str, write: Callable[[Any], Any]
     ``path`` once written; removed on any failure, whose error names ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = _temporary(folder)
+        fd, tmp = temporary_file(folder)
     except OSError as exc:
         raise _named(exc, path) from None
     try:
@@ -55,14 +55,14 @@ def _atomic(path: str | os.PathLike[str], mode: str, write: Callable[[Any], Any]
             write(out)
         os.replace(tmp, path)
     except OSError as exc:
-        _remove(tmp)
+        remove_quietly(tmp)
         raise _named(exc, path) from None
     except BaseException:
-        _remove(tmp)
+        remove_quietly(tmp)
         raise
 
 
-def _remove(path: str) -> None:
+def remove_quietly(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
 
@@ -81,7 +81,7 @@ def atomic_write_lines(path: str | os.PathLike[str], lines: Iterator[str]) -> No
 MARKER = "autoannotAnnotated"
 
 
-def _head_text(path: Path, size: int = 1 << 16) -> str:
+def head_text(path: Path, size: int = 1 << 16) -> str:
     if path.name.endswith(".gz"):
         with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
             return f.read(size)
@@ -92,7 +92,7 @@ def _head_text(path: Path, size: int = 1 << 16) -> str:
 def annotated_from(path: Path) -> dict[str, Any] | None:
     """The marker of a trace autoannot wrote (``{"from": ..., "ledger": ...}``), else None."""
     try:
-        head = _head_text(path)
+        head = head_text(path)
     except (OSError, EOFError):
         return None
     at = head.find(f'"{MARKER}": ')
@@ -419,7 +419,7 @@ class _AtomicOutput:
 
     def __enter__(self) -> Any:
         try:
-            fd, self.tmp = _temporary(str(self.path.parent))
+            fd, self.tmp = temporary_file(str(self.path.parent))
         except OSError as exc:
             raise _named(exc, self.path) from None
         self.raw = os.fdopen(fd, "wb")
@@ -438,7 +438,7 @@ class _AtomicOutput:
         except OSError as error:
             raise _named(error, self.path) from None
         finally:
-            _remove(self.tmp)
+            remove_quietly(self.tmp)
         if isinstance(exc, OSError) and exc.filename == self.tmp:
             raise _named(exc, self.path) from None
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autoannot.traces.files import TraceError, _remove, _temporary, annotated_from
+from autoannot.traces.files import TraceError, annotated_from, remove_quietly, temporary_file
 
 #: The list of files autoannot wrote in a folder (no ``.json`` ending: never read as a trace).
 SIDECAR = ".autoannot_written"
@@ -102,7 +102,7 @@ def write_all(outputs: dict[Path, Callable[[Path], None]], command: str) -> None
         for out in outputs:
             folder = os.path.dirname(os.path.abspath(out))
             try:
-                fd, tmp = _temporary(folder)
+                fd, tmp = temporary_file(folder)
             except OSError as exc:
                 raise OSError(exc.errno, exc.strerror, os.fspath(out)) from None
             os.close(fd)
@@ -117,5 +117,5 @@ def write_all(outputs: dict[Path, Callable[[Path], None]], command: str) -> None
     finally:
         for tmp in temporaries.values():
             if os.path.exists(tmp):
-                _remove(tmp)
+                remove_quietly(tmp)
     remember(list(outputs), command)

@@ -3,6 +3,7 @@ line for all of them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -46,6 +47,108 @@ class Progress:
               flush=True)
 
 
+def _worker_start(command: int, initializer: Callable[..., Any] | None,
+                  initargs: tuple[Any, ...]) -> None:
+    """A pool process's start: Ctrl-C is the command's to handle (the terminal sends SIGINT to
+    every process of the command, its workers too: each would print a traceback); the process
+    leaves with the command (process ``command``), however the command ends; then
+    ``initializer``."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _leave_with(command)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _leave_with(command: int) -> None:
+    """End this process as soon as process ``command`` has ended (a thread waits on it): a
+    worker of a command that was interrupted or killed is left behind by no one (it would wait
+    for work forever, holding the command's output open)."""
+    import threading
+
+    def wait() -> None:
+        try:
+            import select
+
+            fd = os.pidfd_open(command)  # (Linux: readable once the process has ended)
+            select.select([fd], [], [])
+        except (AttributeError, OSError):  # elsewhere, or already gone: look every second
+            while True:
+                try:
+                    os.kill(command, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=wait, name="autoannot-leave-with-command", daemon=True).start()
+
+
+def submit_all(executor: ProcessPoolExecutor, function: Callable[..., Any],
+               items: Sequence[Any], *before: Any) -> list[Any]:
+    """``executor.submit(function, *before, item)`` for each item, with Ctrl-C held back
+    meanwhile: the pool's processes (and a forkserver) start here, and inherit the held-back
+    signal, so a Ctrl-C while they import cannot reach them; it reaches the command as soon
+    as they are started."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):  # (not on Unix: as it is)
+        return [executor.submit(function, *before, item) for item in items]
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return [executor.submit(function, *before, item) for item in items]
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+#: Set by the ``autoannot`` command (``cli.run``): once interrupted, its process leaves within
+#: this many seconds whatever its pool's teardown or Python's exit waits on (a Ctrl-C'd
+#: ``report`` was seen left running, about one run in a hundred). None, as in a library
+#: caller's process (a notebook's kernel): never ended by us.
+LEAVE_AFTER_INTERRUPT_S: float | None = None
+
+
+def leave_after_interrupt() -> None:
+    """Where the command set ``LEAVE_AFTER_INTERRUPT_S``: end the process that long from now
+    (exit status 130), unless it has ended by then."""
+    if LEAVE_AFTER_INTERRUPT_S is None:
+        return
+    import threading
+
+    def leave() -> None:
+        sys.stderr.flush()
+        os._exit(130)
+
+    timer = threading.Timer(LEAVE_AFTER_INTERRUPT_S, leave)
+    timer.daemon = True
+    timer.start()
+
+
+@contextlib.contextmanager
+def pool(jobs: int, context: Any = None, initializer: Callable[..., Any] | None = None,
+         initargs: tuple[Any, ...] = ()) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``jobs`` processes that leaves with the command: where the command is
+    interrupted (Ctrl-C) or fails, its queued tasks are dropped and its processes end with the
+    task they run, with nothing printed by them."""
+    executor = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_start,
+                                   initargs=(os.getpid(), initializer, initargs))
+    try:
+        yield executor
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            leave_after_interrupt()
+        # The queued tasks are dropped; a task under way ends, and its process with it. Not
+        # terminated: a worker killed while it sends its result leaves half a message in the
+        # result pipe, which the pool's manager thread then waits on for ever (and Python's
+        # exit waits on that thread: an interrupted report was seen left running).
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    executor.shutdown(wait=True)
+
+
 def map_files(function: Callable[[T], R], items: Sequence[T], jobs: int | None = None,
               label: str = "", name: Callable[[T], object] = str, show: bool = True,
               outcome: Callable[[R], str] | None = None) -> Iterator[R]:
@@ -61,8 +164,8 @@ def map_files(function: Callable[[T], R], items: Sequence[T], jobs: int | None =
             progress.step(f"{outcome(result) if outcome else label} {name(item)}")
             yield result
         return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(function, item) for item in items]
+    with pool(jobs) as workers:
+        futures = submit_all(workers, function, items)
         for item, future in zip(items, futures, strict=True):
             result: Any = future.result()
             progress.step(f"{outcome(result) if outcome else label} {name(item)}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autoannot.traces.files import TraceError, _head_text, annotated_from, is_annotated_output
+from autoannot.traces.files import TraceError, annotated_from, head_text, is_annotated_output
 
 TRACE_ENDINGS = (".json", ".json.gz")
 LEDGER_ENDINGS = (".autoannot", ".autoannot.json")
@@ -32,7 +32,7 @@ def looks_like_trace(path: Path) -> bool:
     """Whether a file's head has a trace's event list (a framework's ``metrics.json`` has
     none)."""
     try:
-        return '"traceEvents"' in _head_text(path)
+        return '"traceEvents"' in head_text(path)
     except (OSError, EOFError, UnicodeDecodeError):
         return False
 

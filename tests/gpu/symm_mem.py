@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 import autoannot
-from autoannot import vocabulary as V
-from autoannot.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.describe import vocabulary as V
 
 DROP = ("External id", "Record function id", "Ev Idx", "Seq", "Comms Id", "Is P2P",
         "Is asynchronized op")

@@ -65,9 +65,17 @@ def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any],
     return _timed(function, plan, item)
 
 
+#: A job of fewer launches than this is analysed in this process unless ``-j`` says otherwise:
+#: a pool's start-up (fresh processes, the plan shipped to each, at every pass) costs more
+#: than its cores save at that size (1,024 ranks x 2,000 launches: 2.8 s on a pool of 2,
+#: 1.6 s here).
+IN_PROCESS_LAUNCHES = 4_000_000
+
+
 class Embedded:
-    """This machine: the tasks in this process (``jobs`` 1) or on a pool of ``jobs`` fresh
-    processes (each holds the plan and one task's data at a time)."""
+    """This machine: the tasks in this process (``jobs`` 1, or a small job where ``jobs`` was
+    not given) or on a pool of ``jobs`` fresh processes (each holds the plan and one task's
+    data at a time)."""
 
     name = "embedded"
 
@@ -75,6 +83,7 @@ class Embedded:
         from autoannot.traces.parallel import default_jobs
 
         self.jobs = jobs or default_jobs()
+        self.chosen = jobs is not None  # (given: a pool of them whatever the job's size)
         self.progress = progress
 
     def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
@@ -84,6 +93,8 @@ class Embedded:
         started = time.perf_counter()
         shown = Progress(len(items) if self.progress else 0)
         jobs = min(self.jobs, len(items))
+        if not self.chosen and plan.launches() < IN_PROCESS_LAUNCHES:
+            jobs = 1
         timed: list[tuple[float, Any]] = []
         if jobs <= 1 or not plan.all_files():
             for item in items:
@@ -91,15 +102,15 @@ class Embedded:
                 shown.step(label)
         else:
             import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+
+            from autoannot.traces.parallel import pool, submit_all
 
             # (fresh processes: a forked child would share, and count again, the driver's
             # arrays)
             context = multiprocessing.get_context("forkserver" if os.name == "posix"
                                                   else "spawn")
-            with ProcessPoolExecutor(jobs, mp_context=context, initializer=_set_plan,
-                                     initargs=(plan,)) as pool:
-                futures = [pool.submit(_call, function, item) for item in items]
+            with pool(jobs, context, _set_plan, (plan,)) as workers:
+                futures = submit_all(workers, _call, items, function)
                 for future in futures:
                     timed.append(future.result())
                     shown.step(label)

@@ -17,6 +17,7 @@ from typing import Any
 from autoannot.traces import files
 from autoannot.traces.analysis.matching import Analysis, rank_list
 from autoannot.traces.read.rank_files import (
+    gloo_needs_records,
     join,
     read_rows_files,
     record_launches,
@@ -37,10 +38,18 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     ``target`` launches run by ``engine`` (``engines``; default: this machine's ``jobs``
     processes)."""
     from autoannot.traces import parallel
-    from autoannot.traces.read import runs
 
     traces, records, rows = list(traces), list(records), list(rows)
-    rows_of = read_rows_files(rows, run, heads_only=not traces and not records)
+    cut_notes: list[str] = []
+    read_records = [(path, *part) for path in records
+                    for part in record_launches(path, cut_notes)]
+    found: dict[str, list[Path]] = {}
+    for path, _, by_run, _ in read_records:
+        for name in by_run:
+            found.setdefault(name, []).append(path)
+    # one run of the job, of the rows and the record files together (runs.choose)
+    rows_of, chosen = read_rows_files(rows, run, heads_only=not traces and not records,
+                                      others=found)
     if not traces and not records and rows_of:
         from autoannot.traces.analysis import engines, matching
 
@@ -56,16 +65,11 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
                                    "trace: give one trace per rank of one job")
         traced[rank] = (launches, gloo, path)
     recorded: dict[int, tuple[list[Launch], Path]] = {}
-    cut_notes: list[str] = []
-    read_records = [(path, *record_launches(path, cut_notes)) for path in records]
-    found: dict[str, list[Path]] = {}
-    for path, _, by_run, _ in read_records:
-        for name in by_run:
-            found.setdefault(name, []).append(path)
-    chosen = runs.choose(found, run)
     hosts: dict[int, str | None] = {}
     for path, rank, by_run, host in read_records:
-        launches = by_run.get(chosen, []) if chosen is not None else []
+        if chosen not in by_run:
+            continue  # (a record of another run: --run picked this one)
+        launches = by_run[chosen]
         if rank is None:
             raise files.TraceError(f"{path}: names no rank (written before the process group "
                                    "was up, with no RANK set): cannot place it")
@@ -78,8 +82,10 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     from autoannot.traces.table.rows import to_launches
 
     notes = []
+    origins: dict[int, str] = {}  # each rank's input, for messages
     for rank, one in rows_of.items():
         per_rank[rank] = to_launches(one)
+        origins[rank] = str(one.path or one.source)
         given = [str(p) for p in (traced.pop(rank, (None, None, None))[2],
                                   recorded.pop(rank, (None, None))[1]) if p is not None]
         if given:
@@ -88,11 +94,15 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     for rank in sorted(set(traced) | set(recorded)):
         launches, gloo, path = traced.get(rank, ([], [], None))
         records, record_path = recorded.get(rank, ([], None))
-        where = str(path or record_path)
+        where = origins[rank] = str(path or record_path)
         per_rank[rank] = join(rank, launches, gloo, records, problems, where)
         if not per_rank[rank]:
             problems.append(f"{where}: no collective to line up (eager NCCL kernels with "
                             "collective args, annotated graphed ones, or a record file)")
+    if traced and not any(per_rank.values()):
+        gloo_ranges = sum(len(gloo) for _, gloo, _ in traced.values())
+        if gloo_ranges:
+            raise gloo_needs_records([p for _, _, p in traced.values()], gloo_ranges)
     bases: dict[int, tuple[str, float | None]] = {}  # rank -> (what times it, its epoch)
     for rank in per_rank:
         if rank in rows_of:
@@ -105,7 +115,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
             wall = bool(launches) and all(launch.wall_us is not None for launch in launches)
             bases[rank] = ("record file", 0 if wall else None)
     _one_time_base(per_rank, bases, {rank: traced[rank][2] for rank in traced})
-    analysis = matching_rows(per_rank, include_warmup, engine, target)
+    analysis = matching_rows(per_rank, include_warmup, engine, target, origins)
     analysis.problems[:0] = problems
     analysis.notes[:0] = notes + cut_notes
     timed_by_entry = {hosts[rank] for rank in recorded if rank not in traced}
@@ -119,12 +129,15 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
 
 
 def matching_rows(per_rank: dict[int, list[Launch]], include_warmup: bool, engine: Any,
-                  target: int | None) -> Analysis:
-    """Launches read from traces and record files, matched (in this process unless asked)."""
+                  target: int | None, origins: dict[int, str] | None = None) -> Analysis:
+    """Launches read from traces and record files (each rank's named by ``origins``),
+    matched (in this process unless asked)."""
     from autoannot.traces.analysis.matching import analyze_rows
     from autoannot.traces.table.rows import from_launches
 
-    return analyze_rows([from_launches(launches, rank) for rank, launches in per_rank.items()],
+    origins = origins or {}
+    return analyze_rows([from_launches(launches, rank, source=origins.get(rank, ""))
+                         for rank, launches in per_rank.items()],
                         include_warmup, engine, target)
 
 

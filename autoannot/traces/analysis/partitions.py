@@ -62,6 +62,7 @@ class Source:
     kinds: tuple[tuple[str, str], ...] | None = None  # (column, numpy type), in file order
     data_offset: int = 0
     columns: dict[str, Any] | None = None
+    origin: str = ""  # the file its rows were read from, where any (for messages)
 
     def read(self, lo: int, hi: int, names: tuple[str, ...] = READ) -> dict[str, Any]:
         """Rows ``lo`` to ``hi`` of the named columns (missing columns of version 1 files:
@@ -104,7 +105,7 @@ def kinds_of(columns: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
 
 
 @dataclass
-class Plan:
+class Partitioning:
     """What every partition task needs: the sources, the names, and the partitions' bounds
     and row ranges. Small (a few MB at 65,536 ranks): shipped to every worker once."""
 
@@ -133,6 +134,10 @@ class Plan:
     @property
     def width(self) -> int:
         return len(self.ranks)
+
+    def launches(self) -> int:
+        """The launches of every source."""
+        return sum(source.count for source in self.sources)
 
     def all_files(self) -> bool:
         """Whether every source is a file (what another process or machine can read)."""
@@ -163,7 +168,7 @@ def time_order(start: Any) -> Any:
 
 # --- pass 1: each partition's rows in each rank's file ------------------------------------------
 
-def survey_source(plan: Plan, source: int) -> tuple[Any, Any, Any, Any]:
+def survey_source(plan: Partitioning, source: int) -> tuple[Any, Any, Any, Any]:
     """(group, launches, lowest seq, highest seq) of each group a source has launches of."""
     import numpy as np
 
@@ -181,7 +186,7 @@ def survey_source(plan: Plan, source: int) -> tuple[Any, Any, Any, Any]:
     return group[heads], tails - heads + 1, seq[heads], seq[tails]
 
 
-def extents(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any]:
+def extents(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any]:
     """Per group: its launches over every rank, its lowest and highest seq (-1: none)."""
     import numpy as np
 
@@ -196,7 +201,7 @@ def extents(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, 
     return launches, np.where(high >= 0, low, 0), high
 
 
-def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
+def cut(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]],
         target: int = TARGET_LAUNCHES) -> None:
     """The partitions: consecutive ranges of instance keys (group, seq) of about ``target``
     launches each — small groups together, a large group's sequence cut in stretches of about
@@ -224,7 +229,7 @@ def cut(plan: Plan, surveys: list[tuple[Any, Any, Any, Any]],
     plan.partitions = len(plan.starts)
 
 
-def reference_of(plan: Plan) -> dict[str, Any]:
+def reference_of(plan: Partitioning) -> dict[str, Any]:
     """The first rank's launches, by instance key: what every rank's clock is fitted against
     (each launch's end less the first rank's end of the same instance)."""
     import numpy as np
@@ -240,7 +245,7 @@ def reference_of(plan: Plan) -> dict[str, Any]:
             "end": np.asarray(c["end_us"], np.float64)[order] + s.shift_us}
 
 
-def spoilt_by(plan: Plan, source: int) -> Any:
+def spoilt_by(plan: Partitioning, source: int) -> Any:
     """The first rank's instances a rank's launches spoil for the clock fit (it launched
     another collective or size there, or its part was no GPU kernel): indices into the
     reference."""
@@ -281,7 +286,7 @@ class Indexed:
     clock: Any  # results.ClockFit
 
 
-def index_source(plan: Plan, source: int) -> Indexed:
+def index_source(plan: Partitioning, source: int) -> Indexed:
     """Pass 1 on one rank's rows (``Indexed``), the reference's spoilt instances known
     (``plan.spoilt``): its clock is the median of its kernels' ends less the first rank's over
     the unspoilt instances both took part in; applied where it stands out of its spread."""
@@ -345,7 +350,7 @@ class Matched:
     launch: dict[str, Any] = field(default_factory=dict)  # column, start, end, site, prev_*
 
 
-def read_partition(plan: Plan, k: int) -> dict[str, Any]:
+def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
     """Every launch of partition ``k``, on the plan's codes, with its previous launch's key and
     end and its next launch's start on its rank. Each rank's range is read as it lies (one
     ``pread`` a column, a row either side for the neighbours), then all at once: codes
@@ -422,7 +427,7 @@ def _no_launches() -> dict[str, Any]:
     return {n: np.zeros(0, t) for n, t in kinds.items()}
 
 
-def match_partition(plan: Plan, k: int, launches: dict[str, Any] | None = None) -> Matched:
+def match_partition(plan: Partitioning, k: int, launches: dict[str, Any] | None = None) -> Matched:
     """Partition ``k``'s launches sorted into instances: those the ranks launched differently
     left out (their keys kept), the others' facts, and the clock estimates."""
     import numpy as np
@@ -434,6 +439,10 @@ def match_partition(plan: Plan, k: int, launches: dict[str, Any] | None = None) 
     total = len(key)
     head = np.ones(total, dtype=bool)
     head[1:] = key[1:] != key[:-1]
+    column = got["column"][order]
+    twice = np.flatnonzero(~head[1:] & (column[1:] == column[:-1]))
+    if len(twice):
+        raise _twice(plan, int(key[twice[0]]), int(column[twice[0]]))
     unique = key[head]
     segment = np.cumsum(head, dtype=np.int64) - 1
     first = np.flatnonzero(head)
@@ -465,6 +474,19 @@ def match_partition(plan: Plan, k: int, launches: dict[str, Any] | None = None) 
         dtype=dtype[offsets[:-1]] if n else np.zeros(0, np.int16),
         kernel=kernel, offsets=offsets, conflicts=unique[conflict], launch=launch)
     return matched
+
+
+def _twice(plan: Partitioning, key: int, column: int) -> files.TraceError:
+    """The refusal of a rank's rows that hold one place of a group's sequence twice (rows made
+    in a job whose ranks shared one record file, or put together from two runs)."""
+    source = plan.sources[column]
+    group, seq = plan.group_keys[key >> SEQ_BITS], key & ((1 << SEQ_BITS) - 1)
+    where = source.path or source.origin or f"rank {source.rank}'s launches"
+    return files.TraceError(
+        f"{where}: rank {source.rank} launched group {group} #{seq} more than once: these rows "
+        "hold several ranks' or runs' launches as one rank's (rows made in a job whose ranks "
+        "shared one AUTOANNOT_RECORD file are such): give each rank's own record file or "
+        "trace instead")
 
 
 def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
@@ -536,7 +558,7 @@ def waits_of(start: Any, end: Any, next_start: Any, last: Any, transfer: Any) ->
     return waits
 
 
-def figure_partition(plan: Plan, matched: Matched, shift: Any, heat: dict[str, Any],
+def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dict[str, Any],
                      keep_launches: bool = False) -> Figured:
     """Arrivals, straggler, skew, transfer and waits of each instance of a partition (clocks
     applied: ``shift`` per column), and the pieces the driver joins across partitions."""

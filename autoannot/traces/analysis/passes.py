@@ -10,10 +10,10 @@ from typing import Any
 
 from autoannot.traces import files
 from autoannot.traces.analysis import partitions as parts
-from autoannot.traces.analysis.partitions import SEQ_BITS, Plan, Source
+from autoannot.traces.analysis.partitions import SEQ_BITS, Partitioning, Source
 
 
-def plan_of(ranks_rows: list[Any]) -> Plan:
+def plan_of(ranks_rows: list[Any]) -> Partitioning:
     """The plan of every rank's rows (``rows.Rows``: in memory, or heads of rows files whose
     columns are read by row range)."""
     import numpy as np
@@ -66,7 +66,7 @@ def plan_of(ranks_rows: list[Any]) -> Plan:
         if origin is not None:  # onto one epoch (rows of traces with other time bases)
             shift = ((one.base_ns if one.clock == "trace" else 0) - origin) / 1e3
         source = Source(one.rank, len(one), group_map, collective_map, site_map, dtype_map,
-                        shift)
+                        shift, origin=str(one.path or one.source or ""))
         if one.columns:
             source.columns = _in_time_order({n: np.asarray(one.columns[n])
                                              for n in parts.READ})
@@ -77,7 +77,7 @@ def plan_of(ranks_rows: list[Any]) -> Plan:
             source.data_offset = int(one.data_offset or 0)
         sources.append(source)
         surveys.append(_survey_of_head(one, group_map))
-    plan = Plan(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
+    plan = Partitioning(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
                 group_members,
                 [n for n, _ in sorted(collectives.items(), key=lambda item: item[1])],
                 [s for s, _ in sorted(sites.items(), key=lambda item: item[1])],
@@ -110,7 +110,7 @@ def _in_time_order(columns: dict[str, Any]) -> dict[str, Any]:
     return {n: c[order] for n, c in columns.items()}
 
 
-def _figure_task(plan: Plan, k: int) -> tuple[parts.Matched, parts.Figured]:
+def _figure_task(plan: Partitioning, k: int) -> tuple[parts.Matched, parts.Figured]:
     """Pass 2 on one partition: matched, then its figures (its launches stay here)."""
     matched = parts.match_partition(plan, k)
     figured = parts.figure_partition(plan, matched, plan.shift, plan.heat)
@@ -122,12 +122,12 @@ def _figure_task(plan: Plan, k: int) -> tuple[parts.Matched, parts.Figured]:
 SOURCES_A_TASK = 256
 
 
-def _sources_task(plan: Plan, item: tuple[Any, list[int]]) -> list[Any]:
+def _sources_task(plan: Partitioning, item: tuple[Any, list[int]]) -> list[Any]:
     function, sources = item
     return [function(plan, source) for source in sources]
 
 
-def _per_source(engine: Any, function: Any, plan: Plan, sources: list[int],
+def _per_source(engine: Any, function: Any, plan: Partitioning, sources: list[int],
                 label: str) -> list[Any]:
     """``function(plan, source)`` for each source, in tasks of ``SOURCES_A_TASK`` sources."""
     chunks = [sources[i:i + SOURCES_A_TASK] for i in range(0, len(sources), SOURCES_A_TASK)]
@@ -136,7 +136,7 @@ def _per_source(engine: Any, function: Any, plan: Plan, sources: list[int],
             for one in done]
 
 
-def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> list[Any]:
+def partition(plan: Partitioning, engine: Any, target: int = parts.TARGET_LAUNCHES) -> list[Any]:
     """Pass 1: the partitions (cut by the groups' extents: the heads', or read), each
     source's row ranges and clock estimates (``partitions.Indexed``). A source out of time
     order is put in order in memory (rows files the job writes are in order)."""
@@ -170,7 +170,7 @@ def partition(plan: Plan, engine: Any, target: int = parts.TARGET_LAUNCHES) -> l
     return indexed
 
 
-def run(plan: Plan, engine: Any, include_warmup: bool = False,
+def run(plan: Partitioning, engine: Any, include_warmup: bool = False,
         target: int = parts.TARGET_LAUNCHES) -> Any:
     """Every pass of the analysis of ``plan``'s rows on ``engine``: an ``Analysis``."""
     import numpy as np
@@ -180,7 +180,9 @@ def run(plan: Plan, engine: Any, include_warmup: bool = False,
     indexed = partition(plan, engine, target)
     fits = [one.clock for one in indexed]
     plan.shift = np.array([f.offset_us if f.applied else 0.0 for f in fits])
-    plan.heat = _heat_keys(plan, max(one.max_step for one in indexed) if indexed else -1)
+    max_step = max(one.max_step for one in indexed) if indexed else -1
+    plan.heat = _heat_keys(plan, max_step)
+    window_starts = _window_starts(plan) if max_step < 0 else None
     del indexed
     plan.surveys, plan.spoilt = [], None  # (the driver's: not shipped to every task)
     if plan.partitions == 1 and engine.name == "embedded":  # (here: its launches kept)
@@ -195,11 +197,35 @@ def run(plan: Plan, engine: Any, include_warmup: bool = False,
     note = far_clocks_note(analysis)
     if note:
         analysis.notes.append(note)
-    _join_figured(analysis, plan, joined, [f for _, f in done])
+    _join_figured(analysis, plan, joined, [f for _, f in done], window_starts)
+    if window_starts is not None and _timed_launches(done):
+        analysis.notes.append(NO_STEPS)
     return analysis
 
 
-def _join_matched(plan: Plan, matched: list[parts.Matched]) -> dict[str, Any]:
+#: Said where traces were given and none has a profiler step.
+NO_STEPS = ("no profiler steps in these traces (torch writes its ProfilerStep ranges only "
+            "for a profiler with a schedule): warm-up is taken as each group's first "
+            "collective and each rank's first collective of each group after its profiler "
+            "started; profile with schedule=torch.profiler.schedule(...) and prof.step() to "
+            "have steps")
+
+
+def _window_starts(plan: Partitioning) -> Any:
+    """The instance keys where some rank's launches of a group begin (the first collective
+    of each group after its profiler started, for rows of a profiled window): sorted."""
+    import numpy as np
+
+    keys = [(group << SEQ_BITS) | low for group, _, low, _ in plan.surveys if len(group)]
+    return np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+
+
+def _timed_launches(done: list[Any]) -> bool:
+    """Whether any launch was timed by a trace (not by its entry alone, as record files)."""
+    return sum(f.bare for _, f in done) < sum(int(m.offsets[-1]) for m, _ in done)
+
+
+def _join_matched(plan: Partitioning, matched: list[parts.Matched]) -> dict[str, Any]:
     """The instances of every partition, in partition order (each in (group, seq) order)."""
     import numpy as np
 
@@ -225,7 +251,7 @@ def lookup(keys: tuple[Any, Any], wanted: Any) -> Any:
     return np.where(sorted_keys[at] == wanted, order[at], -1)
 
 
-def _heat_keys(plan: Plan, max_step: int) -> dict[str, Any]:
+def _heat_keys(plan: Partitioning, max_step: int) -> dict[str, Any]:
     """How the heat map's cells are keyed: by profiler step where any is known, else by bins
     of each group's sequence (at most 200 a group)."""
     import numpy as np
@@ -238,7 +264,7 @@ def _heat_keys(plan: Plan, max_step: int) -> dict[str, Any]:
             "bins": np.minimum(200, span), "span": 200}
 
 
-def _analysis(plan: Plan, joined: dict[str, Any], fits: list[Any],
+def _analysis(plan: Partitioning, joined: dict[str, Any], fits: list[Any],
               include_warmup: bool) -> Any:
     import numpy as np
 
@@ -267,7 +293,7 @@ def _analysis(plan: Plan, joined: dict[str, Any], fits: list[Any],
     return analysis
 
 
-def _problems(plan: Plan, joined: dict[str, Any]) -> list[str]:
+def _problems(plan: Partitioning, joined: dict[str, Any]) -> list[str]:
     """The instances the ranks launched differently, one by one (up to ``LISTED_PROBLEMS``);
     those some member ranks have no record of, one line per group."""
     import numpy as np
@@ -298,10 +324,12 @@ def _problems(plan: Plan, joined: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _join_figured(analysis: Any, plan: Plan, joined: dict[str, Any],
-                  figured: list[parts.Figured]) -> None:
+def _join_figured(analysis: Any, plan: Partitioning, joined: dict[str, Any],
+                  figured: list[parts.Figured], window_starts: Any = None) -> None:
     """The figures of every partition in one table, then what needs every instance at once:
-    where each delay began (cause chains), the blame, each rank's figures, missing ranks."""
+    where each delay began (cause chains), the blame, each rank's figures, missing ranks.
+    Warm-up: profiler step 0 and each group's first instance; where no step is known, also
+    the instances at ``window_starts`` (each rank's first of a group in its inputs)."""
     import numpy as np
 
     table = analysis.table
@@ -327,6 +355,8 @@ def _join_figured(analysis: Any, plan: Plan, joined: dict[str, Any],
             "is no transfer time for them, and their waits are bounded by the rank's next "
             "entry only (upper bounds)")
     table.warmup = (table.step == 0) | (analysis.seq == 0)
+    if window_starts is not None and len(window_starts):
+        table.warmup |= (table.step < 0) & np.isin(joined["key"], window_starts)
     late = skew >= parts.IN_STEP_US
     # the lateness each late instance's straggler carried in from its previous collective:
     # how much later it left that one than the first rank to arrive left its own
@@ -385,13 +415,13 @@ def _join_figured(analysis: Any, plan: Plan, joined: dict[str, Any],
          "last_to_arrive": int(times_late[c])} for c, r in enumerate(analysis.ranks)]
     analysis.cells = parts.merge_cells([f.cells for f in figured])
     analysis.heat = plan.heat
-    analysis.missing = _missing(analysis, plan, joined,
-                                np.concatenate([f.reached for f in figured]))
     if len(figured) == 1 and figured[0].launch is not None:
         analysis.keep_partition(0, figured[0].launch)
+    analysis.missing = _missing(analysis, plan, joined,
+                                np.concatenate([f.reached for f in figured]))
 
 
-def _missing(analysis: Any, plan: Plan, joined: dict[str, Any],
+def _missing(analysis: Any, plan: Partitioning, joined: dict[str, Any],
              reached: Any) -> list[dict[str, Any]]:
     """Per group whose ranks did not all leave a record of it, or did not all reach its last
     instance: the ranks with no record at all, and the last instance each present rank
@@ -425,6 +455,7 @@ def _missing(analysis: Any, plan: Plan, joined: dict[str, Any],
         by_group.setdefault(g, {})[ranks[c]] = i
     seq = analysis.seq
     present = set(ranks)
+    column = {r: c for c, r in enumerate(ranks)}
     for g, by_rank in sorted(by_group.items(),
                              key=lambda item: natural_key(plan.group_keys[item[0]])):
         size = int(plan.group_size[g])
@@ -440,20 +471,35 @@ def _missing(analysis: Any, plan: Plan, joined: dict[str, Any],
             continue
         ahead = sorted(r for r, i in by_rank.items() if int(seq[i]) == furthest)
         top = next(i for r, i in by_rank.items() if int(seq[i]) == furthest)
+        following = lookup(joined["keys"], np.array(
+            [(g << SEQ_BITS) | (int(seq[i]) + 1) for i in behind.values()], np.int64))
+        after = dict(zip(behind, following.tolist(), strict=True))
         found.append({
             "group": plan.group_keys[g], "group_desc": plan.group_desc[g], "size": size,
             "members": None if members is None else list(members),
             "no_record": absent, "no_record_unknown": unknown_absent,
             "reached": {"ranks": ahead, "seq": furthest,
                         "collective": table.collective_names[int(table.collective[top])],
-                        "step": int(table.step[top])},
+                        "step": int(table.step[top]), "call_site": _site_of(analysis, top)},
             "behind": [{"rank": r, "seq": int(seq[i]),
-                        "collective": table.collective_names[int(table.collective[i])]}
+                        "collective": table.collective_names[int(table.collective[i])],
+                        "call_site": analysis.site(i, column[r]),
+                        "next": None if after[r] < 0 else {
+                            "collective": table.collective_names[
+                                int(table.collective[after[r]])],
+                            "call_site": _site_of(analysis, after[r])}}
                        for r, i in sorted(behind.items())]})
     return found
 
 
-def launches_of_partition(plan: Plan, k: int) -> dict[str, Any]:
+def _site_of(analysis: Any, instance: int) -> str | None:
+    """An instance's call site: its last rank's (the ranks of one collective call it from one
+    place, but for a divergence, which ``check`` says)."""
+    code = int(analysis.straggler_site[instance])
+    return analysis.site_names[code] if code >= 0 else None
+
+
+def launches_of_partition(plan: Partitioning, k: int) -> dict[str, Any]:
     """Partition ``k``'s launches as its figures saw them (clocks applied, waits): read
     again, for the parts of its instances."""
     matched = parts.match_partition(plan, k)

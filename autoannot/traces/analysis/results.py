@@ -128,7 +128,7 @@ class Analysis:
     ranks_figures: list[dict[str, Any]] | None = None
     #: Whether warm-up instances count in the ranking (``include_warmup``).
     warmup_counted: bool = False
-    plan: Any = None  # ``partitions.Plan``: what reads a partition's launches again
+    plan: Any = None  # ``partitions.Partitioning``: what reads a partition's launches again
     bases: Any = None  # each partition's first instance
     straggler_column: Any = None  # per instance, the last to arrive (in step or not)
     straggler_site: Any = None  # per instance, the last to arrive's call site (a code)
@@ -303,11 +303,18 @@ def describe_missing(entry: dict[str, Any]) -> str:
         said.append(f"{entry['no_record_unknown']} of its {entry['size']} ranks left no record "
                     "(the inputs do not name the group's ranks)")
     for one in sorted(entry["behind"], key=lambda b: (b["seq"], b["rank"])):
-        said.append(f"rank {one['rank']}'s last launch was {one['collective']} #{one['seq']} "
-                    f"(it never entered #{one['seq'] + 1})")
+        following = one.get("next")
+        never = (f"#{one['seq'] + 1}" if not following else
+                 f"#{one['seq'] + 1} {following['collective']}{_at(following.get('call_site'))}")
+        said.append(f"rank {one['rank']}'s last launch was {one['collective']} #{one['seq']}"
+                    f"{_at(one.get('call_site'))} (it never entered {never})")
     said.append(f"{rank_list(reached['ranks'])} reached {reached['collective']} "
-                f"#{reached['seq']}")
+                f"#{reached['seq']}{_at(reached.get('call_site'))}")
     return f"{name}: " + "; ".join(said)
+
+
+def _at(call_site: str | None) -> str:
+    return f" at {call_site}" if call_site else ""
 
 
 def rank_list(ranks: list[int]) -> str:

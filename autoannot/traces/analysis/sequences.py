@@ -8,21 +8,20 @@ NCCL kernels with collective args, per process group), and compared across the r
 have each: the first place where they differ is reported per (scope, group), with each rank's
 collective, sizes, dtype and call site.
 
-The same comparison runs inside a job (``AUTOANNOT_VERIFY=1``, see ``verify_capture``): at the
-end of each capture, every rank posts its graph's sequence to the c10d store and compares it
-with the others' before the first replay can hang.
+The same comparison runs inside a job (``AUTOANNOT_VERIFY=1``: the runtime's ``keep.verify``
+asks ``first_divergence``): at the end of each capture, every rank posts its graph's sequence to
+the c10d store and compares it with the others' before the first replay can hang.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 
 #: What must agree across ranks, from an annotation.
@@ -120,27 +119,35 @@ def from_ledger(path: Path, sequences: Sequences, members: Members | None = None
 
 
 def from_records(path: Path, sequences: Sequences, members: Members | None = None,
-                 run: str | None = None) -> int:
-    """A record file's eager sequences, per run of the job and group (runs never compared
-    with each other)."""
+                 run: str | None = None) -> set[int]:
+    """A record file's eager sequences, per rank (a file several ranks wrote holds several:
+    ``RecordFile.by_rank``), run of the job and group (runs never compared with each other);
+    the ranks it holds."""
     from autoannot.traces.read import record_files
     from autoannot.traces.read.runs import NO_RUN, run_of
 
-    record = record_files.read(path)
-    rank = record.rank
-    per_group: dict[tuple[str, str], list[Step]] = defaultdict(list)
-    for entry in record.lines:
-        annotation = entry["annotation"]
-        if record_files.is_collective(entry) and (run is None or run_of(entry) == run):
-            group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
-            per_group[(run_of(entry), group)].append(step_of(annotation, entry.get("call_site")))
-            if members is not None:
-                note_members(members, group, annotation)
-    if rank is None:
-        raise files.TraceError(f"{path}: names no rank")
-    for (run, group), steps in per_group.items():
-        sequences[("eager" if run == NO_RUN else f"eager, run {run}", group)][rank] = steps
-    return rank
+    ranks: set[int] = set()
+    for record in record_files.read(path).by_rank():
+        rank = record.rank
+        per_group: dict[tuple[str, str], list[Step]] = defaultdict(list)
+        for entry in record.lines:
+            annotation = entry["annotation"]
+            if record_files.is_collective(entry) and (run is None or run_of(entry) == run):
+                group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
+                per_group[(run_of(entry), group)].append(step_of(annotation,
+                                                                 entry.get("call_site")))
+                if members is not None:
+                    note_members(members, group, annotation)
+        if rank is None:
+            raise files.TraceError(f"{path}: names no rank")
+        for (one_run, group), steps in per_group.items():
+            scope = "eager" if one_run == NO_RUN else f"eager, run {one_run}"
+            if rank in sequences[(scope, group)]:
+                raise files.TraceError(f"{path}: rank {rank}'s record is given twice (in this "
+                                       "file and another)")
+            sequences[(scope, group)][rank] = steps
+        ranks.add(rank)
+    return ranks
 
 
 #: Rows' scope: each rank's steps keyed by their sequence number (``from_rows``); the ranks'
@@ -181,13 +188,16 @@ def _rows_windows(by_seq: dict[str, dict[int, dict[int, Step]]], sequences: Sequ
 
 
 def from_trace(path: Path, position: int, sequences: Sequences,
-               members: Members | None = None) -> int:
+               members: Members | None = None,
+               gloo_only: list[tuple[Path, int]] | None = None) -> int:
     """A trace's eager NCCL collectives, per group (compared with other traces only: a trace
     gives sizes in bytes, not the annotation's fields)."""
     from autoannot.traces.read import rank_files
 
-    rank, launches, _ = rank_files.trace_launches(path)
+    rank, launches, gloo = rank_files.trace_launches(path)
     rank = position if rank is None else rank
+    if gloo and not launches and gloo_only is not None:  # (said where nothing else is given)
+        gloo_only.append((path, len(gloo)))
     per_group: dict[str, list[Step]] = defaultdict(list)
     for launch in launches:
         per_group[launch.group].append(Step((launch.collective, launch.size_bytes), None))
@@ -246,16 +256,9 @@ def check_files(paths: list[Path], run: str | None = None,
     from autoannot.traces.read import ledger, record_files, runs
     from autoannot.traces.table import rows
 
-    found: dict[str, list[Path]] = {}
-    run_of_rows: dict[Path, str] = {}
-    for path in paths:
-        if path.suffix == ".jsonl":
-            for name in record_files.read(path).runs():
-                found.setdefault(name, []).append(path)
-        elif rows.is_rows_name(path):
-            name = rows.read_head(path)[0].run or runs.NO_RUN
-            run_of_rows[path] = name
-            found.setdefault(name, []).append(path)
+    rows_files = [p for p in paths if rows.is_rows_name(p)]
+    found = record_files.runs_in([p for p in paths if p.suffix == ".jsonl"], rows_files)
+    run_of_rows = {p: rows.read_head(p)[0].run or runs.NO_RUN for p in rows_files}
     if found:
         run = runs.choose(found, run)
     elif run is not None:
@@ -267,22 +270,27 @@ def check_files(paths: list[Path], run: str | None = None,
     traces = 0
     given = {os.path.realpath(p) for p in paths}
     rows_by_seq: dict[str, dict[int, dict[int, Step]]] = {}
+    gloo_only: list[tuple[Path, int]] = []
     for path in paths:
         if path.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX)):
             ranks.add(from_ledger(path, sequences, members))
         elif path.suffix == ".jsonl":
-            ranks.add(from_records(path, sequences, members, run))
+            ranks |= from_records(path, sequences, members, run)
         elif rows.is_rows_name(path):
             if run_of_rows[path] == run:
                 ranks.add(from_rows(path, rows_by_seq, members))
         else:
-            ranks.add(from_trace(path, traces, sequences, members))
+            ranks.add(from_trace(path, traces, sequences, members, gloo_only))
             traces += 1
             beside = ledger_of_trace(path)  # its graphs, as annotate reads them
             if beside is not None and os.path.realpath(beside) not in given:
                 given.add(os.path.realpath(beside))
                 from_ledger(beside, sequences)
     _rows_windows(rows_by_seq, sequences)
+    if gloo_only and not sequences:
+        from autoannot.traces.read.rank_files import gloo_needs_records
+
+        raise gloo_needs_records([p for p, _ in gloo_only], sum(n for _, n in gloo_only))
     divergences, compared = compare(sequences)
     if missing is not None:
         missing += missing_ranks(sequences, members)
@@ -304,57 +312,19 @@ def ledger_of_trace(path: Path) -> Path | None:
 
 # --- in the job ----------------------------------------------------------------------------------
 
-class SequenceMismatch(RuntimeError):
-    """The ranks captured different collective sequences into one graph: replaying it would
-    hang or corrupt."""
+#: A rank's launches as a job posts them: (group, annotation, call site) each.
+Posted = list[tuple[str, dict[str, Any], str | None]]
 
 
-def verify_capture(graph_name: str, entries: list[dict[str, Any]], timeout_s: float = 300.0
-                   ) -> None:
-    """Compare a just-captured graph's collectives with the other ranks' (``AUTOANNOT_VERIFY``).
-
-    Every rank posts its sequence to the default group's c10d store (no collective on any
-    stream) and waits for those of the ranks its graph's collectives involve; raises
-    ``SequenceMismatch`` naming the first divergence, on every rank that sees it."""
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_initialized():
-        return
-    from datetime import timedelta
-
-    me = dist.get_rank()
-    members = _members(entries, dist) | {me}
-    if len(members) < 2:
-        return
-    store = dist.distributed_c10d._get_default_store()
-    mine = [[entry.get("annotation", {}).get(k) for k in (V.PG_NAME, *FIELDS)]
-            + [entry.get("call_site")] for entry in entries]
-    prefix = f"autoannot/verify/{graph_name}/"
-    store.set(prefix + str(me), json.dumps(mine))
-    keys = [prefix + str(rank) for rank in sorted(members)]
-    store.wait(keys, timedelta(seconds=timeout_s))
+def first_divergence(scope: str, by_rank: dict[int, Posted]) -> str | None:
+    """Where the ranks' launches of one scope (a captured graph) first differ, per group, in
+    ``check``'s words; None where they agree (``AUTOANNOT_VERIFY``: the job asks)."""
     sequences: Sequences = defaultdict(dict)
-    for rank in sorted(members):
+    for rank, launches in sorted(by_rank.items()):
         per_group: dict[str, list[Step]] = defaultdict(list)
-        for row in json.loads(store.get(prefix + str(rank))):
-            per_group[str(row[0])].append(Step(tuple(row[1:-1]), row[-1]))
+        for group, annotation, site in launches:
+            per_group[str(group)].append(step_of(annotation, site))
         for group, steps in per_group.items():
-            sequences[(graph_name, group)][rank] = steps
+            sequences[(scope, group)][rank] = steps
     divergences, _ = compare(sequences)
-    if divergences:
-        raise SequenceMismatch(
-            "autoannot (AUTOANNOT_VERIFY): the ranks captured different collectives into "
-            f"this CUDA graph; replaying it would hang or corrupt. First difference: "
-            f"{divergences[0].describe()}")
-
-
-def _members(entries: list[dict[str, Any]], dist: Any) -> set[int]:
-    """The global ranks of the groups a graph's collectives run on."""
-    names = {str(e.get("annotation", {}).get(V.PG_NAME)) for e in entries}
-    ranks: set[int] = set()
-    c10d = dist.distributed_c10d
-    for group, name in c10d._world.pg_names.items():
-        if str(name) in names:
-            ranks.update(c10d.get_process_group_ranks(group))
-    return ranks
+    return divergences[0].describe() if divergences else None

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoannot import vocabulary as V
-from autoannot.collectives import SYMM_MEM_FAMILIES
+from autoannot.describe import vocabulary as V
+from autoannot.describe.collectives import SYMM_MEM_FAMILIES
 from autoannot.traces.files import Trace, TraceError, dump_event
 from autoannot.traces.read import ledger as ledgers
 from autoannot.traces.read.ledger import REPLAY_PREFIX

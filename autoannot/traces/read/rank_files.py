@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 from autoannot.traces.table.launch import Launch
 
@@ -112,6 +112,17 @@ def launches_in(trace: files.Trace, scan: Any, patches: Any = None
     return rank, launches, [g._replace(step=step_of(g.start)) for g in gloo]
 
 
+def gloo_needs_records(traces: list[Path], ranges: int) -> files.TraceError:
+    """The refusal of gloo traces given alone: gloo's profiler ranges carry no process group
+    and no sequence number, so nothing lines them up across ranks; the record file does."""
+    shown = ", ".join(p.name for p in traces[:3]) + (", ..." if len(traces) > 3 else "")
+    return files.TraceError(
+        f"{shown}: {len(traces)} gloo trace{'s' if len(traces) != 1 else ''} with {ranges} gloo "
+        "collectives and nothing to line them up by (gloo's profiler ranges name no process "
+        "group or sequence): run the job with AUTOANNOT_RECORD='DIR/rank{rank}.jsonl' too and "
+        "give its record files (with the traces, or alone)")
+
+
 #: Bytes of an element, by the profiler's "Input type" (c10's names).
 _INPUT_TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2,
                      "long int": 8, "int": 4, "short int": 2, "signed char": 1,
@@ -162,9 +173,10 @@ def group_ranks(annotation: dict[str, Any]) -> tuple[int, ...] | None:
 
 
 def record_launches(path: Path, notes: list[str] | None = None
-                    ) -> tuple[int | None, dict[str, list[Launch]], str | None]:
-    """A record file's rank, launches (entry times, call sites) per run of the job, and host
-    (None where its lines do not say).
+                    ) -> list[tuple[int | None, dict[str, list[Launch]], str | None]]:
+    """Each rank's part of a record file (one, unless several ranks wrote to it:
+    ``record_files.RecordFile.by_rank``): its rank, launches (entry times, call sites) per run
+    of the job, and host (None where its lines do not say).
 
     Entry times are the process's monotonic clock (steady, but each host's own: hosts' differ
     by hours), moved onto the wall clock where the lines carry it: by the median of
@@ -175,10 +187,31 @@ def record_launches(path: Path, notes: list[str] | None = None
     record = record_files.read(path, ("seq", "group", "monotonic_ns"),
                                "files written before autoannot 0.1 (no seq) cannot be lined up "
                                "across ranks")
-    rank = record.rank
     if record.cut is not None and notes is not None:
         notes.append(f"{path}:{record.cut}: its last line was cut short (the job was killed "
                      "while writing it?): left out")
+    parts = record.by_rank()
+    if len(parts) > 1 and notes is not None:
+        notes.append(f"{path}: holds the lines of {len(parts)} ranks (one path for every "
+                     "rank, or files put together): read rank by rank")
+    return [(part.rank, _launches_by_run(part), part.host) for part in parts]
+
+
+def rank_record(path: Path, rank: int | None
+                ) -> tuple[int | None, dict[str, list[Launch]], str | None]:
+    """The part of a record file that is ``rank``'s (its only part where ``rank`` is None);
+    (None, {}, None) where it holds no line of that rank."""
+    parts = record_launches(path)
+    if rank is None:
+        return parts[0] if len(parts) == 1 else (None, {}, None)
+    return next((part for part in parts if part[0] == rank), (None, {}, None))
+
+
+def _launches_by_run(record: Any) -> dict[str, list[Launch]]:
+    """One rank's record lines as launches, per run."""
+    from autoannot.traces.read import record_files
+
+    rank = record.rank
     by_run: dict[str, list[Launch]] = {}
     for run, lines in record.runs().items():
         launches = by_run[run] = []
@@ -200,7 +233,7 @@ def record_launches(path: Path, notes: list[str] | None = None
                                        for launch in launches)
             for launch in launches:
                 launch.start_us += offset
-    return rank, by_run, record.host
+    return by_run
 
 
 #: gloo's profiler range name -> the "Collective name"s of launches that run as it (gloo runs
@@ -377,7 +410,7 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
     rank, launches, gloo = launches_in(*scanned)
     recorded: list[Any] = []
     if record_path is not None and Path(record_path).is_file():
-        record_rank, by_run, record_host = record_launches(Path(record_path))
+        record_rank, by_run, record_host = rank_record(Path(record_path), rank)
         recorded = by_run.get(run, []) if run is not None else []
         rank = rank if rank is not None else record_rank
         host = host or record_host
@@ -402,24 +435,24 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
 
 
 def read_rows_files(paths: Iterable[Path], run: str | None = None,
-                    heads_only: bool = False) -> dict[int, Any]:
-    """Rows files by rank, of one run (``run``: rows of other runs are left out, and none
-    may be left; else the only one: TraceError naming them where they hold several), a rank
-    given twice refused. ``heads_only``: their columns are left to be read one file at a time
+                    heads_only: bool = False, others: dict[str, list[Path]] | None = None
+                    ) -> tuple[dict[int, Any], str | None]:
+    """Rows files by rank, of one run, and that run: ``run``, or the only one of the rows and
+    ``others`` (the runs other inputs of the same command hold, run -> files) together —
+    TraceError naming them where they hold several (``runs.choose``); a rank given twice
+    refused. ``heads_only``: their columns are left to be read one file at a time
     (``matching.analyze_rows``)."""
     from autoannot.traces.read import runs
     from autoannot.traces.table import rows
 
     paths = list(paths)
-    if not paths:
-        return {}
-    found: dict[str, list[Path]] = {}
+    found: dict[str, list[Path]] = {name: list(where) for name, where in (others or {}).items()}
     read: list[tuple[Path, Any]] = []
     for path in paths:
         one = rows.read_head(path)[0] if heads_only else rows.read(path)
         read.append((path, one))
         found.setdefault(one.run or runs.NO_RUN, []).append(path)
-    chosen = run if run is not None else runs.choose(found, None)
+    chosen = runs.choose(found, run)
     by_rank: dict[int, Any] = {}
     where: dict[int, Path] = {}
     for path, one in read:
@@ -429,4 +462,4 @@ def read_rows_files(paths: Iterable[Path], run: str | None = None,
             raise files.TraceError(f"{where[one.rank]} and {path} are both rank {one.rank}'s "
                                    "rows: give one per rank of one job")
         by_rank[one.rank], where[one.rank] = one, path
-    return by_rank
+    return by_rank, chosen

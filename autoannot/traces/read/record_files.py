@@ -1,5 +1,9 @@
 """Reading ``AUTOANNOT_RECORD`` files (``journal.py`` writes them): one reader for every tool, so
-each takes the same lines and refuses a bad one with the same message."""
+each takes the same lines and refuses a bad one with the same message.
+
+A file normally holds one process's lines. One that holds several ranks' (every rank appended
+to one path, or ``cat rank*.jsonl > all.jsonl``) is read rank by rank (``by_rank``): each
+rank's lines are that rank's record, as if it had its own file."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 from autoannot.traces.read.runs import run_of
 
@@ -24,6 +28,29 @@ class RecordFile:
     lines: list[dict[str, Any]] = field(default_factory=list)
     #: The number of a last line cut short (a job killed while writing it), left out.
     cut: int | None = None
+
+    def by_rank(self) -> list[RecordFile]:
+        """Its lines rank by rank, each rank's as a record of its own (in the order the ranks
+        first appear). A line that names no rank (written before the process group was up)
+        goes with the rank its process's other lines name; where none does, with the file's
+        only rank, if it has one."""
+        named = {(run_of(line), line.get("pid")): line["rank"] for line in self.lines
+                 if isinstance(line.get("rank"), int)}
+        ranks = set(named.values())
+        only = next(iter(ranks)) if len(ranks) == 1 else None
+        parts: dict[int | None, RecordFile] = {}
+        for line in self.lines:
+            rank = line.get("rank")
+            if not isinstance(rank, int):
+                rank = named.get((run_of(line), line.get("pid")), only)
+            part = parts.get(rank)
+            if part is None:
+                part = parts[rank] = RecordFile(self.path, rank,
+                                                cut=self.cut if not parts else None)
+            if isinstance(line.get("host"), str):
+                part.host = line["host"]
+            part.lines.append(line)
+        return list(parts.values()) or [self]
 
     def runs(self) -> dict[str, list[dict[str, Any]]]:
         """Its lines per run of the job, in order."""
@@ -80,3 +107,18 @@ def size_of(annotation: dict[str, Any]) -> tuple[str, int, int]:
     dtype = str(annotation.get(V.DTYPE, "?"))
     nelems = max(int(annotation.get(V.IN_NELEMS, 0)), int(annotation.get(V.OUT_NELEMS, 0)))
     return dtype, nelems, nelems * DTYPE_BYTES.get(dtype, 0)
+
+
+def runs_in(records: list[Path], rows: list[Path]) -> dict[str, list[Path]]:
+    """The runs that record files and rows files hold (run -> the files that hold it): what
+    ``runs.choose`` takes, for every command alike."""
+    from autoannot.traces.read.runs import NO_RUN
+    from autoannot.traces.table import rows as table
+
+    found: dict[str, list[Path]] = {}
+    for path in records:
+        for name in read(path).runs():
+            found.setdefault(name, []).append(path)
+    for path in rows:
+        found.setdefault(table.read_head(path)[0].run or NO_RUN, []).append(path)
+    return found

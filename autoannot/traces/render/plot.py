@@ -14,10 +14,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 from autoannot.traces.read.annotate import kernel_family
 from autoannot.traces.render import summary
+from autoannot.traces.units import size_text
 
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
            "#8C8C8C"]
@@ -52,7 +53,7 @@ def _lanes(path: Path) -> tuple[int | None, dict[str, list[tuple[float, float, s
                 lanes["nccl (unannotated)"].append((start, dur, ""))
                 continue
             nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
-            size = summary._size(nelems * summary.DTYPE_BYTES.get(args.get(V.DTYPE), 0))
+            size = size_text(nelems * summary.DTYPE_BYTES.get(args.get(V.DTYPE), 0))
             name_of_group = str(args.get(V.PG_NAME, "?"))
             if len(name_of_group) > 10:  # mesh groups are named by a hash
                 name_of_group = name_of_group[:8] + "…"

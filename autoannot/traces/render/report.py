@@ -16,7 +16,7 @@ import html
 from typing import Any
 
 from autoannot.traces.analysis.matching import Analysis
-from autoannot.traces.render.skew import _us
+from autoannot.traces.render.skew import us_text
 
 #: Ranks drawn in the step's timeline (the straggler, the most delayed, then spread out).
 TIMELINE_RANKS = 16
@@ -238,13 +238,13 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
         bars["wait"]["y"].append(label)
         bars["wait"]["base"].append((start[i] - origin) / 1e3)
         bars["wait"]["x"].append(max(0.0, waited / 1e3))
-        bars["wait"]["text"].append(f"{what}: waited {_us(waited)}")
+        bars["wait"]["text"].append(f"{what}: waited {us_text(waited)}")
         if end[i] == end[i]:
             moved = end[i] - start[i] - waited
             bars["move"]["y"].append(label)
             bars["move"]["base"].append((start[i] + waited - origin) / 1e3)
             bars["move"]["x"].append(max(0.0, moved / 1e3))
-            bars["move"]["text"].append(f"{what}: in the collective {_us(moved)} after "
+            bars["move"]["text"].append(f"{what}: in the collective {us_text(moved)} after "
                                         "waiting")
     figure = go.Figure()
     figure.add_bar(orientation="h", name="waiting for the last rank", marker_color="#b8b8b8",

@@ -13,7 +13,7 @@ from autoannot.traces.analysis.matching import IN_STEP_US, Analysis, describe_mi
 from autoannot.traces.analysis.matching import count as count_of
 
 
-def _us(value: float | None) -> str:
+def us_text(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value / 1e3:.2f} ms" if value >= 1e4 else f"{value:.1f} us"
@@ -21,14 +21,18 @@ def _us(value: float | None) -> str:
 
 def lead(analysis: Analysis) -> list[str]:
     """The first lines to say of an analysis: missing ranks first (never an all-clear while a
-    rank is missing), then where the largest delay began."""
+    rank is missing), else where the largest delay began. While ranks are missing (a hang, a
+    rank's files lost) no straggler leads: the ranks missing are the story, and the ranking
+    knows nothing of them (it stays in the body)."""
     lines = [f"MISSING: {describe_missing(entry)}" for entry in analysis.missing]
+    if lines:
+        return lines
     origins = analysis.origins(1)
     if origins:
         top = origins[0]
         lines.append(
-            f"rank {top['rank']} held the others up most: {_us(top['blamed_us'])} of their "
-            f"waiting began where it arrived {_us(top['late_us'])} late, at "
+            f"rank {top['rank']} held the others up most: {us_text(top['blamed_us'])} of their "
+            f"waiting began where it arrived {us_text(top['late_us'])} late, at "
             f"{top['group_desc'] or top['group']} #{top['seq']} {top['collective']}"
             + (f" (step {top['step']})" if top["step"] >= 0 else "")
             + f" {'at ' + top['call_site'] if top['call_site'] else '(no call site recorded)'}")
@@ -50,7 +54,8 @@ def warmup_note(analysis: Analysis) -> str | None:
         return None
     worst = float(f.skew[f.warmup].max())
     return (f"{count_of(count, 'warm-up instance')} (profiler step 0, and each group's first "
-            f"collective: process and communicator start-up; largest skew {_us(worst)}): shown "
+            "collective: process and communicator start-up; without profiler steps also each "
+            f"rank's first after its profiler started; largest skew {us_text(worst)}): shown "
             "but left out of the ranking (--include-warmup counts them)")
 
 
@@ -63,8 +68,8 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
              f"{'rank':>4} {'waited in collectives':>22} {'others waited for it':>21} "
              f"{'last to arrive':>15}"]
     for r in analysis.per_rank():
-        lines.append(f"{r['rank']:>4} {_us(r['waited_us']):>22} "
-                     f"{_us(r['others_waited_for_it_us']):>21} {r['last_to_arrive']:>15}")
+        lines.append(f"{r['rank']:>4} {us_text(r['waited_us']):>22} "
+                     f"{us_text(r['others_waited_for_it_us']):>21} {r['last_to_arrive']:>15}")
     origins = analysis.origins(top)
     if origins:
         lines += ["", "where the waiting began (each delay blamed once, where it started):",
@@ -72,7 +77,8 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
                   f"{'#':>5} {'collective':24} call site"]
         for o in origins:
             group = f"{o['group_desc'] or '?'} ({o['group']})"
-            lines.append(f"{o['rank']:>4} {_us(o['blamed_us']):>10} {_us(o['late_us']):>10} "
+            lines.append(f"{o['rank']:>4} {us_text(o['blamed_us']):>10} "
+                         f"{us_text(o['late_us']):>10} "
                          f"{o['step'] if o['step'] >= 0 else '-':>4}  {group[:14]:14} "
                          f"{o['seq']:>5} {o['collective'][:24]:24} {o['call_site'] or '-'}")
     lines += ["", f"top {len(by_skew)} instances by skew:",
@@ -87,8 +93,8 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
         group = f"{instance.group_desc or '?'} ({instance.group})"
         lines.append(f"{group[:14]:14} {instance.seq:>5} {instance.collective[:24]:24} "
                      f"{_size(instance.size_bytes):>10} "
-                     f"{'-' if straggler is None else straggler:>5} {_us(round(skew, 3)):>10} "
-                     f"{_us(None if transfer is None else round(transfer, 3)):>10}  "
+                     f"{'-' if straggler is None else straggler:>5} {us_text(round(skew, 3)):>10} "
+                     f"{us_text(None if transfer is None else round(transfer, 3)):>10}  "
                      f"{site or '-'}")
     fitted = [c for c in analysis.clocks if c.instances]
     if fitted:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 from autoannot.traces.paths import DEFAULT_FOLDER
 from autoannot.traces.units import DTYPE_BYTES, bus_factor

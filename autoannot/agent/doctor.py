@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autoannot import config
+from autoannot.base import config
 
 NEEDED_CUDA_BINDINGS = (13, 1)
 NEEDED_DRIVER = 13010  # CUDA 13.1, as cudaDriverGetVersion reports it
@@ -35,7 +35,7 @@ def _hook_state() -> dict[str, Any]:
     roots = [*site.getsitepackages(), site.getusersitepackages()]
     pth = [str(Path(r) / "autoannot-startup.pth") for r in roots
            if (Path(r) / "autoannot-startup.pth").exists()]
-    hook_dir = str(Path(__file__).parent / "_hook")
+    hook_dir = str(Path(__file__).parents[1] / "_hook")
     on_path = any(os.path.abspath(p) == hook_dir for p in sys.path)
     value = os.environ.get("AUTOANNOT", "")
     fires = config.flag_value_is_valid(value) and config.agent_requested({"AUTOANNOT": value})
@@ -82,7 +82,7 @@ def diagnose() -> dict[str, Any]:
     bindings = _version("cuda-bindings") or _version("cuda-python")
     report["cuda_bindings"] = bindings
 
-    from autoannot import features
+    from autoannot.base import features
 
     api = features.graph_annotations()
     report["torch_annotation_module"] = api.where if api is not None else None
@@ -113,7 +113,7 @@ def diagnose() -> dict[str, Any]:
             elif unavailable:
                 missing.append("cudaGraphNodeGetToolsId is unavailable (the driver answered "
                                "cudaErrorCallRequiresNewerDriver)")
-    from autoannot import capture_identity
+    from autoannot.keep import capture_identity
 
     settings = config.from_environment()
     report["native_observer"] = _native_observer(settings)
@@ -130,9 +130,9 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
     """How launches below the Python API are seen here: compiled code's, C++-origin ones."""
     if not settings.ops:
         return ("not annotated: AUTOANNOT_OPS=0",) * 2  # type: ignore[return-value]
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
-    if pghooks.observe(settings):
+    if group_hooks.observe(settings):
         line = ("annotated through torch's process-group hooks (every group, every thread; no "
                 "dispatch key, no compiler)")
         return line, line
@@ -142,13 +142,13 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
         line = ("annotated by the native observer (torch's RecordFunction callbacks, on every "
                 "thread; no dispatch key)")
         return line, line
-    from autoannot import dispatch
+    from autoannot.observe import python_layer
 
     lines = []
-    for family, what in zip(dispatch.FAMILIES, ("_c10d_functional", "c10d::"), strict=True):
-        why = dispatch._unavailable(family)
+    for family, what in zip(python_layer.FAMILIES, ("_c10d_functional", "c10d::"), strict=True):
+        why = python_layer.unavailable(family)
         lines.append(f"not annotated: {why}" if why else
-                     f"annotated by the Python layer (a {dispatch.KEY} kernel per {what} op, "
+                     f"annotated by the Python layer (a {python_layer.KEY} kernel per {what} op, "
                      "registered while a capture or record() asks, on their threads only; "
                      "steps aside where another library owns the key)")
     return lines[0], lines[1]
@@ -156,14 +156,14 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
 
 def _group_hooks(settings: Any) -> str:
     """Whether this torch's process groups take collective hooks, and what they do here."""
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
     if "torch.distributed.distributed_c10d" not in sys.modules:
         try:
             import torch.distributed  # noqa: F401  (to ask its process groups)
         except Exception:
             return "torch.distributed cannot be imported here"
-    if not pghooks.available():
+    if not group_hooks.available():
         return ("this torch's process groups take no collective hooks (they come with torch "
                 "2.14): the observers above see every launch below the Python API")
     if not settings.ops:
@@ -177,11 +177,12 @@ def _group_hooks(settings: Any) -> str:
 
 
 def _native_observer(settings: Any) -> str:
-    from autoannot import native, pghooks
+    from autoannot import native
+    from autoannot.observe import group_hooks
 
     if not settings.native:
         return "off (AUTOANNOT_NATIVE=0)"
-    if pghooks.observe(settings):
+    if group_hooks.observe(settings):
         return ("not used: this torch's process-group hooks observe instead "
                 "(AUTOANNOT_GROUP_HOOKS=0 to use it where built)")
     path = native.built_path()
@@ -193,24 +194,23 @@ def _native_observer(settings: Any) -> str:
             "record of them")
 
 
+#: The report's answers about launches, each with what it is said as.
+_SAID = (("compiled_code", "torch.compile'd collectives"),
+         ("cpp_origin", "launches no proxy sees (DDP's reducer, backward, ProcessGroup calls)"),
+         ("native_observer", "native observer"),
+         ("group_hooks", "process-group hooks"),
+         ("capture_identity", "a launch is tied to its CUDA-graph capture by"))
+
+
 def format_report(report: dict[str, Any]) -> str:
     lines = ["autoannot doctor", ""]
     for key in ("python", "autoannot", "torch", "cuda_runtime", "driver", "nccl", "gpus",
                 "cuda_bindings", "wrapt", "torch_annotation_module"):
         lines.append(f"  {key:24} {report.get(key) if report.get(key) is not None else '-'}")
     lines += ["", f"  annotation path: {report['path']}"]
-    if report.get("compiled_code"):
-        lines.append(f"  torch.compile'd collectives: {report['compiled_code']}")
-    if report.get("cpp_origin"):
-        lines.append(f"  launches no proxy sees (DDP's reducer, backward, ProcessGroup calls): "
-                     f"{report['cpp_origin']}")
-    if report.get("native_observer"):
-        lines.append(f"  native observer: {report['native_observer']}")
-    if report.get("group_hooks"):
-        lines.append(f"  process-group hooks: {report['group_hooks']}")
-    if report.get("capture_identity"):
-        lines.append(f"  a launch is tied to its CUDA-graph capture by: "
-                     f"{report['capture_identity']}")
+    for key, said in _SAID:
+        if report.get(key):
+            lines.append(f"  {said}: {report[key]}")
     if report.get("missing"):
         lines.append("  for torch's toolsId path:")
         lines += [f"    - {m}" for m in report["missing"]]

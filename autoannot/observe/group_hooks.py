@@ -1,39 +1,32 @@
 """Torch's process-group hooks as the observer of every launch no proxy sees, where torch has
 them (``ProcessGroup.register_pre_hook`` / ``register_post_hook``, torch >= 2.14).
 
-Torch fires a group's hooks from its ``c10d::`` dispatcher kernels, around every collective
-issued through the group: the Python API's, ``pg.allreduce(...)``, DDP's reducer and
-``_broadcast_coalesced`` (C++), compiled code, batched p2p, coalesced blocks; NCCL and gloo.
-Where torch has them they are the agent's only observer below the Python API (``AUTOANNOT_
-GROUP_HOOKS=0`` keeps the older ones): no dispatch key (the Python layer's ``DeferredInit``),
-no RecordFunction callback that every operator pays for (the native observer's), no compiler.
+Torch fires a group's hooks from its ``c10d::`` kernels, around every collective issued
+through the group: the Python API's, ``pg.allreduce(...)``, DDP's reducer, compiled code,
+batched p2p and coalesced blocks, on NCCL and gloo. Where torch has them they are the agent's
+only observer below the Python API. They need no dispatch key and no RecordFunction callback.
+``AUTOANNOT_GROUP_HOOKS=0`` keeps the older observers instead.
 
-Torch's contract for them: "registration is expected to happen at setup time, not
-concurrently with collectives" (its hooks live in a map the collective's thread iterates; a
-hook added or removed while another thread issues a collective on the group can crash the
-process — seen: a segfault in a test toggling the agent from a thread). So each group gets the
-agent's hooks once, when it is made (the one funnel torch makes groups through,
-``_new_process_group_helper``, is wrapped: torch gives no public notice of a new group), or at
-``enable()`` for the groups that exist then; they come off at the interpreter's exit. While
-nothing asks — no capture, no ``record()`` that wants such launches, no record file — they
-return at once (a Python call per collective; measured in docs/benchmarks.md).
+Torch asks that hooks be registered at setup time, not while collectives run: a hook added or
+removed while another thread issues a collective on the group can crash the process. So each
+group gets the agent's hooks once, when it is made, and they come off at the interpreter's
+exit. The groups that exist at ``enable()`` get them then; a group made later gets them from
+the wrapper of ``_new_process_group_helper``, the one function torch makes groups through
+(torch gives no public notice of a new group). While nothing asks for launches, the hooks
+return at once.
 
-While something asks, a launch is annotated as a proxy annotates one: an ``AnnotationContext``
-entered at the pre-hook (the record file's line before it runs; in a capture, its graph's
-ledger, or torch's ``mark_kernels`` around the launch) and left at the post-hook, once issued
-(the recorders). A launch a proxy annotates (the Python API) is the proxy's: the hooks leave
-every launch made inside a wrapped call alone, so no launch is annotated twice.
+While a capture, a record file or a ``record()`` that wants these launches is open, a launch
+is annotated as a proxy annotates one: handed to the sink as it is entered, at the pre-hook,
+and once it was issued, at the post-hook. A launch made inside
+a proxied call belongs to the proxy, so no launch is annotated twice.
 
-What a hook is told is the op's kind (``HookOpName``), its tensors, its root or peer — not the
-op. Where Python called the op through ``torch.ops`` (compiled code, funcol's ops) the op and
-its arguments are read from the frame of torch's ``OpOverload.__call__`` (read only): the
-launch is derived from them, as the other observers derive theirs, funcol's label and an
-all-to-all's split sizes included. Otherwise (C++ callers: DDP's reducer; ``pg.*`` calls) it
-is derived by the table's rule for the ``c10d::`` op it came through: torch 2.15's hooks name
-it; 2.14's name its kind, and the op is read from the tensors (ambiguous for one tensor in and
-one out: see ``_op_of_kind``). What it is not told it does not invent: an
-``all_to_all_single``'s split sizes, which torch's hooks do not carry, are left out of its
-annotation (as torch's own collective annotations leave them out).
+A hook is told the op's kind, its tensors and its root or peer, but not the op. Where Python
+called the op through ``torch.ops`` (compiled code, funcol's ops), the op and its arguments are
+read from the frame of torch's ``OpOverload.__call__``, without changing it. Otherwise (C++
+callers such as DDP's reducer; ``pg.*`` calls) the launch is derived by the table's rule for
+the ``c10d::`` op it came through: torch 2.15's hooks name that op, and on 2.14 it is read from
+the tensors (see ``_op_of_kind``). What a hook is not told is left out, never invented: an
+``all_to_all_single``'s split sizes are not in its annotation.
 """
 
 from __future__ import annotations
@@ -46,17 +39,17 @@ import weakref
 from _thread import get_ident
 from typing import Any
 
-from autoannot import diagnostics, groups, metadata, sites
-from autoannot import vocabulary as V
-from autoannot.annotation import AnnotationContext
+from autoannot.base import diagnostics
+from autoannot.describe import ops, sites
+from autoannot.describe import vocabulary as V
+from autoannot.describe.kinds import Kind, Kinds, kind_of
+from autoannot.keep.sink import LaunchEvent
 
 #: The id autoannot's hooks are registered under on every group ("auta").
 HOOK_ID = 0x61757461
 #: Launches given to the journals whose post-hook has not come (a collective that raised):
 #: at most this many are kept.
 PENDING_LIMIT = 1024
-#: Kinds of launch kept derived (training repeats a few; a varying MoE all-to-all makes more).
-KINDS_KEPT = 4096
 
 
 def available() -> bool:
@@ -171,18 +164,23 @@ class HookObserver:
         self.agent = agent
         self._ops: dict[str, Any] | None = None  # (at the first launch: torch may be importing)
         self._groups: dict[int, weakref.ref] = {}  # id -> the groups hooked now
-        #: (group, op id) -> the context entered at its pre-hook, until its post-hook
-        self._pending: dict[tuple[int, int], AnnotationContext] = {}
+        #: (group, op id) -> the launch entered at its pre-hook (and torch's scope), until its
+        #: post-hook
+        self._pending: dict[tuple[int, int], tuple[LaunchEvent, Any]] = {}
         self._lock = threading.Lock()
-        #: Kinds of launch derived, by key (a group's id among it: emptied when a group whose
-        #: facts were taken is gone, before its id can be reused).
-        self._kinds = groups.id_keyed()
-        self.kinds_let_go = 0
+        #: Kinds of launch derived, by key (a group's id among it).
+        self._kinds = Kinds()
         self.on = False
+        self.sink = agent.sink  # where the launches go
         atexit.register(self.unhook_all)
 
     def __repr__(self) -> str:
         return f"HookObserver(on={self.on}, groups={len(self._groups)})"
+
+    @property
+    def kinds_let_go(self) -> int:
+        """Kinds let go so far (counted, for the tests)."""
+        return self._kinds.let_go
 
     @property
     def groups_hooked(self) -> int:
@@ -204,9 +202,10 @@ class HookObserver:
         """Leave the contexts of launches whose post-hook never came (a collective that
         raised), most recent first: none stays entered once nothing asks (or a capture ends)."""
         pending, self._pending = self._pending, {}
-        for context in reversed(list(pending.values())):
+        sink = self.sink
+        for _, scope in reversed(list(pending.values())):
             try:
-                context.__exit__(RuntimeError, None, None)  # (not recorded: it did not return)
+                sink.failed(scope, RuntimeError("no post-hook"))  # (it did not return)
             except Exception as exc:
                 diagnostics.warn_once("process group hooks", "leaving an annotation", exc)
 
@@ -258,42 +257,42 @@ class HookObserver:
             return
         group = ref()
         try:
-            context = self._context(group, args)
+            event = self._event(group, args)
         except Exception as exc:  # this launch goes unannotated; the collective runs
             diagnostics.warn_once(f"c10d.{getattr(args.name, 'name', args.name)}",
                                   "deriving the collective metadata", exc)
             return
-        if context is None:
+        if event is None:
             return
         try:
-            context.__enter__()
+            scope = self.sink.entered(event)
         except Exception as exc:
-            diagnostics.warn_once(context.api, "entering the annotation context", exc)
+            diagnostics.warn_once(event.kind.label, "entering the annotation context", exc)
             return
         pending = self._pending
         if len(pending) >= PENDING_LIMIT:  # (launches that raised: let go)
             self.let_go()
             pending = self._pending
-        pending[(id(group), args.op_id)] = context
+        pending[(id(group), args.op_id)] = (event, scope)
 
     def _after(self, key: int, args: Any) -> None:
-        """(torch's post-hook) The launch was issued: its annotation left (to the recorders)."""
-        context = self._pending.pop((key, args.op_id), None)
-        if context is None:
+        """(torch's post-hook) The launch was issued: to the sink (its ledger, the
+        recorders)."""
+        entered = self._pending.pop((key, args.op_id), None)
+        if entered is None:
             return
+        event, scope = entered
         try:
-            context.__exit__(None, None, None)
+            self.sink.returned(event, scope)
         except Exception as exc:
-            diagnostics.warn_once(context.api, "leaving the annotation context", exc)
+            diagnostics.warn_once(event.kind.label, "leaving the annotation context", exc)
 
-    def _context(self, group: Any, args: Any) -> AnnotationContext | None:
-        """The annotation of one hooked launch; None where it is no collective."""
+    def _event(self, group: Any, args: Any) -> LaunchEvent | None:
+        """One hooked launch, as the sink takes it; None where it is no collective."""
         if group is None:
             return None
         if self._ops is None:
-            from autoannot import observer
-
-            self._ops = observer._ops()
+            self._ops = ops.table_ops()
         caller = sys._getframe(1).f_back  # (the Python code that called into torch, if any)
         called = _op_called_from(caller)
         known = self._ops.get(called[0]) if called is not None else None
@@ -304,43 +303,22 @@ class HookObserver:
             kind = self._kind_of_hooked(group, args)
         if kind is None:
             return None
-        label, annotation, cpu_only, kernels = kind
-        return AnnotationContext(label, annotation, cpu_only, kernels, sites.site_from(caller),
-                                 self.agent, python_api=False)
+        return LaunchEvent(kind, sites.site_from(caller), False)  # (below the Python API)
 
-    def _kept(self, key: Any, derive: Any) -> tuple | None:
-        """A kind of launch, derived once by ``key`` (None: not keyed, derived each time);
-        at most ``KINDS_KEPT`` kept (then all let go, counted)."""
-        kinds = self._kinds
-        kind = kinds.get(key) if key is not None else None
-        if kind is None:
-            kind = derive()
-            if key is not None:
-                if len(kinds) >= KINDS_KEPT:
-                    self.kinds_let_go += len(kinds)
-                    kinds.clear()
-                kinds[key] = kind
-        return kind
-
-    def _kind_of_call(self, known: Any, op_args: tuple, op_kwargs: dict) -> tuple:
+    def _kind_of_call(self, known: ops.Op, op_args: tuple, op_kwargs: dict) -> Kind | None:
         plan = known.plan
-
-        def derive() -> tuple:
-            launch = plan.derive(op_args, op_kwargs)
-            label = known.row.label
-            return (label, metadata.annotation_of(label, launch), metadata.cpu_only_args(launch),
-                    launch.kernels)
-
         key = plan.key_of(op_args, op_kwargs)  # (one plan's: the op joins it)
-        return self._kept(None if key is None else (known.row.label, key), derive)
+        return self._kinds.found_or_kept(
+            None if key is None else (known.row.label, key),
+            lambda: kind_of(known.row.label, plan.derive(op_args, op_kwargs)))
 
-    def _kind_of_hooked(self, group: Any, args: Any) -> tuple | None:
+    def _kind_of_hooked(self, group: Any, args: Any) -> Kind | None:
         inputs, outputs = list(args.input_tensors), list(args.output_tensors)
         root = int(args.root)
         key = (args.name, id(group), root, tuple((t.dtype, t.shape) for t in inputs),
                tuple((t.dtype, t.shape) for t in outputs))
 
-        def derive() -> tuple | None:
+        def derive() -> Kind | None:
             name = _NAMES.get(args.name)
             if name is None:
                 name = _NAMES[args.name] = getattr(args.name, "name",
@@ -355,14 +333,10 @@ class HookObserver:
             if known is None or known.plan is None:
                 return None
             arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
-            launch = known.plan.derive((), arguments)
-            label = known.row.label
-            annotation = metadata.annotation_of(label, launch)
-            for field in _UNTOLD.get(op, ()):
-                del annotation[field]
-            return label, annotation, metadata.cpu_only_args(launch), launch.kernels
+            return kind_of(known.row.label, known.plan.derive((), arguments),
+                           untold=_UNTOLD.get(op, ()))
 
-        return self._kept(key, derive)
+        return self._kinds.found_or_kept(key, derive)
 
 
 _OP_CALLS: list[Any] = []  # the code of OpOverload.__call__, .redispatch, the packet's call

@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from types import ModuleType
 from typing import Any
 
 
 def ledger_document(agent: Any) -> dict[str, Any] | None:
     """This process's ledgers and torch's toolsId annotations; None when there are none."""
-    from autoannot import features
+    from autoannot.base import features
 
     graphs = {name: ledger.entries for name, ledger in agent.captures.ledgers.all().items()}
     api = features.graph_annotations()
@@ -101,16 +100,17 @@ def write_rows(trace_path: str, agent: Any, exported: Exported | None = None) ->
     return str(out)
 
 
-def _after_export(agent: Any) -> Any:
-    """``export_chrome_trace``'s wrapper: the ledger file; then the trace read once, to
-    annotate it in place (if asked) and to write its rows."""
+def after_export(agent: Any) -> Any:
+    """The wrapper of ``_KinetoProfile.export_chrome_trace`` (what ``profile.
+    export_chrome_trace`` and ``tensorboard_trace_handler`` call): the ledger file; then the
+    trace read once, to annotate it in place (if asked) and to write its rows."""
 
     def after_export(wrapped: Any, profiler: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
         path = args[0] if args else kwargs.get("path")
         if path is None or not agent.state.live:
             return result
-        from autoannot import diagnostics
+        from autoannot.base import diagnostics
         from autoannot.traces.files import TraceError
 
         settings = agent.config
@@ -139,13 +139,3 @@ def _after_export(agent: Any) -> Any:
         return result
 
     return after_export
-
-
-def install(module: ModuleType, agent: Any) -> list[Any]:
-    """Wrap ``_KinetoProfile.export_chrome_trace`` (what ``profile.export_chrome_trace`` and
-    ``tensorboard_trace_handler`` call)."""
-    from autoannot import cudagraphs
-
-    owner = getattr(module, "_KinetoProfile", None)
-    return cudagraphs.wrap_attribute(owner, "export_chrome_trace", _after_export(agent),
-                                     agent.proxies)

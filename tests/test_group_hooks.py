@@ -9,10 +9,10 @@ import hook_cases as cases
 import pytest
 from harness import run_job, run_ranks
 
-from autoannot import pghooks
+from autoannot.observe import group_hooks
 
 hooks_here = pytest.mark.skipif(
-    not (__import__("torch").distributed.is_available() and pghooks.available()),
+    not (__import__("torch").distributed.is_available() and group_hooks.available()),
     reason="this torch's process groups take no collective hooks (torch < 2.14)")
 
 
@@ -20,7 +20,7 @@ def test_doctor_says_whether_this_torch_has_the_hooks() -> None:
     """The feature is detected, not the version: doctor says what this torch has."""
     import torch
 
-    from autoannot import doctor
+    from autoannot.agent import doctor
 
     said = doctor.diagnose()["group_hooks"]
     has = hasattr(torch._C._distributed_c10d.ProcessGroup, "register_pre_hook")

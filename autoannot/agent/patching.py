@@ -70,7 +70,7 @@ class ProxyCache:
 def install_module(module: ModuleType, agent: Any) -> list[Patch]:
     """A proxy for every collective of the table ``module`` holds, in every loaded module
     that binds it (``agent``: the ``Instrumentation`` its wrappers report to)."""
-    from autoannot import collectives, metadata
+    from autoannot.describe import collectives, metadata
 
     rows = [row for row in collectives.COLLECTIVES if row.module == module.__name__]
     replacements: dict[str, tuple[Any, Any, Any]] = {}
@@ -93,7 +93,7 @@ def install_op_namespace(namespace: Any, agent: Any) -> list[Patch]:
     """A proxy for every op of the table in a ``torch.ops`` namespace (``torch.ops.symm_mem``):
     its packet, where ``torch.ops.<ns>.<op>(...)`` finds it, and each overload on the packet
     itself, where ``.default`` finds it (compiled code, callers holding the packet)."""
-    from autoannot import collectives, metadata
+    from autoannot.describe import collectives, metadata
 
     patches = []
     for row in collectives.COLLECTIVES:
@@ -122,8 +122,9 @@ def install_op_namespace(namespace: Any, agent: Any) -> list[Patch]:
 def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
     import functools
 
-    from autoannot import proxies, wrappers
-    from autoannot.collectives import SYMM_MEM, Role
+    from autoannot.agent import proxies
+    from autoannot.describe.collectives import SYMM_MEM, Role
+    from autoannot.observe import wrappers
 
     proxy = agent.proxies.get(original)
     if proxy is not None:
@@ -145,8 +146,8 @@ def _handing_off(row: Any, plan: Any, wrapper: Any, agent: Any) -> Any:
     (``plan.key_fields()``; what ``wrapper.noted_as`` derived for it, once per key), or hands
     it to the observer (label and call site kept); no Python frame of ours either way. Else it
     calls ``wrapper`` (see native/observer.cpp)."""
-    from autoannot import collectives
-    from autoannot.collectives import Role
+    from autoannot.describe import collectives
+    from autoannot.describe.collectives import Role
 
     if row.module != collectives.C10D or row.role is not Role.LAUNCH:
         return wrapper
@@ -163,7 +164,7 @@ def _key_context() -> tuple[Any, Any, Any]:
     while torch imports): c10d's ``_world`` (None: absent), ``torch.Tensor``, ``Parameter``."""
     import torch
 
-    from autoannot import metadata
+    from autoannot.describe import metadata
 
     return metadata.default_group_holder(), torch.Tensor, torch.nn.Parameter
 
@@ -203,7 +204,7 @@ def _replace_everywhere(replacements: dict[str, tuple[Any, Any, Any]], proxies: 
 def unbind_proxies_everywhere(proxies: ProxyCache) -> None:
     """Modules that copied a proxy after we patched (``from ... import *`` at torch's import,
     a user's ``from torch.distributed import all_reduce``) get the original back too."""
-    from autoannot import collectives
+    from autoannot.describe import collectives
 
     originals = proxies.originals_by_proxy_id()
     names = {row.api for row in collectives.COLLECTIVES
@@ -238,3 +239,34 @@ def _install_p2p_op(c10d: ModuleType, proxies: ProxyCache) -> list[Patch]:
     proxy = proxies.get(init) or proxies.put(init, wrapt.FunctionWrapper(init, unwrap_op))
     p2p_op.__init__ = proxy
     return [Patch(p2p_op, "__init__", init, proxy)]
+
+
+class SwitchedPatch(Patch):
+    """A patch put on and taken off while the agent is on (``switch``); undone by identity."""
+
+    __slots__ = ()
+
+    def switch(self, on: bool) -> None:
+        current = self.current()
+        if on and current is self.original:
+            setattr(self.owner, self.name, self.replacement)
+        elif not on and current is self.replacement:
+            setattr(self.owner, self.name, self.original)
+
+    def undo(self) -> bool:
+        restored = self.current() is self.replacement
+        self.switch(False)
+        return restored
+
+
+def wrap_attribute(owner: Any, name: str, wrapper: Any, proxies: Any) -> list[Patch]:
+    """Put a proxy (the one cached for the original in ``proxies``) over ``owner.name``."""
+    original = owner.__dict__.get(name) if owner is not None else None
+    if original is None or proxies.is_proxy(original):
+        return []  # absent, or already ours
+    import wrapt  # (not at start-up)
+
+    proxy = proxies.get(original) or proxies.put(original,
+                                                 wrapt.FunctionWrapper(original, wrapper))
+    setattr(owner, name, proxy)
+    return [Patch(owner, name, original, proxy)]

@@ -1,8 +1,10 @@
 """The wrapper functions the wrapt proxies call: one per row role, built from the table.
 
 Hot path: with no recorder open and no capture in progress (``state.demand`` false) a wrapper
-calls the original at once. Otherwise it derives the launch metadata, enters the annotation
-context around the original, and never lets a failure of its own reach the caller.
+calls the original at once. Otherwise it finds the launch's kind (derived once), runs the
+original as one launch and hands it where the sink's rule says (``keep.sink``: inline for
+recorders and captures, ``Sink.run`` for the rest), and never lets a failure of its own reach
+the caller.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ from __future__ import annotations
 import sys
 from _thread import get_ident
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-from autoannot import groups, metadata, sites
-from autoannot import vocabulary as V
-from autoannot.annotation import AnnotationContext
-from autoannot.collectives import C10D, OPS, Collective, Role
-from autoannot.diagnostics import warn_once
-from autoannot.records import Record, enter, new_record, publish
-from autoannot.sites import call_site
+from autoannot.base.diagnostics import warn_once
+from autoannot.describe import metadata, sites
+from autoannot.describe import vocabulary as V
+from autoannot.describe.collectives import C10D, OPS, Collective, Role
+from autoannot.describe.kinds import Kind, Kinds, kind_of
+from autoannot.describe.sites import call_site, site_from
+from autoannot.keep.records import Record
+from autoannot.keep.sink import LaunchEvent
 
 _getframe = sys._getframe
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
@@ -26,6 +29,19 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 # The frames of this module are marked ``__tracebackhide__`` (pytest, IPython and others leave
 # them out of the tracebacks they show): an exception raised by a collective the agent
 # annotated reads as it does with the agent off.
+
+
+class Exclusion:
+    """How a wrapper runs the call it annotates so that no observer below annotates it again:
+    ``call(function, args, kwargs)`` does it (the native observer's), or else a dispatch key is
+    excluded around it (``set_excluded(key, True)``, then ``False``: the Python layer's)."""
+
+    __slots__ = ("call", "key", "set_excluded")
+
+    def __init__(self, set_excluded: Any = None, key: Any = None, call: Any = None) -> None:
+        self.set_excluded = set_excluded
+        self.key = key
+        self.call = call
 
 
 def call_as_one_launch(state: Any, wrapped: Callable[..., Any], args: tuple,
@@ -43,54 +59,19 @@ def call_as_one_launch(state: Any, wrapped: Callable[..., Any], args: tuple,
     try:
         if exclusion is None:
             return wrapped(*args, **kwargs)
-        if exclusion[2] is not None:
-            return exclusion[2](wrapped, args, kwargs)
-        exclusion[0](exclusion[1], True)
+        claimed, set_excluded = exclusion.call, exclusion.set_excluded
+        if claimed is not None:
+            return claimed(wrapped, args, kwargs)
+        set_excluded(exclusion.key, True)
         try:
             return wrapped(*args, **kwargs)
         finally:
-            exclusion[0](exclusion[1], False)
+            set_excluded(exclusion.key, False)
     finally:
         if depth:
             inside[ident] = depth
         else:
             del inside[ident]
-
-
-def _run_annotated(
-    state: Any, label: str, ctx: AnnotationContext, wrapped: Callable[..., Any], args: tuple,
-    kwargs: dict
-) -> Any:
-    __tracebackhide__ = True
-    try:
-        ctx.__enter__()
-        entered = True
-    except Exception as exc:
-        warn_once(label, "entering the annotation context", exc)
-        entered = False
-    if not entered:  # outside the except block: the caller's exception carries none of ours
-        result = call_as_one_launch(state, wrapped, args, kwargs)
-        if state.recorders:  # it launched: recorded as any launch, though not annotated
-            try:
-                publish(state, new_record(label, ctx.annotation,
-                                          ctx.call_site or call_site(2), ctx.cpu_only),
-                        ctx.python_api)
-            except Exception as exc:
-                warn_once(label, "recording", exc)
-        return result
-    try:
-        result = call_as_one_launch(state, wrapped, args, kwargs)
-    except BaseException as exc:
-        try:
-            ctx.__exit__(type(exc), exc, exc.__traceback__)
-        except Exception as own:
-            warn_once(label, "leaving the annotation context", own)
-        raise
-    try:
-        ctx.__exit__(None, None, None)
-    except Exception as exc:
-        warn_once(label, "leaving the annotation context", exc)
-    return result
 
 
 def _run_unannotated(
@@ -105,17 +86,10 @@ def _run_unannotated(
     return result
 
 
-#: Launches kept per wrapped function (training repeats the same few launches, each step).
-CACHE_SIZE = 4096
-
-
-class Known(NamedTuple):
-    """What the agent attaches to one kind of launch, built once and shared by every launch
-    of that kind (read-only: never mutate its dicts)."""
-
-    annotation: dict[str, Any]
-    cpu_only: dict[str, Any]  # the CPU op's own keys ("Rank", ...)
-    launch: metadata.Launch  # its facts (``.kernels``: the NCCL kernel families it may run)
+#: The wrappers made from now on annotate inline, as below (True), or hand every launch to the
+#: sink to run (False: the test that holds the inline path to the sink's rule, launch for
+#: launch, compares the two).
+INLINE = True
 
 
 def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
@@ -124,45 +98,45 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
     ``Instrumentation``: its ``state`` and ``captures``).
 
     A launch seen before is found by its key (``Plan.key_of``: the group's id, tensor dtypes
-    and sizes, read straight from the arguments); a new one is derived in full, once.
+    and sizes, read straight from the arguments); a new one is derived in full, once, and its
+    ``Kind`` shared by every key whose launch has the same facts.
+
+    The launches it annotates go where ``keep.sink``'s rule sends them. The common ones (a
+    recorder open, a capture in progress) are done here inline, the hot path: the graph's ledger
+    and the recorders after the call. The others (a record file open, torch's own annotations
+    in a capture) the sink runs whole (``Sink.run``).
 
     ``holds_data``: this wraps a dispatcher kernel's redispatch, which goes below the agent's
     key, and a launch not found by its key is annotated only if ``holds_data(args, kwargs)``
     says its tensors hold data (the kernels' own test)."""
     label = row.label
     derive = plan.derive
-    by_key = groups.id_keyed()  # launch key -> Known
-    by_facts: dict[tuple, Known] = {}  # launches without a key: by their derived facts
+    kinds = Kinds()  # launch key -> its Kind
+    by_key = kinds.by_key  # (its dict: read on the hot path)
+    by_facts = Kinds()  # a launch's facts -> its Kind (one Kind for keys alike in them)
     new_tuple = tuple.__new__  # NamedTuple's own constructor parses its arguments
     call_sites = sites.SITES
     state = agent.state
     calls = state.calls
     inside = state.inside  # thread ident -> depth, for the threads inside a wrapped call
-    note_in_ledger = agent.captures.note
+    note_in_ledger = agent.captures.note  # (a capture's ledger, as the sink notes it)
     # Exclude our key around the call: a proxy's call, and a compiled op's redispatch (torch's
     # _c10d_functional kernels launch a c10d:: op, where a kernel of ours would be called again,
     # ~7 us to be let through); a c10d:: op's redispatch launches nothing of ours below.
     excludes = holds_data is None or row.module == OPS
     python_api = holds_data is None  # (a dispatcher kernel's launch is below the Python API)
+    sink = agent.sink
 
-    def learn(args: tuple, kwargs: dict, key: tuple | None) -> Known:
+    def learn(args: tuple, kwargs: dict, key: tuple | None) -> Kind:
         """Derive a launch not seen before (raises what deriving raises)."""
         if holds_data is not None and not holds_data(args, kwargs):
             raise metadata.NotALaunch
         launch = derive(args, kwargs)
-        facts = launch[1:9]  # group facts (by identity), sizes, dtype, splits, ranks
-        known = by_facts.get(facts)
-        if known is None:
-            if len(by_facts) >= CACHE_SIZE:
-                by_facts.clear()
-            known = by_facts[facts] = new_tuple(Known, (
-                metadata.annotation_of(label, launch), metadata.cpu_only_args(launch),
-                launch))
+        kind = by_facts.found_or_kept(metadata.facts_key(launch),
+                                      lambda: kind_of(label, launch))
         if key is not None:
-            if len(by_key) >= CACHE_SIZE:
-                by_key.clear()
-            by_key[key] = known
-        return known
+            kinds.keep(key, kind)
+        return kind
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         __tracebackhide__ = True
@@ -174,34 +148,28 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         why: Exception | None = None
         try:
             key = plan.key_of(args, kwargs)
-            known = by_key.get(key)  # (None is never a key)
-            if known is None:
-                known = learn(args, kwargs, key)
+            kind = by_key.get(key)  # (None is never a key)
+            if kind is None:
+                kind = learn(args, kwargs, key)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
-            known = None
+            kind = None
         except Exception as exc:
-            known, why = None, exc
+            kind, why = None, exc
         # The call runs outside the except blocks: its own exception carries none of ours.
-        if known is None:
+        if kind is None:
             if why is None:
                 return call_as_one_launch(state, wrapped, args, kwargs)
             return _run_unannotated(state, label, why, wrapped, args, kwargs)
-        site = None
         in_capture = False
         if state.before_launch:  # a block, capture or journal open (one test for the three)
             if state.blocks and calls.blocks:  # in a _coalescing_manager block: the launch
-                calls.blocks[-1].launches.append(known.launch)
+                calls.blocks[-1].launches.append(kind.facts)
                 return call_as_one_launch(state, wrapped, args, kwargs)
-            if state.captures:  # the capture's ledger (below), or torch's mark_kernels
-                if agent.captures.torch_marks is not None:
-                    ctx = AnnotationContext(label, known.annotation, known.cpu_only,
-                                            known.launch.kernels, agent=agent,
-                                            python_api=python_api)
-                    return _run_annotated(state, label, ctx, wrapped, args, kwargs)
-                in_capture = True
-            if state.journals:  # written before the call: a collective that hangs is in it
-                site = call_site(2)  # from our caller
-                enter(state, new_record(label, known.annotation, site, known.cpu_only))
+            if state.journals or (  # (the record file's line is written before the call)
+                    state.captures and agent.captures.torch_marks is not None):
+                return sink.run(LaunchEvent(kind, call_site(2), python_api),
+                                call_as_one_launch, state, wrapped, args, kwargs)
+            in_capture = state.captures > 0  # the capture's ledger, noted below
         # call_as_one_launch, inlined (see there): this is the path that annotates
         inside[ident] = 1
         exclusion = state.exclusion if excludes else None
@@ -210,23 +178,33 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 result = wrapped(*args, **kwargs)
             finally:
                 del inside[ident]
-        elif exclusion[2] is not None:  # the native observer's one call
-            try:
-                result = exclusion[2](wrapped, args, kwargs)
-            finally:
-                del inside[ident]
         else:
-            set_excluded, dispatch_key, _ = exclusion
-            set_excluded(dispatch_key, True)
+            # (an Exclusion's callables are read as attributes, then called: called as its
+            # methods they would be looked up as methods, ~80 instructions more)
+            claimed = exclusion.call
+            if claimed is not None:  # the native observer's one call
+                try:
+                    result = claimed(wrapped, args, kwargs)
+                finally:
+                    del inside[ident]
+            else:
+                set_excluded, dispatch_key = exclusion.set_excluded, exclusion.key
+                set_excluded(dispatch_key, True)
+                try:
+                    result = wrapped(*args, **kwargs)
+                finally:
+                    set_excluded(dispatch_key, False)
+                    del inside[ident]
+        # after the call: a launch that raised is in no ledger and no record
+        site = None
+        if in_capture:  # into its graph's ledger (a failure is said once; the launch stands)
+            site = site_from(_getframe(1))
             try:
-                result = wrapped(*args, **kwargs)
-            finally:
-                set_excluded(dispatch_key, False)
-                del inside[ident]
-        if in_capture:  # into its graph's ledger, once launched (a call that raised has not)
-            _note_in_ledger(note_in_ledger, label, known, site)
+                note_in_ledger(label, kind.annotation, kind.kernels, site)
+            except Exception as exc:
+                warn_once(label, "noting the launch in its graph's ledger", exc)
         recorders = state.recorders
-        if recorders:  # after the call: a launch that raised is not recorded
+        if recorders:
             if site is None:  # our caller's line, where it is the user's (mostly), else found
                 frame = _getframe(1)
                 code = frame.f_code
@@ -235,55 +213,68 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 site = lines.get(frame.f_lasti) if lines else None
                 if site is None:
                     site = call_site(2)
-            entry = new_tuple(Record, (label, known[0], site, known[1]))
+            # (by position: on a tuple subclass the cheapest read; 1, 2: its annotation and
+            # CPU-only keys, as Kind names them)
+            entry = new_tuple(Record, (label, kind[1], site, kind[2]))
             for recording in recorders:
                 if python_api or not recording.python_api_only:
                     recording.append(entry)
         return result
 
-    def known_for(args: tuple, kwargs: dict) -> Known:
-        """The launch's Known, by its key (derived the first time; raises what deriving
+    def kind_for(args: tuple, kwargs: dict) -> Kind:
+        """The launch's Kind, by its key (derived the first time; raises what deriving
         raises). The wrapper above does the same inline: its hot path."""
         key = plan.key_of(args, kwargs)
-        known = by_key.get(key)  # (None is never a key)
-        return known if known is not None else learn(args, kwargs, key)
+        kind = by_key.get(key)  # (None is never a key)
+        return kind if kind is not None else learn(args, kwargs, key)
 
     def note_in_capture(args: tuple, kwargs: dict, site: str) -> None:
         """A launch handed to the native observer that it did not note (its process group
         made no record of it): into the capture's ledger as the wrapper above notes it, after
         the call."""
         try:
-            known = known_for(args, kwargs)
+            kind = kind_for(args, kwargs)
         except metadata.NotALaunch:  # meta or fake tensors: tracing, nothing runs
             return
         except Exception as exc:
             warn_once(label, "deriving the collective metadata", exc)
             return
-        _note_in_ledger(note_in_ledger, label, known, site)
+        try:
+            note_in_ledger(label, kind.annotation, kind.kernels, site)
+        except Exception as exc:
+            warn_once(label, "noting the launch in its graph's ledger", exc)
 
     def noted_as(args: tuple, kwargs: dict) -> tuple[dict[str, Any], tuple[str, ...]] | None:
         """What a launch is noted as in its graph's ledger, ``(annotation, kernels)``, for the
         native observer's C wrapper, which keys calls as ``plan.key_of`` does and asks once
         per key; None where nothing is derived (the wrapper then runs, and says why)."""
         try:
-            known = known_for(args, kwargs)
+            kind = kind_for(args, kwargs)
         except Exception:
             return None
-        return known.annotation, known.launch.kernels
+        return kind.annotation, kind.kernels
 
-    wrapper.note_in_capture = note_in_capture  # type: ignore[attr-defined]
-    wrapper.noted_as = noted_as  # type: ignore[attr-defined]
-    return wrapper
+    def through_sink(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
+                     ) -> Any:
+        """The same launches, every one the wrapper above annotates handed to the sink to run
+        (``INLINE`` false); the others (no demand, inside a wrapped call or a block, not
+        derived) as the wrapper above runs them."""
+        __tracebackhide__ = True
+        kind = None
+        if state.demand and get_ident() not in inside and not (state.blocks and calls.blocks):
+            try:
+                kind = kind_for(args, kwargs)
+            except Exception:  # (the wrapper above derives it again, and says why)
+                kind = None
+        if kind is None:
+            return wrapper(wrapped, instance, args, kwargs)
+        return sink.run(LaunchEvent(kind, call_site(2), python_api), call_as_one_launch,
+                        state, wrapped, args, kwargs)
 
-
-def _note_in_ledger(note: Callable[..., None], label: str, known: Known,
-                    site: str | None) -> None:
-    """A launch made in a capture, into its graph's ledger (``note`` finds the call site where
-    ``site`` is None; a failure is said once, the launch stands)."""
-    try:
-        note(label, known.annotation, known.launch.kernels, site)
-    except Exception as exc:
-        warn_once(label, "noting the launch in its graph's ledger", exc)
+    chosen = wrapper if INLINE else through_sink
+    chosen.note_in_capture = note_in_capture  # type: ignore[attr-defined]
+    chosen.noted_as = noted_as  # type: ignore[attr-defined]
+    return chosen
 
 
 class CoalescingBlock:
@@ -293,7 +284,7 @@ class CoalescingBlock:
         self._manager = manager
         self._label = label
         self._agent = agent
-        self.launches: list[metadata.Launch] = []
+        self.launches: list[metadata.LaunchFacts] = []
 
     def __enter__(self) -> Any:
         value = self._manager.__enter__()
@@ -310,25 +301,26 @@ class CoalescingBlock:
         if exc_type is not None or not self.launches:
             return self._manager.__exit__(exc_type, exc, tb)
         try:
-            ctx: AnnotationContext | None = self._context()
+            event: LaunchEvent | None = self._event()
         except Exception as own:
             warn_once(self._label, "deriving the collective metadata", own)
-            ctx = None
-        if ctx is None:  # outside the except block: the block's exception carries none of ours
+            event = None
+        if event is None:  # outside the except block: the block's exception carries none of ours
             return self._manager.__exit__(None, None, None)
-        return _run_annotated(state, self._label, ctx, self._manager.__exit__,
-                              (None, None, None), {})
+        return self._agent.sink.run(event, call_as_one_launch, state, self._manager.__exit__,
+                                    (None, None, None), {})
 
-    def _context(self) -> AnnotationContext:
+    def _event(self) -> LaunchEvent:
+        """The block's launch: one kind of launch, summed, where they are alike."""
         launch = metadata.coalesced(self.launches)
-        if launch is not None:
-            annotation = metadata.annotation_of(self._label, launch)
-            cpu_only = metadata.cpu_only_args(launch)
-        else:  # point-to-point or mixed: eager gives this kernel no collective args
-            lane = self.launches[0].facts.lane
-            annotation, cpu_only = {V.NAME: self._label, V.STREAM: lane}, {}
         kernels = tuple(sorted({k for launch in self.launches for k in launch.kernels}))
-        return AnnotationContext(self._label, annotation, cpu_only, kernels, agent=self._agent)
+        if launch is not None:
+            kind = kind_of(self._label, launch)
+            kind = kind._replace(kernels=kernels)
+        else:  # point-to-point or mixed: eager gives this kernel no collective args
+            lane = self.launches[0].group.lane
+            kind = Kind(self._label, {V.NAME: self._label, V.STREAM: lane}, {}, kernels, None)
+        return LaunchEvent(kind)
 
 
 def block_wrapper(row: Collective, plan: metadata.Plan, agent: Any) -> Wrapper:

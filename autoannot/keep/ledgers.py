@@ -4,9 +4,9 @@ its graph lives (and for the last graphs retired)."""
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
-from autoannot import locks
+from autoannot.base import locks
 
 
 class _Lock:
@@ -16,6 +16,21 @@ class _Lock:
 
 
 _LOCK = _Lock()  # (renewed in a forked child)
+
+
+class Noted(NamedTuple):
+    """A launch as its capture notes it (a launch pays for a tuple, not a dict; it becomes an
+    entry when the ledger is read). The native observer drains its notes in this shape, as
+    plain tuples."""
+
+    label: str
+    annotation: dict[str, Any]
+    kernels: tuple[str, ...]
+    call_site: str
+    #: Launch order among the native observer's notes, which it numbers 1, 2, ...: a launch
+    #: noted in Python after n of them has n + 0.5 (0 without the native observer); by it the
+    #: native observer's notes join the others when the capture ends.
+    order: float
 
 
 class Ledger:
@@ -28,12 +43,8 @@ class Ledger:
     def __init__(self, name: str) -> None:
         self.name = name
         self.capturing = True  # until its capture ends
-        #: What a launch notes while the graph is captured: (api, annotation, kernels, call
-        #: site, order), made into entries when they are read (a launch pays for a tuple, not a
-        #: dict). ``order``: the native observer's notes are numbered 1, 2, ...; a launch noted
-        #: here after n of them has n + 0.5 (0 without the kernel): by it the notes join these
-        #: when the capture ends.
-        self.launched: list[tuple[str, dict[str, Any], tuple[str, ...], str, float]] = []
+        #: What the launches note while the graph is captured, made entries when read.
+        self.launched: list[Noted] = []
         self._entries: list[dict[str, Any]] = []
         self.capture_id: Any = None  # CUDA's id of the capture, where it is asked for
         self.native_capture: int | None = None  # the capture's id, as the native observer asks
@@ -47,9 +58,9 @@ class Ledger:
         if launched:
             with _LOCK.lock:
                 count = len(launched)
-                self._entries += [{"api": api, "annotation": annotation, "kernels": list(kernels),
-                                   "call_site": site}
-                                  for api, annotation, kernels, site, _ in launched[:count]]
+                self._entries += [{"api": label, "annotation": annotation,
+                                   "kernels": list(kernels), "call_site": site}
+                                  for label, annotation, kernels, site, _ in launched[:count]]
                 del launched[:count]
         return self._entries
 

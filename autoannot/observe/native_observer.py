@@ -18,65 +18,18 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
-from autoannot import collectives, diagnostics, groups, metadata, native, sites
-from autoannot.records import enter, new_record, publish
-
-
-class Derived(NamedTuple):
-    """What a kind of launch gets, derived once."""
-
-    label: str
-    annotation: dict[str, Any]
-    kernels: tuple[str, ...]
-    cpu_only: dict[str, Any]
-    launch: metadata.Launch
-
-
-class _Op(NamedTuple):
-    row: collectives.Collective
-    plan: metadata.Plan | None
-    keyword_only: tuple[str, ...]
-    read: list[int]  # positions of the arguments its metadata is read from
-
+from autoannot import native
+from autoannot.base import diagnostics
+from autoannot.describe import groups, kinds, metadata, ops, sites
+from autoannot.describe.kinds import Kind, Kinds, kind_of
+from autoannot.keep.ledgers import Noted
+from autoannot.keep.sink import LaunchEvent
 
 #: Kinds derived before the observer forgets its own and Python lets go of the generation
 #: before (so at most twice this many are kept, in C++ and in Python together).
-CACHE_SIZE = 4096
-
-
-def _ops() -> dict[str, _Op]:
-    """``"c10d::allreduce_"`` -> its row, plan and argument positions, for every op of the
-    table this torch has (``c10d::`` and ``_c10d_functional::``)."""
-    import torch
-
-    ops = {}
-    for row in collectives.COLLECTIVES:
-        if row.module not in collectives.OP_MODULES:
-            continue
-        namespace = getattr(torch.ops, "c10d" if row.module == collectives.PG_OPS
-                            else "_c10d_functional")
-        try:
-            op = getattr(namespace, row.api).default
-        except AttributeError:  # not in this torch
-            continue
-        arguments = [arg.name for arg in op._schema.arguments]
-        read = {row.group_param, row.inputs, row.outputs, *row.root_params, *row.split_params}
-        keyword_only = tuple(arg.name for arg in op._schema.arguments if arg.kwarg_only)
-        ops[op.name()] = _Op(row, metadata.Plan(row, op), keyword_only,
-                             [i for i, name in enumerate(arguments) if name in read])
-    return ops
-
-
-def _collective_ops(ops: dict[str, _Op]) -> dict[str, str]:
-    """Each eager collective name -> the ``c10d::`` op that launches it (a launch seen only by
-    its process group's record is labelled by it)."""
-    found: dict[str, str] = {}
-    for name, op in ops.items():
-        if op.row.module == collectives.PG_OPS and op.row.eager_name:
-            found.setdefault(op.row.eager_name, name)
-    return found
+CACHE_SIZE = kinds.LIMIT
 
 
 class NativeObserver:
@@ -87,15 +40,14 @@ class NativeObserver:
         self.module = module
         self.agent = agent
         self.order = module.order  # launches noted so far (read with no call)
-        self._ops = _ops()
-        # kind id (or (id, label)) -> what it derives; bounded (``_let_go_of_kinds``)
-        self._kinds: dict[Any, Derived | None] = {}
+        self._ops = ops.table_ops()
+        # kind id (or (id, label)) -> its Kind; bounded here (``_let_go_of_kinds``)
+        self._kinds = Kinds(limit=None)
         self._generation = 0  # ids below this: kinds the observer forgot a generation ago
         self._derived_since = 0  # kinds derived since the observer last forgot its kinds
-        self.kinds_let_go = 0  # (counted, for the tests)
         self._needs_operators: bool | None = None
         module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
-                           _collective_ops(self._ops))
+                           ops.ops_by_collective(self._ops))
         module.set_site_resolver(sites.SITES, sites.site_from)
         module.set_listener(self._told)
         # a group gone: its address may be reused, launches described by it get new kinds
@@ -166,65 +118,69 @@ class NativeObserver:
         self.module.forget_streams()  # (a stream it knew may be in this capture now)
         return self.module.current_capture()
 
-    def capture_ended(self, capture: int, last: bool) -> list[tuple]:
-        """The launches noted in a capture, as a ledger's ``(api, annotation, kernels, call
-        site, order)``; ``last``: no other capture is in progress (notes no ledger will claim,
-        from a capture begun without the agent's wrappers, are let go)."""
+    def capture_ended(self, capture: int, last: bool) -> list[Noted]:
+        """The launches noted in a capture, as its ledger's notes; ``last``: no other capture
+        is in progress (notes no ledger will claim, from a capture begun without the agent's
+        wrappers, are let go)."""
         module = self.module
         module.forget_streams()  # (the streams of this capture are in none now)
-        noted, derive = module.drain(capture)
-        launched = noted if not derive else self._ledger_entries(noted)
+        drained, derive = module.drain(capture)
+        launched = drained if not derive else self._notes(drained)
         if last:
             module.drain(-1)
         return launched
 
-    def _ledger_entries(self, noted: list[tuple]) -> list[tuple]:
-        """Drained notes as ledger entries: those keyed by a proxy's C wrapper are already."""
+    def _notes(self, drained: list[tuple]) -> list[Noted]:
+        """Drained notes as a ledger's. The observer drains two shapes: those a proxy's C
+        wrapper keyed, in ``Noted``'s shape already (where all are, ``capture_ended`` keeps
+        them as drained: no Python call per launch), and those it saw by itself (order, op,
+        kind id, description, label, call site), whose kind is derived here."""
         launched = []
-        for note in noted:
-            if len(note) == 5:  # (label, annotation, kernels, site, order)
+        for note in drained:
+            if len(note) == len(Noted._fields):
                 launched.append(note)
                 continue
-            order, op, kind, described, label, site = note
-            derived = self._derived(op, kind, described)
-            if derived is None:
-                continue
-            annotation = derived.annotation
-            if label is not None and label != derived.label:  # a proxy's launch, handed off
-                annotation = self._relabeled(kind, label, derived)
-            launched.append((label or derived.label, annotation, derived.kernels,
-                             sites.NATIVE_CALLER if site is None else site, order))
+            order, op, kind_id, described, label, site = note
+            kind = self._kind(op, kind_id, described, label)
+            if kind is not None:
+                launched.append(Noted(kind.label, kind.annotation, kind.kernels,
+                                      sites.NATIVE_CALLER if site is None else site, order))
         return launched
 
     # recorders and journals --------------------------------------------------------------
 
-    def _told(self, when: int, op: str, kind: int, described: Any, site: str | None,
+    def _told(self, when: int, op: str, kind_id: int, described: Any, site: str | None,
               label: str | None) -> bool:
-        """(Called by the observer, with the GIL) A launch entered (0: to the journals) or
-        returned (1: to the recorders). True: its kind is known here from now on."""
-        derived = self._derived(op, kind, described)
-        if derived is None:
+        """(Called by the observer, with the GIL) A launch entered (0) or returned (1), to
+        the sink. True: its kind is known here from now on."""
+        kind = self._kind(op, kind_id, described, label)
+        if kind is None:
             return False
-        state = self.agent.state
         if site is None:  # the Python code that called into C++ (none on autograd's threads)
             site = sites.site_from(sys._getframe(0).f_back)
-        annotation = derived.annotation
-        if label is not None and label != derived.label:
-            annotation = self._relabeled(kind, label, derived)
-        record = new_record(label or derived.label, annotation, site, derived.cpu_only)
+        # (in a capture, the observer notes the launch itself: its ledger has it)
+        event = LaunchEvent(kind, site, python_api=False, noted=True)
         if when == 0:
-            enter(state, record)
+            self.agent.sink.entered(event)
         else:
-            publish(state, record, python_api=False)
-        return bool(kind)
+            self.agent.sink.returned(event)
+        return bool(kind_id)
 
     # deriving ----------------------------------------------------------------------------
 
-    def _derived(self, op: str, kind: int, described: Any) -> Derived | None:
-        """A kind of launch, derived once (``described``: how the observer describes it the
-        first time; None after). None where it cannot be derived (said once)."""
-        if kind and described is None:
-            return self._kinds.get(kind)
+    def _kind(self, op: str, kind_id: int, described: Any, label: str | None) -> Kind | None:
+        """A launch's kind, named by ``label`` where a proxy handed it off under its own."""
+        kind = self._derived(op, kind_id, described)
+        if kind is None or label is None or label == kind.label:
+            return kind
+        return self._relabeled(kind_id, label, kind)
+
+    def _derived(self, op: str, kind_id: int, described: Any) -> Kind | None:
+        """A kind of launch, derived once by the observer's id of it (``described``: how the
+        observer describes it the first time; None after). None where it cannot be derived
+        (said once)."""
+        if kind_id and described is None:
+            return self._kinds.get(kind_id)
         known = self._ops.get(op)
         row = known.row if known is not None else None
         label = row.label if row is not None else op.replace("::", ".")
@@ -237,22 +193,18 @@ class NativeObserver:
             else:
                 if known is None or known.plan is None:
                     raise LookupError(f"{op} is not in the table")
-                args = [native.stand_in(value) for value in what]
-                split = len(args) - len(known.keyword_only)
-                launch = known.plan.derive(
-                    tuple(args[:split]), dict(zip(known.keyword_only, args[split:], strict=True)))
-            derived: Derived | None = Derived(
-                label, metadata.annotation_of(label, launch), launch.kernels,
-                metadata.cpu_only_args(launch), launch)
+                launch = known.plan.derive(*ops.call_of(known, [native.stand_in(value)
+                                                                for value in what]))
+            kind: Kind | None = kind_of(label, launch)
         except Exception as exc:  # this launch goes unannotated
             diagnostics.warn_once(label, "deriving the collective metadata", exc)
-            derived = None
-        if kind:
+            kind = None
+        if kind_id:
             self._derived_since += 1
             if self._derived_since >= CACHE_SIZE:
                 self._let_go_of_kinds()
-            self._kinds[kind] = derived
-        return derived
+            self._kinds.keep(kind_id, kind)
+        return kind
 
     def _let_go_of_kinds(self) -> None:
         """Keep what Python derived bounded (a job whose sizes keep changing, MoE all-to-all,
@@ -264,23 +216,24 @@ class NativeObserver:
         if boundary < 0:
             return
         older = self._generation
-        kept = {key: derived for key, derived in self._kinds.items()
-                if (key[0] if type(key) is tuple else key) >= older}
-        self.kinds_let_go += len(self._kinds) - len(kept)
-        self._kinds = kept
+        self._kinds.keep_only(lambda key: (key[0] if type(key) is tuple else key) >= older)
         self._generation = boundary
         self._derived_since = 0
 
-    def _relabeled(self, kind: int, label: str, derived: Derived) -> dict[str, Any]:
-        """The annotation of a kind named by a proxy's label (once per kind and label)."""
-        key = (kind, label)
-        found = self._kinds.get(key) if kind else None
+    @property
+    def kinds_let_go(self) -> int:
+        """Kinds Python let go of so far (counted, for the tests)."""
+        return self._kinds.let_go
+
+    def _relabeled(self, kind_id: int, label: str, kind: Kind) -> Kind:
+        """A kind named by a proxy's label (derived once per kind and label)."""
+        key = (kind_id, label)
+        found = self._kinds.get(key) if kind_id else None
         if found is None:
-            found = derived._replace(label=label, annotation=metadata.annotation_of(
-                label, derived.launch))
-            if kind:
-                self._kinds[key] = found
-        return found.annotation
+            found = kind_of(label, kind.facts)
+            if kind_id:
+                self._kinds.keep(key, found)
+        return found
 
 
 def _nvidia_gpus() -> bool:

@@ -41,7 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autoannot import collectives, diagnostics, locks, metadata, wrappers
+from autoannot.base import diagnostics, locks
+from autoannot.describe import collectives, metadata
+from autoannot.observe import wrappers
 
 
 @dataclass(frozen=True)
@@ -147,10 +149,11 @@ class DispatcherLayer:
                 self._remove()
 
     @property
-    def exclusion(self) -> tuple[Any, Any, Any]:
+    def exclusion(self) -> Any:
+        """Our key excluded around a call the wrappers annotate."""
         import torch
 
-        return (torch._C._dispatch_tls_set_dispatch_key_excluded, _key(), None)
+        return wrappers.Exclusion(torch._C._dispatch_tls_set_dispatch_key_excluded, _key())
 
     def _take_key(self) -> bool:
         """Register our fall-through on the key; False (said once) where another library
@@ -213,7 +216,7 @@ class DispatcherLayer:
         self.registrations += 1
         for family in FAMILIES:
             try:
-                why = _unavailable(family)
+                why = unavailable(family)
                 if why:
                     self.skipped[family.namespace] = why
                     continue
@@ -247,7 +250,7 @@ def _include(included: bool) -> None:
 
 
 @functools.cache
-def _unavailable(family: OpFamily) -> str:
+def unavailable(family: OpFamily) -> str:
     """Why this torch cannot take a family's kernels ('' if it can)."""
     import inspect
 
@@ -269,7 +272,7 @@ def _unavailable(family: OpFamily) -> str:
 def available() -> bool:
     """Whether this torch can take a Python kernel that redispatches (``with_keyset``)."""
     try:
-        return not _unavailable(FAMILIES[0])
+        return not unavailable(FAMILIES[0])
     except Exception:
         return False
 

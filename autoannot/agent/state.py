@@ -12,7 +12,7 @@ from __future__ import annotations
 import _thread
 import os
 
-from autoannot import locks
+from autoannot.base import locks
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
@@ -52,10 +52,9 @@ class State:
         self.blocks = 0  # _coalescing_manager blocks open, on any thread
         #: A block, capture or journal open: the wrappers have work before the call.
         self.before_launch = False
-        #: How a wrapper runs the call it annotates so that no observer below annotates it
-        #: again: ``(set_excluded, key, None)`` (a dispatch key excluded around it) or
-        #: ``(None, None, call)`` (``call(function, args, kwargs)`` does it); None: plainly.
-        self.exclusion: tuple[Any, Any, Any] | None = None
+        #: How a wrapper runs the call it annotates (``observe.wrappers.Exclusion``); None:
+        #: plainly.
+        self.exclusion: Any = None
         self.calls = CallState()
         #: The threads inside a wrapped call now: thread ident -> how deep (absent: not inside).
         #: A dict, not a thread-local attribute: read and written on every annotated launch,
@@ -86,7 +85,7 @@ class State:
         with self._lock:
             self._listeners = tuple(x for x in self._listeners if x is not listener)
 
-    def set_exclusion(self, exclusion: tuple[Any, Any, Any] | None) -> None:
+    def set_exclusion(self, exclusion: Any) -> None:
         self.exclusion = exclusion
 
     def set_live(self, live: bool) -> None:

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autoannot import locks
-from autoannot import vocabulary as V
+from autoannot.base import locks
+from autoannot.describe import vocabulary as V
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared and hashed by identity (cache keys)
@@ -80,7 +80,7 @@ def lane_for(group_name: str) -> int:
 
 
 def _torch_get_stream_for_pg() -> Any:
-    from autoannot import features
+    from autoannot.base import features
 
     api = features.graph_annotations()
     return api.get_stream_for_pg if api is not None else None
@@ -191,7 +191,7 @@ def facts_of(pg: Any) -> GroupFacts:
             try:
                 listener()
             except Exception as exc:  # (in a weakref callback: said, never raised)
-                from autoannot import diagnostics
+                from autoannot.base import diagnostics
 
                 diagnostics.warn_once("process group", "forgetting a group that is gone", exc)
 

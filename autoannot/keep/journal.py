@@ -30,6 +30,11 @@ annotation context was given; ``param_comms``: the eager ``record_param_comms`` 
 written. A missing folder is created, and that is said on stderr (a typo shows at once). A file
 that exists is appended to: a second run of a job with the same path adds its lines, each
 carrying its run, and the tools read each run apart.
+
+A path that would be every rank's (``AUTOANNOT_RECORD`` with no ``{rank}`` or ``{pid}``, in a
+job of several ranks) is made each rank's own: ``all.jsonl`` becomes ``all.rank3.jsonl`` (said
+once, by rank 0). Ranks on several hosts appending to one file on a shared file system can lose
+or mix lines, and a file per rank is what a hang's forensics needs: each rank's last line.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import os
 import sys
 import time
 
-from autoannot import locks
+from autoannot.base import locks
 
 TYPE_CHECKING = False  # imported at start-up (AUTOANNOT_RECORD): typing and json cost ms
 if TYPE_CHECKING:
@@ -76,9 +81,12 @@ def check_template(template: str) -> None:
 class Journal:
     """The ``AUTOANNOT_RECORD`` file of this process (see the module docstring)."""
 
-    def __init__(self, template: str) -> None:
+    def __init__(self, template: str, inherited: bool = False) -> None:
         check_template(template)
         self.template = template
+        #: Whether every process of the job was given the same template (``AUTOANNOT_RECORD``
+        #: in their environment): one with no ``{rank}`` is then made each rank's own.
+        self.inherited = inherited
         self.path: str | None = None  # once opened
         self._fd: int | None = None
         self._rank: int | None = None
@@ -113,6 +121,10 @@ class Journal:
             self._rank = int(os.environ["RANK"])
         path = self.template.format(rank="" if self._rank is None else self._rank,
                                     pid=os.getpid(), host=socket.gethostname())
+        world = _world_size(dist)
+        shared = self.inherited and world > 1 and shared_by_ranks(self.template)
+        if shared:
+            path = own_path(path, self._rank)
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             os.makedirs(folder, exist_ok=True)
@@ -122,6 +134,11 @@ class Journal:
         self._host = _quote(socket.gethostname())
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         atexit.register(self.close)
+        if shared and not self._rank:
+            sys.stderr.write(
+                f"autoannot: AUTOANNOT_RECORD={self.template!r} would be one file for the "
+                f"job's {world} ranks (it has no {{rank}} or {{pid}}): each rank writes its "
+                f"own instead, {own_path(self.template, '{rank}')}\n")
         return fd
 
     def enter(self, entry: Any) -> None:
@@ -176,6 +193,39 @@ class Journal:
                 pass
 
 
+def shared_by_ranks(template: str) -> bool:
+    """Whether a record path would be the same file for every rank of a job: it has neither
+    ``{rank}`` nor ``{pid}``, nor ``{host}`` with one process a host (torchrun's
+    ``LOCAL_WORLD_SIZE``)."""
+    import _string
+
+    names = {name for _, name, _, _ in _string.formatter_parser(template) if name}
+    if names & {"rank", "pid"}:
+        return False
+    return not ("host" in names and os.environ.get("LOCAL_WORLD_SIZE") == "1")
+
+
+def own_path(path: str, rank: object) -> str:
+    """``path`` made one rank's: ``run/all.jsonl`` -> ``run/all.rank3.jsonl`` (the process id
+    where no rank is known)."""
+    mark = f"rank{rank}" if rank is not None else f"pid{os.getpid()}"
+    folder, name = os.path.split(path)
+    stem, dot, suffix = name.rpartition(".")
+    name = f"{stem}.{mark}.{suffix}" if dot and stem else f"{name}.{mark}"
+    return os.path.join(folder, name)
+
+
+def _world_size(dist: Any) -> int:
+    """The job's ranks: the process group's, else ``WORLD_SIZE``, else 1."""
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # (a group torn down under us: the environment's word, below)
+        pass
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() else 1
+
+
 #: The key under which the ranks of one run agree on its identity (the job's c10d store).
 RUN_KEY = "autoannot/run"
 
@@ -215,13 +265,13 @@ def open_from_environment(state: Any) -> Journal | None:
     """The journal ``AUTOANNOT_RECORD`` asks for, opened in ``state`` (the agent's: lines go
     to it); None if unset. A value that cannot name a file is said on stderr, once; the job
     runs without it."""
-    from autoannot import config
+    from autoannot.base import config
 
     template = config.record_template()
     if template is None:
         return None
     try:
-        journal = Journal(template)
+        journal = Journal(template, inherited=True)
     except JournalError as exc:
         sys.stderr.write(f"autoannot: {exc}: no record file is written\n")
         return None

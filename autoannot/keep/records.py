@@ -1,11 +1,11 @@
-"""What a launch leaves for the recorders and the record file: ``Record``s, written to the
-open recorders (after the launch returns) and journals (as it is entered, before it runs)."""
+"""What a launch leaves for ``record()``'s recorders and the record file: a ``Record`` (the sink,
+``keep.sink``, hands it to them)."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from autoannot import vocabulary as V
+from autoannot.describe import vocabulary as V
 
 
 class Record(NamedTuple):
@@ -46,28 +46,3 @@ def new_record(api: str, annotation: dict[str, Any], site: str, cpu_only: dict[s
                ) -> Record:
     """``Record(api, annotation, site, cpu_only)``, without NamedTuple's argument parsing."""
     return _tuple_new(Record, (api, annotation, site, cpu_only))
-
-
-def publish(state: Any, entry: Record, python_api: bool = True) -> None:
-    """Give a launch that returned to the open recorders; one made below torch's Python API
-    (``python_api`` false: DDP's reducer, ``pg.*``, compiled code) not to those that asked for
-    the Python API's launches only."""
-    for recording in state.recorders:
-        if python_api or not recording.python_api_only:
-            recording.append(entry)
-
-
-def enter(state: Any, entry: Record) -> None:
-    """Write a launch about to run to the open journals (``AUTOANNOT_RECORD``). A journal that
-    fails is closed, said once; the launch, and the in-memory recorders, go on."""
-    for journal in state.journals:
-        try:
-            journal.enter(entry)
-        except Exception as exc:
-            from autoannot import diagnostics
-
-            state.close_journal(journal)
-            diagnostics.say_once(f"journal:{id(journal)}", f"autoannot: AUTOANNOT_RECORD: "
-                                 f"cannot write {getattr(journal, 'path', journal)} "
-                                 f"({type(exc).__name__}: {exc}); no more lines are written "
-                                 "to it", stacklevel=5)

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from autoannot import groups
-from autoannot import vocabulary as V
-from autoannot.collectives import Collective, GroupArg, Rank, Sizes, Splits
+from autoannot.describe import groups
+from autoannot.describe import vocabulary as V
+from autoannot.describe.collectives import Collective, GroupArg, Rank, Sizes, Splits
 
 Getter = Callable[[tuple, dict], Any]
 
@@ -28,11 +28,12 @@ class NotALaunch(Exception):
 NO_DATA_TYPES = frozenset({"FakeTensor", "FunctionalTensor"})
 
 
-class Launch(NamedTuple):
-    """The facts of one collective launch, before they become an annotation."""
+class LaunchFacts(NamedTuple):
+    """What the table's rule derives from one launch's arguments, before it becomes an
+    annotation (``describe.kinds``)."""
 
     eager_name: str | None  # "Collective name"
-    facts: groups.GroupFacts
+    group: groups.GroupFacts
     in_nelems: int
     out_nelems: int
     dtype: str
@@ -126,7 +127,7 @@ _RESOLVERS: dict[GroupArg, Callable[[Any], Any]] = {
 
 class Plan:
     """A row compiled against the signature of the function it wraps: ``derive`` (a call's
-    Launch) and ``key_of`` (the call's facts that decide its Launch, as a hashable key, or
+    LaunchFacts) and ``key_of`` (the call's facts that decide its LaunchFacts, as a hashable key, or
     None where they are not few and plain enough to key on)."""
 
     __slots__ = ("_positions", "derive", "key_of", "row")
@@ -134,7 +135,7 @@ class Plan:
     def __init__(self, row: Collective, function: Callable[..., Any] | None) -> None:
         self.row = row
         self._positions = _positions(function)
-        self.derive: Callable[[tuple, dict], Launch] = _compile(row, self._positions)
+        self.derive: Callable[[tuple, dict], LaunchFacts] = _compile(row, self._positions)
         #: Generated at the first call (a plan is made while torch is still importing).
         self.key_of: Callable[[tuple, dict], tuple | None] = self._first_key_of
 
@@ -201,7 +202,7 @@ def _compile_key(row: Collective, positions: dict[str, tuple[int, Any]]) -> Call
     call is derived in full) for anything else: lists of several tensors, tensors of other
     types or on the meta device, roots that are not ints, split sizes given.
 
-    Every fact ``derive`` reads is in the key, so launches with one key have one Launch;
+    Every fact ``derive`` reads is in the key, so launches with one key have one LaunchFacts;
     ``groups.id_keyed`` caches forget their keys when a group they may name is gone."""
     import torch
 
@@ -304,7 +305,7 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
     fmt = V.format_list
     new_launch = tuple.__new__
 
-    def derive(args: tuple, kwargs: dict) -> Launch:
+    def derive(args: tuple, kwargs: dict) -> LaunchFacts:
         inputs = _as_list(get_inputs(args, kwargs))
         outputs = _as_list(get_outputs(args, kwargs)) if has_outputs else ()
         first = inputs[0] if inputs else outputs[0] if outputs else None
@@ -351,21 +352,21 @@ def _compile(row: Collective, positions: dict[str, tuple[int, Any]]) -> Callable
             if peer_rank and rank is not None and 0 <= rank < len(recorded):
                 peer = recorded[rank]
         # tuple.__new__: NamedTuple's own constructor parses its arguments (~0.3 us more)
-        return new_launch(Launch, (eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits,
+        return new_launch(LaunchFacts, (eager_name, facts, n_in_msg, n_out_msg, dtype, in_splits,
                                    out_splits, rank, peer, coalesced_name, kernels))
 
     return derive
 
 
 def derive(row: Collective, function: Callable[..., Any] | None, args: tuple,
-           kwargs: dict) -> Launch:
+           kwargs: dict) -> LaunchFacts:
     """Apply the row's rules to one call (compiling the row each time: for one-off use)."""
     return Plan(row, function).derive(args, kwargs)
 
 
-def kernel_args(launch: Launch) -> dict[str, Any]:
+def kernel_args(launch: LaunchFacts) -> dict[str, Any]:
     """The args the profiler puts on the eager NCCL kernel of this launch, in its key order."""
-    facts = launch.facts
+    facts = launch.group
     args: dict[str, Any] = {
         V.COLLECTIVE_NAME: launch.eager_name,
         V.IN_NELEMS: launch.in_nelems,
@@ -382,23 +383,30 @@ def kernel_args(launch: Launch) -> dict[str, Any]:
     return args
 
 
-def cpu_only_args(launch: Launch) -> dict[str, Any]:
+def facts_key(launch: LaunchFacts) -> tuple:
+    """What makes two launches of one function one kind: all their facts but those the
+    function fixes (its eager and coalesced names, its kernels)."""
+    return (launch.group, launch.in_nelems, launch.out_nelems, launch.dtype, launch.in_splits,
+            launch.out_splits, launch.rank, launch.peer_global_rank)
+
+
+def cpu_only_args(launch: LaunchFacts) -> dict[str, Any]:
     """The keys the CPU ``record_param_comms`` op adds to the kernel's (those known)."""
     if launch.rank is None:
-        return dict(launch.facts.global_rank_keys)
-    return {V.RANK: launch.rank, **launch.facts.global_rank_keys}
+        return dict(launch.group.global_rank_keys)
+    return {V.RANK: launch.rank, **launch.group.global_rank_keys}
 
 
-def annotation_of(api: str, launch: Launch) -> dict[str, Any]:
+def annotation_of(api: str, launch: LaunchFacts) -> dict[str, Any]:
     """The annotation the agent attaches: the eager kernel args, then the lane's ``name``
     and ``stream``."""
     args = kernel_args(launch)
     args[V.NAME] = api
-    args[V.STREAM] = launch.facts.lane
+    args[V.STREAM] = launch.group.lane
     return args
 
 
-def coalesced(launches: Sequence[Launch]) -> Launch | None:
+def coalesced(launches: Sequence[LaunchFacts]) -> LaunchFacts | None:
     """One launch for a ``_coalescing_manager`` block of same-kind collectives (sizes summed);
     None when the block holds point-to-point or mixed calls, whose kernel carries no args."""
     first = launches[0]
@@ -415,7 +423,7 @@ def coalesced(launches: Sequence[Launch]) -> Launch | None:
     )
 
 
-def launch_of_record(record: dict[str, Any], row: Collective | None) -> Launch:
+def launch_of_record(record: dict[str, Any], row: Collective | None) -> LaunchFacts:
     """The launch a process group's own record of it describes (``ParamCommsDebugInfo``, as
     the native observer reads it: what the profiler writes on the eager kernel); ``row``: the
     table's row of its operator (its kernel families), where known."""
@@ -425,7 +433,7 @@ def launch_of_record(record: dict[str, Any], row: Collective | None) -> Launch:
     name, rank = record["collective"], record["rank"]
     recorded = facts.recorded_ranks
     peer = recorded[rank] if name in ("send", "recv") and 0 <= rank < len(recorded) else None
-    return tuple.__new__(Launch, (
+    return tuple.__new__(LaunchFacts, (
         name, facts, record["in_nelems"], record["out_nelems"], record["dtype"],
         V.format_list(record["in_splits"]), V.format_list(record["out_splits"]), rank, peer,
         row.coalesced_name if row is not None else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from autoannot import locks
+from autoannot.base import locks
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:

@@ -10,8 +10,9 @@ not imported yet, ``enable()`` registers post-import hooks and instruments it as
 
 from __future__ import annotations
 
-from autoannot import config, importhook, locks, patching
-from autoannot.state import State
+from autoannot.agent import patching
+from autoannot.agent.state import State
+from autoannot.base import config, importhook, locks
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
@@ -33,11 +34,12 @@ class Instrumentation:
         #: The native observer (``observer.NativeObserver``) once torch is loaded, where it is
         #: built and allowed; else None.
         self.observer: Any = None
-        #: torch's process-group hooks (``pghooks.HookObserver``), where torch has them
+        #: torch's process-group hooks (``group_hooks.HookObserver``), where torch has them
         #: (>= 2.14): then the one observer of launches below the Python API.
         self.hooks: Any = None
         self._captures: Any = None
-        self._layer: Any = _UNSET  # the Python layer (``dispatch.DispatcherLayer``), once made
+        self._sink: Any = None
+        self._layer: Any = _UNSET  # the Python layer (``python_layer.DispatcherLayer``), once made
         self._native_module: Any = _UNSET
 
     def __repr__(self) -> str:
@@ -46,16 +48,26 @@ class Instrumentation:
 
     @property
     def captures(self) -> Any:
-        """``cudagraphs.Captures``: the ledgers and what a capture's begin and end do."""
+        """``keep.captures.Captures``: the ledgers and what a capture's begin and end do."""
         captures = self._captures
         if captures is None:
-            from autoannot import cudagraphs
+            from autoannot.keep.captures import Captures
 
             with self._lock:
                 if self._captures is None:
-                    self._captures = cudagraphs.Captures(self)
+                    self._captures = Captures(self)
                 captures = self._captures
         return captures
+
+    @property
+    def sink(self) -> Any:
+        """``keep.sink.Sink``: where every observer hands the launches it saw."""
+        sink = self._sink
+        if sink is None:
+            from autoannot.keep.sink import Sink
+
+            sink = self._sink = Sink(self)
+        return sink
 
     @property
     def layer(self) -> Any:
@@ -64,10 +76,10 @@ class Instrumentation:
 
     def group_hooks_observe(self) -> bool:
         """Whether torch's process-group hooks are this process's observer of launches below
-        the Python API (``pghooks.observe``). Then neither older observer is made."""
-        from autoannot import pghooks
+        the Python API (``group_hooks.observe``). Then neither older observer is made."""
+        from autoannot.observe import group_hooks
 
-        return pghooks.observe(self.config)
+        return group_hooks.observe(self.config)
 
     def native_module(self) -> Any:
         """The native observer's module where it is built for this torch and allowed (looked
@@ -80,7 +92,7 @@ class Instrumentation:
                 try:
                     module = native.load()
                 except Exception as exc:  # the Python layer annotates these launches instead
-                    from autoannot import diagnostics
+                    from autoannot.base import diagnostics
 
                     diagnostics.warn_once("native observer", "loading", exc)
             self._native_module = module
@@ -98,9 +110,9 @@ class Instrumentation:
 
                 if "torch" not in sys.modules:  # (torch is not loaded yet: nothing to hold)
                     return None
-                from autoannot import dispatch
+                from autoannot.observe import python_layer
 
-                self._layer = dispatch.create(self)
+                self._layer = python_layer.create(self)
             return self._layer
 
     # instrument / uninstrument -------------------------------------------------------------
@@ -112,7 +124,7 @@ class Instrumentation:
                 return
             self.config = config.from_environment()
             self.state.set_live(True)
-            importhook.when_imported("autoannot.proxies",
+            importhook.when_imported("autoannot.agent.proxies",
                                      lambda module: module.install_partial_reducer(
                                          self.proxies.get))
             for name in _HOOKED:
@@ -135,8 +147,8 @@ class Instrumentation:
                 _guarded(layer.retire, "removing", "dispatcher kernels")
             import sys
 
-            if "autoannot.proxies" in sys.modules:
-                from autoannot import proxies
+            if "autoannot.agent.proxies" in sys.modules:
+                from autoannot.agent import proxies
 
                 _guarded(proxies.remove_partial_reducer, "removing", "functools.partial pickling")
 
@@ -152,21 +164,23 @@ class Instrumentation:
             try:
                 self.patches.extend(_HOOKED[module.__name__](self, module))
             except Exception as exc:  # never break the import of torch
-                from autoannot import diagnostics
+                from autoannot.base import diagnostics
 
                 diagnostics.warn_once(module.__name__, "instrumenting", exc)
 
     def _on_torch(self, torch: ModuleType) -> list[patching.Patch]:
         """Once torch has finished importing: the launch observers."""
         if self.observer is None and self.native_module() is not None:
-            from autoannot import observer
+            from autoannot.observe import native_observer
 
-            self.observer = observer.create(self)
+            self.observer = native_observer.create(self)
             if self.observer is not None:
-                self.state.set_exclusion((None, None, self.observer.module.call_claimed))
+                from autoannot.observe.wrappers import Exclusion
+
+                self.state.set_exclusion(Exclusion(call=self.observer.module.call_claimed))
                 self.state.add_listener(self.observer.demand_changed)
         if getattr(getattr(torch, "version", None), "cuda", None) is not None:
-            from autoannot import features  # (a CUDA build: found now, not at a first capture)
+            from autoannot.base import features  # (a CUDA build: found now, not at a first capture)
 
             features.graph_annotations()
         layer = self.python_layer()
@@ -188,31 +202,32 @@ def _install_group_hooks(agent: Instrumentation, module: ModuleType) -> list[pat
     """Where torch's process groups take collective hooks: they observe the launches no proxy
     sees, on every group: those there are now, and each one made from now on, as it is made
     (``_new_process_group_helper``)."""
-    from autoannot import pghooks
+    from autoannot.observe import group_hooks
 
     if not agent.group_hooks_observe():
         return []
-    from autoannot import cudagraphs
-
-    patches = cudagraphs.wrap_attribute(module, "_new_process_group_helper",
-                                        pghooks.group_creation_wrapper(agent), agent.proxies)
+    patches = patching.wrap_attribute(module, "_new_process_group_helper",
+                                        group_hooks.group_creation_wrapper(agent), agent.proxies)
     if agent.hooks is None:
-        agent.hooks = pghooks.HookObserver(agent)
+        agent.hooks = group_hooks.HookObserver(agent)
         agent.state.add_listener(agent.hooks.demand_changed)
-    agent.hooks.hook_groups(pghooks.existing_groups())
+    agent.hooks.hook_groups(group_hooks.existing_groups())
     return patches
 
 
 def _install_graphs(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
-    from autoannot import cudagraphs
+    from autoannot.agent import graph_patches
 
-    return cudagraphs.install(module, agent)
+    return graph_patches.install(module, agent)
 
 
 def _install_export(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
-    from autoannot import export
+    """Ledger and rows files beside each exported trace."""
+    from autoannot.keep import export
 
-    return export.install(module, agent)
+    return patching.wrap_attribute(getattr(module, "_KinetoProfile", None),
+                                   "export_chrome_trace", export.after_export(agent),
+                                   agent.proxies)
 
 
 #: Modules whose import instruments something, and what: ``install(agent, module)`` -> the
@@ -233,7 +248,7 @@ def _guarded(step: Any, what: str, subject: Any) -> None:
     try:
         step()
     except Exception as exc:
-        from autoannot import diagnostics
+        from autoannot.base import diagnostics
 
         diagnostics.warn_once(str(subject), what, exc)
 

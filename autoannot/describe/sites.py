@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any
 
-_OWN_PREFIX = os.path.dirname(os.path.abspath(__file__))  # autoannot's own files
+_OWN_PREFIX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autoannot's files
 _PACKAGE_FOLDERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 

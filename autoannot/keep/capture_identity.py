@@ -8,8 +8,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from autoannot import locks
-from autoannot.ledgers import Ledger
+from autoannot.base import locks
+from autoannot.keep.ledgers import Ledger
 
 
 class _Lock:

@@ -1,0 +1,250 @@
+"""Issue 46: what a new user gives the tools in their first hour, on real 4-rank gloo jobs
+(``user_jobs.py``: rank 2 sleeps before step 3's broadcast). Each answer is the plant's (rank,
+call site, delay) or a clear refusal (exit 2, what to do), never a traceback or a wrong lead."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import user_jobs as job
+
+from autoannot import cli
+
+DELAY_US = job.DELAY_S * 1e6
+COMMANDS = ("skew", "report", "check", "summary")
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
+    made = {}
+    for kind, record in (("shared", "one/all.jsonl"), ("unscheduled", "rank{rank}.jsonl"),
+                         ("unrecorded", None)):
+        out = tmp_path_factory.mktemp(kind)
+        made[kind] = (out, job.run(kind, out, record))
+    return made
+
+
+def _run(capsys, command: str, *inputs: str, extra: tuple[str, ...] = ()
+         ) -> tuple[int, str, str]:
+    """``autoannot COMMAND`` as a user runs it (``report`` writes a page beside the inputs'
+    folder); exit code, stdout, stderr."""
+    argv = [command, *inputs, *extra]
+    if command == "report":
+        page = Path(inputs[0]).parent / f"page-{os.getpid()}-{time.monotonic_ns()}.html"
+        argv += ["-q", "-o", str(page)]
+    elif command in ("skew", "summary"):
+        argv.append("-q")
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _planted_lead(said: dict, site: str) -> None:
+    """The lead is the plant: rank 2 at its broadcast, late by the delay (within 25%: a busy
+    machine's noise)."""
+    top = said["origins"][0]
+    assert (top["rank"], top["call_site"]) == (job.PLANTED_RANK, site), top
+    assert abs(top["late_us"] - DELAY_US) <= 0.25 * DELAY_US, top
+    assert said["lead"][0].startswith(f"rank {job.PLANTED_RANK} held the others up most"), said
+
+
+def _skew_json(capsys, *inputs: str) -> tuple[int, dict]:
+    code = cli.main(["skew", "-q", "--json", *inputs])
+    return code, json.loads(capsys.readouterr().out)
+
+
+# --- a record path without {rank} ------------------------------------------------------------
+
+def test_a_record_path_without_rank_is_each_ranks_own_file(jobs) -> None:
+    out, _ = jobs["shared"]
+    assert sorted(p.name for p in (out / "one").iterdir()) == [
+        f"all.rank{r}.jsonl" for r in range(job.WORLD)]
+    for rank in range(job.WORLD):
+        lines = (out / "one" / f"all.rank{rank}.jsonl").read_text().splitlines()
+        assert {json.loads(line)["rank"] for line in lines} == {rank}
+
+
+def test_the_per_rank_path_is_said_once_by_rank_0(tmp_path: Path) -> None:
+    from test_record_file import run_job  # (a fake 2-rank group: this process is rank 0)
+
+    done = run_job(tmp_path, str(tmp_path / "r.jsonl"))
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "would be one file" in line]
+    assert len(said) == 1 and "r.rank{rank}.jsonl" in said[0], done.stderr
+    assert not (tmp_path / "r.jsonl").exists() and (tmp_path / "r.rank0.jsonl").is_file()
+
+
+@pytest.mark.parametrize("given", ["job folder", "record folder", "one file of every rank"])
+def test_every_tool_is_right_on_a_shared_record(jobs, capsys, tmp_path: Path, given) -> None:
+    """The job's own folder; its per-rank record files; and those files put together in one
+    (``cat rank*.jsonl > all.jsonl``, or written by an older autoannot): read rank by rank."""
+    out, results = jobs["shared"]
+    site = results[job.PLANTED_RANK]["sites"]["broadcast"]
+    if given == "job folder":
+        inputs = [str(out)]
+    elif given == "record folder":
+        inputs = [str(out / "one")]
+    else:
+        together = tmp_path / "all.jsonl"
+        together.write_text("".join(p.read_text() for p in sorted((out / "one").iterdir())))
+        inputs = [str(together)]
+    code, said = _skew_json(capsys, *inputs)
+    assert code == 0, said["problems"]
+    _planted_lead(said, site)
+    assert not said["missing"]
+    code, text, err = _run(capsys, "check", *inputs)
+    assert code == 0 and "MISSING" not in text, (text, err)
+    assert f"across {job.WORLD} ranks: 0 diverge" in text
+    code, text, err = _run(capsys, "report", *inputs)
+    assert code == 0, err
+    assert f"rank {job.PLANTED_RANK} held the others up most" in text
+    code, text, err = _run(capsys, "summary", *inputs)
+    assert code == 0 and "Traceback" not in err
+
+
+def test_rows_holding_one_place_twice_are_refused_not_a_crash(jobs, capsys,
+                                                              tmp_path: Path) -> None:
+    """Rows a job made while its ranks shared one record file (an older autoannot): one rank's
+    rows hold group 0 #k twice. Refused, naming the file, where the matcher crashed before."""
+    from autoannot.traces.table import rows
+
+    out, _ = jobs["unscheduled"]
+    folder = tmp_path / "doubled"
+    folder.mkdir()
+    for path in out.glob("trace_rank?.rows.parquet"):
+        shutil.copy(path, folder / path.name)
+    bad = folder / "trace_rank1.rows.parquet"
+    one = rows.read(bad)
+    seq = one.columns["seq"].copy()
+    seq[1] = seq[0]  # two launches at one place of the group's sequence
+    one.columns["seq"] = seq
+    bad.unlink()
+    rows.write_parquet(one, bad)
+    for command in ("skew", "report"):
+        code, _, err = _run(capsys, command, str(folder))
+        assert code == 2, err
+        assert "trace_rank1.rows.parquet" in err and "more than once" in err, err
+
+
+# --- a profile without a schedule ------------------------------------------------------------
+
+def test_an_unscheduled_profile_leads_with_the_planted_delay(jobs, capsys) -> None:
+    """Each rank starts its profiler 0.15 s after the one before (rank 3: 0.45 s after rank
+    0, more than the planted 0.2 s); torch writes no steps. The plant leads; the missing steps
+    are said."""
+    out, results = jobs["unscheduled"]
+    site = results[job.PLANTED_RANK]["sites"]["broadcast"]
+    traces = sorted(map(str, out.glob("trace_rank?.json")))
+    records = sorted(map(str, out.glob("rank?.jsonl")))
+    for inputs in ([str(out)], traces + records):
+        code, said = _skew_json(capsys, *inputs)
+        assert code == 0, said["problems"]
+        _planted_lead(said, site)
+        assert any(n.startswith("no profiler steps in these traces") for n in said["notes"])
+        assert all(i["step"] == -1 for i in said["instances"])  # (truly none)
+        started = [i for i in said["instances"] if i["group"] == "0" and i["seq"] == 2]
+        assert started and started[0]["warmup"]  # the first collective each rank profiled
+    code, text, _ = _run(capsys, "report", str(out))
+    assert code == 0 and f"rank {job.PLANTED_RANK} held the others up most" in text
+
+
+# --- record files of one run beside rows of another ------------------------------------------
+
+def test_two_runs_in_one_folder_get_one_refusal_from_every_command(jobs, capsys,
+                                                                   tmp_path: Path) -> None:
+    """Run A's record files (the unscheduled job's) beside run B's traces and rows (the shared
+    job's): every command refuses, naming both runs; --run picks one."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    b, results = jobs["shared"]
+    for path in b.glob("trace_rank?.*"):
+        shutil.copy(path, folder / path.name)
+    a, _ = jobs["unscheduled"]
+    for path in a.glob("rank?.jsonl"):
+        shutil.copy(path, folder / path.name)
+    run_a = json.loads((a / "rank0.jsonl").read_text().splitlines()[0])["run"]
+    run_b = json.loads((b / "one" / "all.rank0.jsonl").read_text().splitlines()[0])["run"]
+    assert run_a != run_b
+    for command in COMMANDS:
+        code, _, err = _run(capsys, command, str(folder))
+        assert code == 2, (command, err)
+        assert run_a in err and run_b in err and "--run" in err, (command, err)
+        assert "Traceback" not in err
+    code, said = _skew_json(capsys, str(folder), "--run", run_b)
+    assert code == 0
+    _planted_lead(said, results[job.PLANTED_RANK]["sites"]["broadcast"])
+    assert not any("stand for" in n for n in said["notes"])  # (no file of run A stands in)
+
+
+# --- gloo traces without AUTOANNOT_RECORD ----------------------------------------------------
+
+def test_gloo_traces_alone_are_refused_naming_the_record_file(jobs, capsys) -> None:
+    out, _ = jobs["unrecorded"]
+    assert not list(out.glob("*.jsonl")) and not list(out.glob("*.rows*"))
+    for command in ("skew", "report", "check"):
+        code, text, err = _run(capsys, command, str(out))
+        assert code == 2, (command, err)
+        said = err.strip().splitlines()
+        assert len(said) == 1 and "AUTOANNOT_RECORD" in said[0], (command, err)
+        assert "collective instances" not in text and not text.strip(), (command, text)
+
+
+# --- Ctrl-C during report --------------------------------------------------------------------
+
+def _write_rows(folder: Path, ranks: int, instances: int) -> Path:
+    spec = importlib.util.spec_from_file_location(
+        "report_scale", Path(__file__).parent.parent / "benchmarks" / "report_scale.py")
+    assert spec is not None and spec.loader is not None
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    folder.mkdir()
+    scale.write_rows(folder, ranks, instances)
+    return folder
+
+
+def test_ctrl_c_during_report_leaves_no_traceback_no_file_no_process(tmp_path: Path) -> None:
+    """The terminal's Ctrl-C reaches every process of the command (its pool's workers and
+    forkserver too): 20 runs, each interrupted while its workers run, at a random moment."""
+    import psutil
+
+    rows = _write_rows(tmp_path / "rows", 128, 8000)
+    out = tmp_path / "out"
+    out.mkdir()
+    interrupted = 0
+    for run in range(20):
+        page = out / "page.html"
+        p = subprocess.Popen(
+            [sys.executable, "-m", "autoannot", "report", "-j", "2", "--partition-launches",
+             "50000", str(rows), "-o", str(page)], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        command = psutil.Process(p.pid)
+        while p.poll() is None and not command.children(recursive=True):
+            time.sleep(0.002)
+        time.sleep(random.uniform(0.0, 0.5))
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)  # what the terminal does
+            interrupted += 1
+        try:
+            _, err = p.communicate(timeout=60)  # (a worker left behind holds stderr open)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise AssertionError(f"run {run}: a process of the command was left running") from None
+        if p.returncode == 0:
+            page.unlink()
+            continue
+        assert p.returncode == 130, (run, err)
+        assert "Traceback" not in err and "Error" not in err, (run, err)
+        assert err.strip().splitlines() == [
+            "autoannot report: interrupted (nothing half-written is left)"], (run, err)
+        assert list(out.iterdir()) == [], run
+    assert interrupted >= 15
