@@ -127,12 +127,32 @@ def leave_after_interrupt() -> None:
     timer.start()
 
 
+def _quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (where it is not running) with its stderr
+    on the null device: a command that leaves after an interrupt (``leave_after_interrupt``)
+    ends before its pool's semaphores are released, and the tracker, which releases them,
+    would print a warning of them on the command's stderr after its last line."""
+    from multiprocessing import resource_tracker
+
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        resource_tracker.ensure_running()  # (passes it the stderr it has now)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 @contextlib.contextmanager
 def pool(jobs: int, context: Any = None, initializer: Callable[..., Any] | None = None,
          initargs: tuple[Any, ...] = ()) -> Iterator[ProcessPoolExecutor]:
     """A pool of ``jobs`` processes that leaves with the command: where the command is
     interrupted (Ctrl-C) or fails, its queued tasks are dropped and its processes end with the
     task they run, with nothing printed by them."""
+    if LEAVE_AFTER_INTERRUPT_S is not None:
+        _quiet_resource_tracker()
     executor = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_start,
                                    initargs=(os.getpid(), initializer, initargs))
     try:
