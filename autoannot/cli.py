@@ -347,8 +347,8 @@ def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], 
     traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
     for note in skipped:
         _say(command, note)
-    have_rows = {os.path.realpath(p) for p in rows}
     beside = {t: rows_beside(t) for t in traces}
+    have_rows = {os.path.realpath(p) for p in rows} if any(beside.values()) else set()
     for found in beside.values():  # a trace named as a file: its rows, as a folder's
         if found is not None and os.path.realpath(found) not in have_rows:
             rows.append(found)
@@ -389,6 +389,8 @@ def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
     """Each trace as ``skew`` can read it: a raw graphed trace with its ledger beside it is
     annotated into ``scratch`` first (as ``annotate`` would: its graphed kernels get their
     args); every other trace as it is."""
+    if not traces:
+        return []
     from autoannot.traces import files
     from autoannot.traces.read import annotate, ledger
 

@@ -8,8 +8,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # (imported where a pool is made: not by every command)
+    from concurrent.futures import ProcessPoolExecutor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -151,6 +153,8 @@ def pool(jobs: int, context: Any = None, initializer: Callable[..., Any] | None 
     """A pool of ``jobs`` processes that leaves with the command: where the command is
     interrupted (Ctrl-C) or fails, its queued tasks are dropped and its processes end with the
     task they run, with nothing printed by them."""
+    from concurrent.futures import ProcessPoolExecutor
+
     if LEAVE_AFTER_INTERRUPT_S is not None:
         _quiet_resource_tracker()
     executor = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_start,

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autoannot.traces.analysis.partitions import IN_MEMORY_LAUNCHES
 from autoannot.traces.parallel import Progress
 
 _PLAN: Any = None  # a pool process's plan (set once per pass by the pool's initializer)
@@ -65,11 +66,10 @@ def _call_with(shipped: tuple[str, bytes], function: Callable[..., Any],
     return _timed(function, plan, item)
 
 
-#: A job of fewer launches than this is analysed in this process unless ``-j`` says otherwise:
-#: a pool's start-up (fresh processes, the plan shipped to each, at every pass) costs more
-#: than its cores save at that size (1,024 ranks x 2,000 launches: 2.8 s on a pool of 2,
-#: 1.6 s here).
-IN_PROCESS_LAUNCHES = 4_000_000
+#: A job of up to this many launches is analysed in this process unless ``-j`` says
+#: otherwise: whole, as one partition with each file read once (``passes.index_in_memory``),
+#: it needs no pass over the files before the matching, which a pool would share out.
+IN_PROCESS_LAUNCHES = IN_MEMORY_LAUNCHES
 
 
 class Embedded:
@@ -86,6 +86,15 @@ class Embedded:
         self.chosen = jobs is not None  # (given: a pool of them whatever the job's size)
         self.progress = progress
 
+    def in_process(self, plan: Any, items: int | None = None) -> bool:
+        """Whether work on ``plan`` (``items`` tasks) runs in this process: one job, a job
+        too small for a pool's start-up (unless jobs were given), or sources that only this
+        process can read."""
+        jobs = self.jobs if items is None else min(self.jobs, items)
+        if not self.chosen and plan.launches() <= IN_PROCESS_LAUNCHES:
+            jobs = 1
+        return jobs <= 1 or not plan.all_files()
+
     def map(self, function: Callable[..., Any], plan: Any, items: Sequence[Any],
             label: str) -> list[Any]:
         import time
@@ -93,10 +102,8 @@ class Embedded:
         started = time.perf_counter()
         shown = Progress(len(items) if self.progress else 0)
         jobs = min(self.jobs, len(items))
-        if not self.chosen and plan.launches() < IN_PROCESS_LAUNCHES:
-            jobs = 1
         timed: list[tuple[float, Any]] = []
-        if jobs <= 1 or not plan.all_files():
+        if self.in_process(plan, len(items)):
             for item in items:
                 timed.append(_timed(function, plan, item))
                 shown.step(label)
@@ -128,6 +135,10 @@ class Dask:
     worker must see the rows files at the paths given."""
 
     name = "dask"
+
+    def in_process(self, plan: Any, items: int | None = None) -> bool:
+        """Never: every task runs on the cluster's workers."""
+        return False
 
     def __init__(self, address: str | None = None, workers: int | None = None,
                  memory_limit: str | None = None, progress: bool = False) -> None:

@@ -48,8 +48,7 @@ def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False, engine: A
     """Instances, clocks and per-instance and per-rank figures of every rank's rows (in
     memory, or heads of rows files read by row range: ``rows.read_head``), in partitions of
     about ``target`` launches run by ``engine`` (default: this process)."""
-    from autoannot.traces.analysis import engines, partitions, passes
+    from autoannot.traces.analysis import engines, passes
 
     plan = passes.plan_of(ranks_rows)
-    return passes.run(plan, engine or engines.Embedded(jobs=1), include_warmup,
-                      target or partitions.TARGET_LAUNCHES)
+    return passes.run(plan, engine or engines.Embedded(jobs=1), include_warmup, target)

@@ -39,6 +39,10 @@ from autoannot.traces.analysis.results import IN_STEP_US
 SEQ_BITS = 40  # an instance key is group << 40 | seq
 #: Launches a partition holds at most, about (its working set: ~150 bytes a launch).
 TARGET_LAUNCHES = 4_000_000
+#: Launches of a job analysed whole, in one process, as one partition, where no partition
+#: size is asked (``passes.index_in_memory``: each file read once; ~90 bytes a launch at the
+#: peak, ~2 GB at this many).
+IN_MEMORY_LAUNCHES = 24_000_000
 #: The columns a partition reads, and their numpy types in memory.
 READ = ("group", "seq", "collective", "size_bytes", "start_us", "end_us", "site", "kernel",
         "step", "dtype")
@@ -63,6 +67,7 @@ class Source:
     data_offset: int = 0
     columns: dict[str, Any] | None = None
     origin: str = ""  # the file its rows were read from, where any (for messages)
+    same_codes: tuple[str, ...] = ()  # the coded columns whose codes are the plan's already
 
     def read(self, lo: int, hi: int, names: tuple[str, ...] = READ) -> dict[str, Any]:
         """Rows ``lo`` to ``hi`` of the named columns (missing columns of version 1 files:
@@ -92,6 +97,50 @@ class Source:
                     raise files.TraceError(f"{self.path}: cut short while it was read")
                 found[name] = np.frombuffer(data, dtype=kind)
         return found
+
+    def read_into(self, lo: int, hi: int, out: dict[str, Any], at: int) -> None:
+        """Rows ``lo`` to ``hi`` of every column of ``out`` (``LAUNCH_KINDS``), into its rows
+        from ``at`` on: read straight into them where the file's type is theirs, the codes
+        mapped onto the plan's (``CODED``), missing columns as ``read`` gives them."""
+        import numpy as np
+
+        rows = hi - lo
+        if self.columns is not None or self.path is None or self.kinds is None:
+            for name, values in self.read(lo, hi, tuple(out)).items():
+                self._land(name, values, out[name][at:at + rows])
+            return
+        where: dict[str, tuple[int, str]] = {}
+        offset = self.data_offset
+        for name, kind in self.kinds:
+            where[name] = (offset, kind)
+            offset += self.count * int(kind[-1])
+        with open(self.path, "rb") as handle:
+            fd = handle.fileno()
+            for name, target in out.items():
+                into = target[at:at + rows]
+                if name not in where:
+                    self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32), into)
+                    continue
+                offset, kind = where[name]
+                width = int(kind[-1])
+                # (codes the plan's already: the file's bytes are the values, where as wide)
+                direct = (np.dtype(kind) == into.dtype and name not in CODED) \
+                    or (name in self.same_codes and np.dtype(kind).itemsize == into.itemsize) \
+                    or (name == "kernel" and kind == "u1")
+                buffer = into.view(np.uint8) if direct else bytearray(width * rows)
+                if os.preadv(fd, [buffer], offset + width * lo) != width * rows:
+                    raise files.TraceError(f"{self.path}: cut short while it was read")
+                if not direct:
+                    self._land(name, np.frombuffer(buffer, dtype=kind), into)
+
+    def _land(self, name: str, values: Any, into: Any) -> None:
+        """``values`` of column ``name`` into ``into``: codes onto the plan's."""
+        import numpy as np
+
+        if name in CODED and name not in self.same_codes and len(values):
+            np.take(getattr(self, CODED[name]), values.astype(np.intp, copy=False), out=into)
+        else:
+            into[...] = values
 
 
 _KINDS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
@@ -186,6 +235,41 @@ def survey_source(plan: Partitioning, source: int) -> tuple[Any, Any, Any, Any]:
     return group[heads], tails - heads + 1, seq[heads], seq[tails]
 
 
+def surveys_of(launches: dict[str, Any], width: int, groups: int) -> list[Any]:
+    """What ``survey_source`` finds of each rank, from launches read (``read_partition``'s, of
+    every row): (group, launches, lowest seq, highest seq) of each group it has launches of."""
+    import numpy as np
+
+    z = np.zeros(0, np.int64)
+    found: list[Any] = [(z, z, z, z)] * width
+    if not len(launches["seq"]):
+        return found
+    pair = launches["column"].astype(np.int64)
+    pair *= groups
+    pair += launches["group"]
+    seq = launches["seq"]
+    if width * groups > 4 * len(seq) + (1 << 20):  # (a sparse table: by sorting instead)
+        order = np.lexsort((seq, pair))
+        pair, seq = pair[order], seq[order]
+        heads = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
+        tails = np.r_[heads[1:], len(pair)] - 1
+        present, count, low, high = pair[heads], tails - heads + 1, seq[heads], seq[tails]
+    else:
+        count = np.bincount(pair, minlength=width * groups)
+        present = np.flatnonzero(count)
+        low = np.full(width * groups, 1 << SEQ_BITS, np.int64)
+        high = np.full(width * groups, -1, np.int64)
+        np.minimum.at(low, pair, seq)
+        np.maximum.at(high, pair, seq)
+        count, low, high = count[present], low[present], high[present]
+    column = present // groups
+    cuts = np.searchsorted(column, np.arange(width + 1))
+    for c in np.unique(column).tolist():
+        a, b = cuts[c], cuts[c + 1]
+        found[c] = (present[a:b] % groups, count[a:b].astype(np.int64), low[a:b], high[a:b])
+    return found
+
+
 def extents(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any]:
     """Per group: its launches over every rank, its lowest and highest seq (-1: none)."""
     import numpy as np
@@ -275,6 +359,19 @@ def _in_reference(ref: dict[str, Any], s: Source, c: dict[str, Any]) -> tuple[An
     return at[shared], shared
 
 
+def median(values: Any) -> float:
+    """``numpy.median`` of some numbers (no NaN), as it finds it (the middle one, or the mean
+    of the two middle ones), without its general machinery: it is taken once or twice a
+    rank."""
+    import numpy as np
+
+    half = len(values) // 2
+    if len(values) % 2:
+        return float(np.partition(values, half)[half])
+    middle = np.partition(values, (half - 1, half))
+    return float((middle[half - 1] + middle[half]) / 2)
+
+
 @dataclass
 class Indexed:
     """A source's row range per partition, whether it is in time order, its highest profiler
@@ -323,8 +420,8 @@ def index_source(plan: Partitioning, source: int) -> Indexed:
     values = values[~np.isnan(values) & ~plan.spoilt[at]]
     if not len(values):
         return Indexed(ranges, ordered, max_step, unfitted)
-    offset = float(np.median(values))
-    spread = float(np.median(np.abs(values - offset)))
+    offset = median(values)
+    spread = median(np.abs(values - offset))
     return Indexed(ranges, ordered, max_step,
                    ClockFit(s.rank, offset, spread, len(values),
                             abs(offset) > max(1.0, 3 * spread)))
@@ -350,130 +447,151 @@ class Matched:
     launch: dict[str, Any] = field(default_factory=dict)  # column, start, end, site, prev_*
 
 
+#: Each launch column a partition's read gives, and its numpy type.
+LAUNCH_KINDS = {"group": "<i4", "seq": "<i8", "collective": "<i4", "size_bytes": "<i8",
+                "start_us": "<f8", "end_us": "<f8", "site": "<i4", "kernel": "?",
+                "step": "<i4", "dtype": "<i2"}
+#: The columns read as codes of the source's own, mapped onto the plan's (its map's field).
+CODED = {"group": "group_map", "collective": "collective_map", "site": "site_map",
+         "dtype": "dtype_map"}
+
+
 def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
     """Every launch of partition ``k``, on the plan's codes, with its previous launch's key and
     end and its next launch's start on its rank. Each rank's range is read as it lies (one
-    ``pread`` a column, a row either side for the neighbours), then all at once: codes
-    mapped, neighbours taken, the partition's rows kept."""
+    ``pread`` a column, a row either side for the neighbours) into the partition's columns,
+    its codes mapped as it lands; then the neighbours are taken and the partition's rows
+    kept."""
     import numpy as np
 
-    raw: dict[str, list[Any]] = {n: [] for n in READ}
-    spans = []  # (column, rows read)
+    spans = []  # (column, first row read, rows read)
     for column, s in enumerate(plan.sources):
         lo, hi = (int(v) for v in plan.ranges[column, k])
         if lo >= hi:
             continue
         a, b = max(0, lo - 1), min(s.count, hi + 1)
-        for name, values in s.read(a, b).items():
-            raw[name].append(values)
-        spans.append((column, b - a))
+        spans.append((column, a, b - a))
     if not spans:
         return _no_launches()
-    columns = np.array([c for c, _ in spans], np.int32)
-    lengths = np.array([n for _, n in spans], np.int64)
+    columns = np.array([c for c, _, _ in spans], np.int32)
+    lengths = np.array([n for _, _, n in spans], np.int64)
+    total = int(lengths.sum())
+    got = {name: np.empty(total, kind) for name, kind in LAUNCH_KINDS.items()}
+    at = 0
+    for column, a, rows in spans:
+        plan.sources[column].read_into(a, a + rows, got, at)
+        at += rows
     column = np.repeat(columns, lengths)
-    got = {n: np.concatenate(v) for n, v in raw.items()}
-    del raw
-    total = len(column)
-    # codes onto the plan's: each source's tables, end to end
-    def mapped(name: str, field_name: str, dtype: Any) -> Any:
-        tables = [getattr(plan.sources[c], field_name) for c in columns.tolist()]
-        at = np.concatenate([[0], np.cumsum([len(t) for t in tables])])[:-1]
-        flat = np.concatenate(tables).astype(dtype)
-        return flat[np.repeat(at, lengths) + got[name].astype(np.int64)]
-
-    group = mapped("group", "group_map", np.int32)
-    seq = got["seq"].astype(np.int64, copy=False)
+    group, seq = got["group"], got["seq"]
+    start, end = got["start_us"], got["end_us"]
     shifts = np.array([plan.sources[c].shift_us for c in columns.tolist()])
-    start = got["start_us"].astype(np.float64, copy=False)
-    end = got["end_us"].astype(np.float64, copy=False)
     if shifts.any():
         by = np.repeat(shifts, lengths)
-        start, end = start + by, end + by
-    key = (group.astype(np.int64) << SEQ_BITS) | seq
+        start += by
+        end += by
     # each row's neighbours on its rank: the rows before and after it in its range (the first
     # and last rows read are there for that: none before a file's first row, or after its last)
     first_row = np.zeros(total, bool)
     first_row[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
     last_row = np.zeros(total, bool)
     last_row[np.cumsum(lengths) - 1] = True
-    mine = (plan.part_of(group, seq) == k) if plan.partitions > 1 else np.ones(total, bool)
-    mine = np.flatnonzero(mine)
-    before, after = np.maximum(mine - 1, 0), np.minimum(mine + 1, total - 1)
-    has_before, has_after = ~first_row[mine], ~last_row[mine]
-    return {
-        "group": group[mine], "seq": seq[mine],
-        "collective": mapped("collective", "collective_map", np.int32)[mine],
-        "size_bytes": got["size_bytes"].astype(np.int64, copy=False)[mine],
-        "start_us": start[mine], "end_us": end[mine],
-        "site": np.where(got["site"][mine] < 0, -1, mapped("site", "site_map", np.int32)[mine]),
-        "kernel": got["kernel"].astype(bool)[mine],
-        "step": got["step"].astype(np.int32, copy=False)[mine],
-        "dtype": mapped("dtype", "dtype_map", np.int16)[mine],
-        "column": column[mine],
-        "prev_key": np.where(has_before, key[before], -1),
-        "prev_end": np.where(has_before, end[before], np.nan),
-        "next_start": np.where(has_after, start[after], np.nan)}
+    got.update(column=column, first_row=first_row, last_row=last_row)
+    if plan.partitions > 1:
+        mine = np.flatnonzero(plan.part_of(group, seq) == k)
+        if len(mine) < total:
+            got["mine"] = mine
+    return got
 
 
 def _no_launches() -> dict[str, Any]:
     import numpy as np
 
-    kinds = {"group": np.int32, "seq": np.int64, "collective": np.int32,
-             "size_bytes": np.int64, "start_us": np.float64, "end_us": np.float64,
-             "site": np.int32, "kernel": bool, "step": np.int32, "dtype": np.int16,
-             "column": np.int32, "prev_key": np.int64, "prev_end": np.float64,
-             "next_start": np.float64}
-    return {n: np.zeros(0, t) for n, t in kinds.items()}
+    got = {name: np.zeros(0, kind) for name, kind in LAUNCH_KINDS.items()}
+    got.update(column=np.zeros(0, np.int32), first_row=np.zeros(0, bool),
+               last_row=np.zeros(0, bool))
+    return got
 
 
 def match_partition(plan: Partitioning, k: int, launches: dict[str, Any] | None = None) -> Matched:
-    """Partition ``k``'s launches sorted into instances: those the ranks launched differently
-    left out (their keys kept), the others' facts, and the clock estimates."""
+    """Partition ``k``'s launches (``read_partition``'s, given or read) sorted into instances:
+    those the ranks launched differently left out (their keys kept), the others' facts. The
+    launches stay where they were read (``Matched.launch``: their columns, and the rows of the
+    instances' launches in instance order, then rank)."""
     import numpy as np
 
     got = read_partition(plan, k) if launches is None else launches
+    mine = got.get("mine")  # (the rows of partition k, where others' were read too)
+
+    def of(name: str) -> Any:
+        return got[name] if mine is None else got[name][mine]
+
     width = plan.width
-    order, key = _sorted_by_instance(got["group"], got["seq"], got["column"], width,
-                                     len(plan.group_keys))
+    group, seq, column = of("group"), of("seq"), of("column")
+    order, key, unique_places = _sorted_by_instance(group, seq, column, width,
+                                                    len(plan.group_keys))
     total = len(key)
     head = np.ones(total, dtype=bool)
     head[1:] = key[1:] != key[:-1]
-    column = got["column"][order]
-    twice = np.flatnonzero(~head[1:] & (column[1:] == column[:-1]))
-    if len(twice):
-        raise _twice(plan, int(key[twice[0]]), int(column[twice[0]]))
+    if not unique_places:
+        in_order = column[order]
+        twice = np.flatnonzero(~head[1:] & (in_order[1:] == in_order[:-1]))
+        if len(twice):
+            raise _twice(plan, int(key[twice[0]]), int(in_order[twice[0]]))
+        del in_order
     unique = key[head]
-    segment = np.cumsum(head, dtype=np.int64) - 1
+    del key
+    index = np.int32 if total < 1 << 31 else np.int64  # (row indices: half the memory)
+    segment = np.cumsum(head, dtype=index)
+    segment -= 1
     first = np.flatnonzero(head)
+    del head
     count = len(unique)
-    coll, size = got["collective"][order], got["size_bytes"][order]
-    disagree = (coll != coll[first][segment]) | (size != size[first][segment])
-    conflict = np.bincount(segment, weights=disagree, minlength=count) > 0
-    not_kernel = np.bincount(segment, weights=~got["kernel"][order], minlength=count) > 0
+    instance = np.empty(total, index)  # each row's instance, where it was read
+    instance[order] = segment
+    firsts = order[first]
+    collective, size = of("collective"), of("size_bytes")
+    conflict = np.zeros(count, bool)  # (in stretches: small passing arrays)
+    for lo in range(0, total, 1 << 20):
+        part = slice(lo, lo + (1 << 20))
+        here = instance[part]
+        disagree = collective[part] != np.take(collective[firsts], here)
+        disagree |= size[part] != np.take(size[firsts], here)
+        conflict[here[disagree]] = True
+    not_kernel = np.zeros(count, bool)
+    not_kernel[instance[~of("kernel")]] = True
+    most_step = np.full(count, np.iinfo(np.int32).min, np.int32)
+    np.maximum.at(most_step, instance, of("step"))
+
     valid = ~conflict
     kept = np.flatnonzero(valid)
-    keep_launch = valid[segment]
-    keep = order[keep_launch]
-    instance_of = (np.cumsum(valid, dtype=np.int64) - 1)[segment[keep_launch]]
     n = len(kept)
+    if n == count:  # (every instance valid: the launches in instance order as sorted)
+        rows, numbered = order, segment
+    else:
+        keep_launch = valid[segment]
+        rows = order[keep_launch]
+        numbered = (np.cumsum(valid, dtype=index) - 1)[segment[keep_launch]]
+        del keep_launch
+    del order, segment
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(instance_of, minlength=n), out=offsets[1:])
-    first_kept = first[kept]
-    step = got["step"][keep]
-    dtype = got["dtype"][keep]
-    launch = {name: got[source][keep] for name, source in (
-        ("column", "column"), ("start", "start_us"), ("end", "end_us"), ("site", "site"),
-        ("prev_key", "prev_key"), ("prev_end", "prev_end"), ("next_start", "next_start"))}
-    kernel = ~not_kernel[kept]
-    matched = Matched(
-        key=unique[kept], collective=coll[first_kept], size_bytes=size[first_kept],
+    np.cumsum(np.bincount(numbered, minlength=n), out=offsets[1:])
+    if mine is None and n == count:
+        where = instance  # each row's valid instance (-1: none)
+    else:
+        where = np.full(len(got["seq"]), -1, index)
+        if mine is not None:
+            rows = mine[rows]
+        where[rows] = numbered
+    del numbered, instance
+    launch = {name: got[name] for name in ("column", "start_us", "end_us", "site", "group",
+                                           "seq", "first_row", "last_row")}
+    launch.update(rows=rows, instance=where)
+    return Matched(
+        key=unique[kept], collective=collective[firsts[kept]], size_bytes=size[firsts[kept]],
         members=np.diff(offsets).astype(np.int32),
         needed=plan.group_size[unique[kept] >> SEQ_BITS].astype(np.int32),
-        step=np.maximum.reduceat(step, offsets[:-1]) if n else np.zeros(0, np.int32),
-        dtype=dtype[offsets[:-1]] if n else np.zeros(0, np.int16),
-        kernel=kernel, offsets=offsets, conflicts=unique[conflict], launch=launch)
-    return matched
+        step=most_step[kept], dtype=of("dtype")[firsts[kept]], kernel=~not_kernel[kept],
+        offsets=offsets, conflicts=unique[conflict], launch=launch)
 
 
 def _twice(plan: Partitioning, key: int, column: int) -> files.TraceError:
@@ -490,14 +608,69 @@ def _twice(plan: Partitioning, key: int, column: int) -> files.TraceError:
 
 
 def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
-                        groups: int) -> tuple[Any, Any]:
-    """The order that sorts launches by (group, seq, rank), and each sorted launch's instance
-    key. One sort of one 64-bit key where the three fit in it; else a stable sort on (group,
-    seq) of launches in rank order."""
+                        groups: int) -> tuple[Any, Any, bool]:
+    """The order that sorts launches by (group, seq, rank), each sorted launch's instance
+    key, and whether no two launches share a place (known where they were placed: placed
+    where the sequences are dense, ``_placed_by_instance``; else sorted)."""
     import numpy as np
 
     if len(seq) and (int(seq.min()) < 0 or int(seq.max()) >= 1 << SEQ_BITS):
         raise files.TraceError("a rows file holds a sequence number outside 0 .. 2^40")
+    placed = _placed_by_instance(group, seq, column, width, groups)
+    order = placed if placed is not None else _sort_by_instance(group, seq, column, width,
+                                                                groups)
+    key = group[order].astype(np.int64) << SEQ_BITS
+    key |= seq[order]
+    return order, key, placed is not None
+
+
+def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
+                        groups: int) -> Any:
+    """The order of ``_sorted_by_instance`` with no sort, where a group's sequence is dense
+    (as the job numbers it): each launch has a place of its own, its group's first place plus
+    (its seq less the group's lowest) times the group's ranks present, plus its rank's
+    position among them; the places, read in order, are the launches sorted. None where
+    places would be sparse, or two launches take one (left to the sort, which says which)."""
+    import numpy as np
+
+    n = len(seq)
+    if not n or width * groups > 4 * n + (1 << 20):
+        return None
+    pair = group.astype(np.int32 if groups * width < 1 << 31 else np.int64)
+    pair *= width
+    pair += column
+    present = (np.bincount(pair, minlength=groups * width) > 0).reshape(groups, width)
+    position = np.cumsum(present, axis=1, dtype=np.int64) - 1
+    ranks = present.sum(axis=1, dtype=np.int64)
+    low = np.full(groups, 1 << SEQ_BITS, np.int64)
+    high = np.full(groups, -1, np.int64)
+    np.minimum.at(low, group, seq)
+    np.maximum.at(high, group, seq)
+    places = np.where(high >= low, high - low + 1, 0) * ranks
+    total = int(places.sum())
+    if total > 2 * n + (1 << 20):
+        return None
+    first = np.concatenate([[0], np.cumsum(places)[:-1]]) - low * ranks
+    position = position.ravel()
+    index = np.int32 if n < 1 << 31 else np.int64  # (row indices: half the memory)
+    taken = np.full(total, -1, index)
+    for lo in range(0, n, 1 << 20):  # (in stretches: small passing arrays)
+        part = slice(lo, lo + (1 << 20))
+        place = np.take(ranks, group[part])  # first[g] + (seq - low[g]) * ranks[g] + ...
+        place *= seq[part]
+        place += np.take(first, group[part])
+        place += np.take(position, pair[part])
+        taken[place] = np.arange(lo, lo + len(place), dtype=index)
+    del pair
+    order = taken[taken >= 0]
+    return order if len(order) == n else None
+
+
+def _sort_by_instance(group: Any, seq: Any, column: Any, width: int, groups: int) -> Any:
+    """``_sorted_by_instance``'s order by sorting: one sort of one 64-bit key where the three
+    fit in it; else a stable sort on (group, seq) of launches in rank order."""
+    import numpy as np
+
     seq_bits = max(1, int(seq.max()).bit_length()) if len(seq) else 1
     rank_bits = max(1, (width - 1).bit_length())
     group_bits = max(1, (groups - 1).bit_length())
@@ -510,9 +683,7 @@ def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
         by_rank = np.argsort(column, kind="stable")
         order = by_rank[np.argsort(((group.astype(np.int64) << SEQ_BITS) | seq)[by_rank],
                                    kind="stable")]
-    key = group[order].astype(np.int64) << SEQ_BITS
-    key |= seq[order]
-    return order, key
+    return order
 
 
 # --- pass 4: a partition's figures --------------------------------------------------------------
@@ -538,13 +709,6 @@ class Figured:
     launch: dict[str, Any] | None = None  # kept where asked (parts of instances)
 
 
-def apply_clocks(launch: dict[str, Any], shift: Any) -> None:
-    if shift.any():
-        by = shift[launch["column"]]
-        for name in ("start", "end", "prev_end", "next_start"):
-            launch[name] = launch[name] - by
-
-
 def waits_of(start: Any, end: Any, next_start: Any, last: Any, transfer: Any) -> Any:
     """Each launch's wait: from its arrival to the last rank's, never more than its own time in
     the collective less the transfer; where only its entry is known, never more than until
@@ -561,13 +725,12 @@ def waits_of(start: Any, end: Any, next_start: Any, last: Any, transfer: Any) ->
 def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dict[str, Any],
                      keep_launches: bool = False) -> Figured:
     """Arrivals, straggler, skew, transfer and waits of each instance of a partition (clocks
-    applied: ``shift`` per column), and the pieces the driver joins across partitions."""
+    applied: ``shift`` per column), and the pieces the driver joins across partitions. Each
+    reduction runs over the launches where they were read, into per-instance arrays (no
+    launch is moved)."""
     import numpy as np
 
-    launch = dict(matched.launch)
-    apply_clocks(launch, shift)
-    start, end, column = launch["start"], launch["end"], launch["column"]
-    offsets = matched.offsets
+    launch = matched.launch
     n = len(matched.key)
     width = plan.width
     if n == 0:
@@ -575,53 +738,183 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
         return Figured(matched.key, z, z, np.zeros(0, np.int32), z, z, np.zeros(0, np.int32),
                        np.zeros(0, np.int64), {}, np.zeros(width), 0,
                        np.zeros((0, 3), np.int64), _no_cells(),
-                       launch if keep_launches else None)
-    heads = offsets[:-1]
-    instance_of = np.repeat(np.arange(n), np.diff(offsets))
-    first = np.minimum.reduceat(start, heads)
-    last = np.maximum.reduceat(start, heads)
-    straggler = np.maximum.reduceat(np.where(start == last[instance_of], column, -1), heads)
-    at_straggler = np.flatnonzero(column == straggler[instance_of])
-    first_column = np.minimum.reduceat(np.where(start == first[instance_of], column, width),
-                                       heads)
-    at_first = np.flatnonzero(column == first_column[instance_of])
+                       _kept(launch, matched.offsets, shift, np.zeros(len(launch["seq"])))
+                       if keep_launches else None)
+    _apply_clocks(launch, shift)
+    instance = launch["instance"]
+    whole = not (instance < 0).any()  # (every row read is one: no row taken out)
+    at = np.arange(0) if whole else np.flatnonzero(instance >= 0)  # (else: the rows that are)
+
+    def on(values: Any) -> Any:
+        return values if whole else values[at]
+
+    instance, column = on(instance), on(launch["column"])
+    arrived, ended = on(launch["start_us"]), on(launch["end_us"])
+    scratch = np.empty(len(arrived))  # (one launch-long buffer, used again and again)
+    first = np.full(n, np.inf)
+    np.minimum.at(first, instance, arrived)
+    last = np.full(n, -np.inf)
+    np.maximum.at(last, instance, arrived)
+    no_rank, past_ranks = column.dtype.type(-1), column.dtype.type(width)
+    straggler = np.full(n, no_rank)  # the highest rank of those that arrived last
+    np.maximum.at(straggler, instance, np.where(
+        arrived == np.take(last, instance, out=scratch, mode="clip"), column, no_rank))
+    first_column = np.full(n, past_ranks)  # the lowest of those that arrived first
+    np.minimum.at(first_column, instance, np.where(
+        arrived == np.take(first, instance, out=scratch, mode="clip"), column, past_ranks))
+    at_straggler = np.empty(n, np.int64)  # (a launch each: ranks are unique in an instance)
+    mask = column == straggler[instance]
+    at_straggler[instance[mask]] = np.flatnonzero(mask)
+    at_first = np.empty(n, np.int64)
+    mask = column == first_column[instance]
+    at_first[instance[mask]] = np.flatnonzero(mask)
+    del mask
     skew = last - first
-    transfer = end[at_straggler] - last
-    waits = waits_of(start, end, launch["next_start"], last[instance_of],
-                     transfer[instance_of])
-    launch["wait"] = waits
-    launch["offsets"] = offsets
-    total = np.add.reduceat(waits, heads)
-    late = np.flatnonzero(skew >= IN_STEP_US)
-    s, f = at_straggler[late], at_first[late]
-    chain = {"straggler_prev_key": launch["prev_key"][s],
-             "straggler_prev_end": launch["prev_end"][s], "straggler_start": start[s],
-             "first_prev_key": launch["prev_key"][f], "first_prev_end": launch["prev_end"][f],
-             "first_start": start[f]}
+    transfer = ended[at_straggler] - last
     group = (matched.key >> SEQ_BITS).astype(np.int64)
     seq = matched.key & ((1 << SEQ_BITS) - 1)
-    # each rank's furthest instance in each group
-    pair = group[instance_of] * width + column
-    order = np.lexsort((seq[instance_of], pair))
-    ends = np.flatnonzero(np.r_[pair[order][1:] != pair[order][:-1], True])
-    furthest = order[ends]
-    reached = np.stack([group[instance_of][furthest], column[furthest],
-                        seq[instance_of][furthest]], axis=1)
+    pair = np.take(_narrow(group, int(group.max()) * width + width), instance)  # (group, rank)
+    pair *= width
+    pair += column
+    reached = _furthest(pair, np.take(_narrow(seq, int(seq.max()) + 1), instance), width)
     # heat-map cells: how late each rank arrived, the most per (group, rank, step or bin)
     if heat["by_step"]:  # (x: the step + 1; 0: none known)
-        x = matched.step.astype(np.int64)[instance_of] + 1
+        x = matched.step.astype(np.int64) + 1
     else:
         low, span, bins = heat["seq_low"], heat["seq_span"], heat["bins"]
-        g = group[instance_of]
-        x = (seq[instance_of] - low[g]) * bins[g] // np.maximum(span[g], 1)
-    cells = merge_cells([((group[instance_of] * width + column) * heat["span"] + x,
-                          start - first[instance_of])])
+        x = (seq - low[group]) * bins[group] // np.maximum(span[group], 1)
+    lateness = np.subtract(arrived, np.take(first, instance, out=scratch, mode="clip"),
+                           out=scratch)
+    cells = _most_per_cell(pair, np.take(_narrow(x, int(heat["span"])), instance),
+                           heat["span"], lateness)
+    del pair, lateness
+    # each launch's wait (``waits_of``), in place: until the last arrival, never more than its
+    # own time in the collective less the transfer, nor (by its entry alone) its next entry
+    waits = np.take(np.nan_to_num(transfer, nan=0.0), instance)
+    np.subtract(ended, waits, out=waits)
+    np.fmin(np.take(last, instance, out=scratch, mode="clip"), waits, out=waits)
+    del scratch
+    waits -= arrived
+    bare = np.flatnonzero(np.isnan(ended))
+    if len(bare):
+        rows = bare if whole else at[bare]
+        following = np.where(launch["last_row"][rows], np.nan,
+                             launch["start_us"][np.minimum(rows + 1, len(launch["seq"]) - 1)])
+        waits[bare] = np.where(np.isnan(following), waits[bare],
+                               np.fmin(waits[bare], following - arrived[bare]))
+    np.maximum(waits, 0.0, out=waits)
+    total = np.bincount(instance, weights=waits, minlength=n)
+    waited = np.bincount(column, weights=waits, minlength=width)
+    late = np.flatnonzero(skew >= IN_STEP_US)
+    chain = {}
+    for who, here in (("straggler", at_straggler[late]), ("first", at_first[late])):
+        rows = here if whole else at[here]
+        before = np.maximum(rows - 1, 0)
+        none = launch["first_row"][rows]
+        chain[f"{who}_prev_key"] = np.where(
+            none, -1, (launch["group"][before].astype(np.int64) << SEQ_BITS)
+            | launch["seq"][before])
+        chain[f"{who}_prev_end"] = np.where(none, np.nan, launch["end_us"][before])
+        chain[f"{who}_start"] = arrived[here]
+    wait_of = None
+    if keep_launches:
+        wait_of = waits if whole else np.zeros(len(launch["seq"]))
+        if not whole:
+            wait_of[at] = waits
+    rows_straggler = at_straggler if whole else at[at_straggler]
     return Figured(
         key=matched.key, last=last, skew=skew, straggler=straggler.astype(np.int32),
-        transfer=transfer, total=total, straggler_site=launch["site"][at_straggler],
-        late=late, chain=chain, waited=np.bincount(column, weights=waits, minlength=width),
-        bare=int(np.isnan(end).sum()), reached=reached, cells=cells,
-        launch=launch if keep_launches else None)
+        transfer=transfer, total=total, straggler_site=launch["site"][rows_straggler],
+        late=late, chain=chain, waited=waited,
+        bare=int(np.isnan(ended).sum()), reached=reached, cells=cells,
+        launch=_kept(launch, matched.offsets, shift, wait_of) if keep_launches else None)
+
+
+def _apply_clocks(launch: dict[str, Any], shift: Any) -> None:
+    """Each rank's clock (``shift`` per column) taken out of its launches' times, in place:
+    rank by rank, over each range of rows read (once: said in ``launch``)."""
+    import numpy as np
+
+    if launch.get("clocks") is not None or not shift.any():
+        launch["clocks"] = shift
+        return
+    heads = np.flatnonzero(launch["first_row"]).tolist()
+    tails = [*heads[1:], len(launch["first_row"])]
+    start, end, column = launch["start_us"], launch["end_us"], launch["column"]
+    for head, tail in zip(heads, tails, strict=True):
+        by = float(shift[int(column[head])])
+        if by:
+            start[head:tail] -= by
+            end[head:tail] -= by
+    launch["clocks"] = shift
+
+
+def _kept(launch: dict[str, Any], offsets: Any, shift: Any, wait: Any) -> dict[str, Any]:
+    """What ``Analysis.launches_of`` reads of a partition's launches: the rows of each
+    instance's launches (``rows`` from ``offsets``), their columns (clocks applied) and each
+    row's wait."""
+    _apply_clocks(launch, shift)
+    return {"rows": launch["rows"], "offsets": offsets, "column": launch["column"],
+            "start": launch["start_us"], "end": launch["end_us"], "site": launch["site"],
+            "wait": wait}
+
+
+def _narrow(values: Any, bound: int) -> Any:
+    """``values`` (non-negative, under ``bound``) as 32-bit integers where they fit: half
+    the memory of the launch-long arrays made of them."""
+    import numpy as np
+
+    return values.astype(np.int32 if bound < 1 << 31 else np.int64, copy=False)
+
+
+def _furthest(pair: Any, seq: Any, width: int) -> Any:
+    """(group, column, highest seq) of each (group, column) pair present, in pair order."""
+    import numpy as np
+
+    if not len(pair):
+        return np.zeros((0, 3), np.int64)
+    if int(pair.max()) < 4 * len(pair) + (1 << 20):
+        most = np.full(int(pair.max()) + 1, -1, seq.dtype)
+        np.maximum.at(most, pair, seq)
+        present = np.flatnonzero(most >= 0)
+        furthest = most[present]
+    else:  # (a sparse table: by sorting instead)
+        order = np.lexsort((seq, pair))
+        ends = order[np.flatnonzero(np.r_[pair[order][1:] != pair[order][:-1], True])]
+        present, furthest = pair[ends], seq[ends]
+    return np.stack([present // width, present % width, furthest], axis=1).astype(np.int64)
+
+
+def _most_per_cell(pair: Any, x: Any, span: int, value: Any) -> Any:
+    """(cell keys, the most of each) where a cell's key is ``pair * span + x``, in key
+    order: in a table of the pairs present (no sort of the launches)."""
+    import numpy as np
+
+    if not len(pair):
+        return _no_cells()
+    pairs, slot = np.unique(pair, return_inverse=True) if int(pair.max()) >= 4 * len(pair) \
+        + (1 << 20) else _present(pair)
+    cell = _narrow(slot, len(pairs) * span)
+    del slot
+    cell *= span
+    cell += x
+    most = np.full(len(pairs) * span, -np.inf)
+    np.maximum.at(most, cell, value)
+    taken = np.flatnonzero(most != -np.inf)  # (the cells some launch fell in)
+    return (pairs[taken // span] * span + taken % span, most[taken])
+
+
+def _present(pair: Any) -> tuple[Any, Any]:
+    """The distinct values of ``pair`` (small non-negative integers), and each one's place
+    among them."""
+    import numpy as np
+
+    seen = np.zeros(int(pair.max()) + 1, bool)
+    seen[pair] = True
+    pairs = np.flatnonzero(seen)
+    place = np.cumsum(seen, dtype=np.int32 if len(seen) < 1 << 31 else np.int64)
+    place -= 1
+    return pairs, place[pair]
 
 
 def _no_cells() -> Any:

@@ -67,6 +67,9 @@ def plan_of(ranks_rows: list[Any]) -> Partitioning:
             shift = ((one.base_ns if one.clock == "trace" else 0) - origin) / 1e3
         source = Source(one.rank, len(one), group_map, collective_map, site_map, dtype_map,
                         shift, origin=str(one.path or one.source or ""))
+        source.same_codes = tuple(name for name, codes in (
+            ("group", group_map), ("collective", collective_map), ("site", site_map[:-1]),
+            ("dtype", dtype_map)) if np.array_equal(codes, np.arange(len(codes))))
         if one.columns:
             source.columns = _in_time_order({n: np.asarray(one.columns[n])
                                              for n in parts.READ})
@@ -170,14 +173,109 @@ def partition(plan: Partitioning, engine: Any, target: int = parts.TARGET_LAUNCH
     return indexed
 
 
+def index_in_memory(plan: Partitioning) -> tuple[list[parts.Indexed], dict[str, Any] | None]:
+    """Pass 1 for a plan of one partition, in this process: every launch read once (the
+    partition's read), and from it what ``partition`` finds rank by rank — the first rank's
+    instances spoilt for the clock fit, then each rank's clock, found as ``index_source``
+    finds it. (None for the launches where a rank's rows are out of time order: ``partition``
+    puts them in order.)"""
+    import numpy as np
+
+    from autoannot.traces.analysis.results import ClockFit
+
+    width = plan.width
+    plan.partitions, plan.starts = 1, np.zeros(1, np.int64)
+    counts = np.array([s.count for s in plan.sources], np.int64)
+    plan.ranges = np.stack([np.zeros(width, np.int64), counts], axis=1).reshape(width, 1, 2)
+    got = parts.read_partition(plan, 0)
+    bounds = np.concatenate([[0], np.cumsum(counts)])  # (each rank's rows, in column order)
+    start = got["start_us"]
+    inner = np.ones(len(start), bool)
+    heads = bounds[1:-1]
+    inner[heads[heads < len(start)]] = False
+    if len(start) > 1 and not np.all((start[1:] >= start[:-1]) | ~inner[1:]):
+        return [], None
+    if any(one is None for one in plan.surveys):
+        plan.surveys = parts.surveys_of(got, width, len(plan.group_keys))
+    max_step = int(np.max(got["step"], initial=-1))
+    first = slice(int(bounds[0]), int(bounds[1]))
+    key = (got["group"][first].astype(np.int64) << SEQ_BITS) | got["seq"][first]
+    order = np.argsort(key, kind="stable")
+    ref = {"key": key[order], "collective": got["collective"][first][order],
+           "size": got["size_bytes"][first][order], "end": got["end_us"][first][order]}
+    plan.reference = ref
+    plan.spoilt = np.zeros(len(ref["key"]), bool)
+    fits = [ClockFit(s.rank, 0.0, 0.0, 0, False) for s in plan.sources]
+    if not len(ref["key"]):
+        return [parts.Indexed(plan.ranges[c], True, max_step, fits[c]) for c in range(width)], \
+            got
+    # in stretches of whole ranks (a few hundred thousand rows: small passing arrays)
+    stretches = _stretches(counts, 1 << 18)
+    for lo, hi in stretches:  # the instances each rank spoils, all known before any fit
+        at, shared = _in_reference(ref, got, slice(int(bounds[lo]), int(bounds[hi])))
+        spoilt = ((got["collective"][shared] != ref["collective"][at])
+                  | (got["size_bytes"][shared] != ref["size"][at]) | ~got["kernel"][shared])
+        plan.spoilt[at[spoilt]] = True
+    for lo, hi in stretches:  # each rank's clock (as ``index_source`` fits it)
+        at, shared = _in_reference(ref, got, slice(int(bounds[lo]), int(bounds[hi])))
+        values = got["end_us"][shared] - ref["end"][at]
+        fitted = ~np.isnan(values) & ~plan.spoilt[at]
+        values, rows = values[fitted], shared[fitted]
+        cuts = np.searchsorted(rows, bounds[lo:hi + 1])
+        for column in range(max(lo, 1), hi):
+            mine = values[cuts[column - lo]:cuts[column - lo + 1]]
+            if not len(mine):
+                continue
+            offset = parts.median(mine)
+            spread = parts.median(np.abs(mine - offset))
+            fits[column] = ClockFit(plan.sources[column].rank, offset, spread, len(mine),
+                                    abs(offset) > max(1.0, 3 * spread))
+    indexed = [parts.Indexed(plan.ranges[column], True, max_step, fits[column])
+               for column in range(width)]
+    return indexed, got
+
+
+def _stretches(counts: Any, rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of columns (lo, hi) of about ``rows`` rows each (a column whole)."""
+    import numpy as np
+
+    ends = np.cumsum(counts)
+    found, lo = [], 0
+    while lo < len(counts):
+        before = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, before + rows, "right")))
+        found.append((lo, min(hi, len(counts))))
+        lo = hi
+    return found
+
+
+def _in_reference(ref: dict[str, Any], got: dict[str, Any], rows: slice) -> tuple[Any, Any]:
+    """Of the rows ``rows`` of ``got``: where each row's instance is in the reference, for the
+    rows whose it is (their indices in ``got``)."""
+    import numpy as np
+
+    key = (got["group"][rows].astype(np.int64) << SEQ_BITS) | got["seq"][rows]
+    at = np.searchsorted(ref["key"], key)
+    np.minimum(at, len(ref["key"]) - 1, out=at)
+    shared = np.flatnonzero(ref["key"][at] == key)
+    return at[shared], shared + rows.start
+
+
 def run(plan: Partitioning, engine: Any, include_warmup: bool = False,
-        target: int = parts.TARGET_LAUNCHES) -> Any:
-    """Every pass of the analysis of ``plan``'s rows on ``engine``: an ``Analysis``."""
+        target: int | None = None) -> Any:
+    """Every pass of the analysis of ``plan``'s rows on ``engine``: an ``Analysis``. In
+    partitions of about ``target`` launches; where none is given, a job of up to
+    ``IN_MEMORY_LAUNCHES`` launches that this process runs is one partition, read once."""
     import numpy as np
 
     from autoannot.traces.analysis.results import far_clocks_note
 
-    indexed = partition(plan, engine, target)
+    launches = None
+    whole = parts.IN_MEMORY_LAUNCHES if target is None else target
+    if plan.launches() <= whole and engine.in_process(plan):
+        indexed, launches = index_in_memory(plan)
+    if launches is None:
+        indexed = partition(plan, engine, target or parts.TARGET_LAUNCHES)
     fits = [one.clock for one in indexed]
     plan.shift = np.array([f.offset_us if f.applied else 0.0 for f in fits])
     max_step = max(one.max_step for one in indexed) if indexed else -1
@@ -185,8 +283,9 @@ def run(plan: Partitioning, engine: Any, include_warmup: bool = False,
     window_starts = _window_starts(plan) if max_step < 0 else None
     del indexed
     plan.surveys, plan.spoilt = [], None  # (the driver's: not shipped to every task)
-    if plan.partitions == 1 and engine.name == "embedded":  # (here: its launches kept)
-        matched = parts.match_partition(plan, 0)
+    if plan.partitions == 1 and engine.in_process(plan):  # (here: its launches kept)
+        matched = parts.match_partition(plan, 0, launches)
+        del launches
         figured = parts.figure_partition(plan, matched, plan.shift, plan.heat,
                                          keep_launches=True)
         done = [(matched, figured)]

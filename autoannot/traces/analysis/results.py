@@ -152,15 +152,15 @@ class Analysis:
         return int(np.searchsorted(self.bases, index, "right") - 1)
 
     def launches_of(self, index: int) -> dict[str, Any]:
-        """Instance ``index``'s launches (column, start, end, site, wait, ...), by rank."""
+        """Instance ``index``'s launches (column, start, end, site, wait), by rank."""
         k = self.partition_of(index)
         if self._kept is None or self._kept[0] != k:
             assert self.read_partition is not None
             self._kept = (k, self.read_partition(k))
         launch = self._kept[1]
         local = index - int(self.bases[k])
-        part = slice(int(launch["offsets"][local]), int(launch["offsets"][local + 1]))
-        return {name: values[part] for name, values in launch.items() if name != "offsets"}
+        rows = launch["rows"][int(launch["offsets"][local]):int(launch["offsets"][local + 1])]
+        return {name: launch[name][rows] for name in ("column", "start", "end", "site", "wait")}
 
     def site(self, index: int, column: int) -> str | None:
         """The call site of rank ``ranks[column]``'s part in instance ``index``."""
