@@ -68,6 +68,7 @@ class Source:
     columns: dict[str, Any] | None = None
     origin: str = ""  # the file its rows were read from, where any (for messages)
     same_codes: tuple[str, ...] = ()  # the coded columns whose codes are the plan's already
+    steps: Any = None  # (``_steps``: how its columns are read, worked out once)
 
     def read(self, lo: int, hi: int, names: tuple[str, ...] = READ) -> dict[str, Any]:
         """Rows ``lo`` to ``hi`` of the named columns (missing columns of version 1 files:
@@ -101,7 +102,8 @@ class Source:
     def read_into(self, lo: int, hi: int, out: dict[str, Any], at: int) -> None:
         """Rows ``lo`` to ``hi`` of every column of ``out`` (``LAUNCH_KINDS``), into its rows
         from ``at`` on: read straight into them where the file's type is theirs, the codes
-        mapped onto the plan's (``CODED``), missing columns as ``read`` gives them."""
+        mapped onto the plan's (``CODED``), missing columns as ``read`` gives them. (Called
+        once a rank a partition: what can be worked out once a rank is, ``_steps``.)"""
         import numpy as np
 
         rows = hi - lo
@@ -109,29 +111,49 @@ class Source:
             for name, values in self.read(lo, hi, tuple(out)).items():
                 self._land(name, values, out[name][at:at + rows])
             return
-        where: dict[str, tuple[int, str]] = {}
-        offset = self.data_offset
-        for name, kind in self.kinds:
-            where[name] = (offset, kind)
-            offset += self.count * int(kind[-1])
-        with open(self.path, "rb") as handle:
-            fd = handle.fileno()
-            for name, target in out.items():
-                into = target[at:at + rows]
-                if name not in where:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for name, offset, width, kind, direct in self._steps(out):
+                into = out[name][at:at + rows]
+                if kind is None:  # (a column this file has not)
                     self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32), into)
                     continue
-                offset, kind = where[name]
-                width = int(kind[-1])
-                # (codes the plan's already: the file's bytes are the values, where as wide)
-                direct = (np.dtype(kind) == into.dtype and name not in CODED) \
-                    or (name in self.same_codes and np.dtype(kind).itemsize == into.itemsize) \
-                    or (name == "kernel" and kind == "u1")
                 buffer = into.view(np.uint8) if direct else bytearray(width * rows)
                 if os.preadv(fd, [buffer], offset + width * lo) != width * rows:
                     raise files.TraceError(f"{self.path}: cut short while it was read")
                 if not direct:
                     self._land(name, np.frombuffer(buffer, dtype=kind), into)
+        finally:
+            os.close(fd)
+
+    def _steps(self, out: dict[str, Any]) -> list[tuple[str, int, int, Any, bool]]:
+        """How each column of ``out`` is read from this rank's file: (name, where the column
+        begins, bytes a row, its type there (None: not there), whether it is read straight
+        into ``out``: the same type, or codes already the plan's and as wide). Worked out
+        once: the same for every partition."""
+        import numpy as np
+
+        key = tuple((name, values.dtype.str) for name, values in out.items())
+        if self.steps is not None and self.steps[0] == key:
+            return self.steps[1]
+        where: dict[str, tuple[int, str]] = {}
+        offset = self.data_offset
+        for name, kind in self.kinds or ():
+            where[name] = (offset, kind)
+            offset += self.count * int(kind[-1])
+        steps = []
+        for name, values in out.items():
+            if name not in where:
+                steps.append((name, 0, 0, None, False))
+                continue
+            offset, kind = where[name]
+            file_type = np.dtype(kind)
+            direct = (file_type == values.dtype and name not in CODED) \
+                or (name in self.same_codes and file_type.itemsize == values.itemsize) \
+                or (name == "kernel" and kind == "u1")
+            steps.append((name, offset, file_type.itemsize, file_type, direct))
+        self.steps = (key, steps)
+        return steps
 
     def _land(self, name: str, values: Any, into: Any) -> None:
         """``values`` of column ``name`` into ``into``: codes onto the plan's."""
@@ -639,9 +661,12 @@ def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
     pair = group.astype(np.int32 if groups * width < 1 << 31 else np.int64)
     pair *= width
     pair += column
-    present = (np.bincount(pair, minlength=groups * width) > 0).reshape(groups, width)
-    position = np.cumsum(present, axis=1, dtype=np.int64) - 1
-    ranks = present.sum(axis=1, dtype=np.int64)
+    seen = np.zeros(groups * width, bool)  # (group, rank) pairs present
+    seen[pair] = True
+    counted = np.cumsum(seen, dtype=np.int32 if len(seen) < 1 << 31 else np.int64)
+    del seen
+    before = np.concatenate([[0], counted[width - 1::width][:-1]]).astype(np.int64)
+    ranks = counted[width - 1::width] - before  # each group's ranks present
     low = np.full(groups, 1 << SEQ_BITS, np.int64)
     high = np.full(groups, -1, np.int64)
     np.minimum.at(low, group, seq)
@@ -650,16 +675,17 @@ def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
     total = int(places.sum())
     if total > 2 * n + (1 << 20):
         return None
-    first = np.concatenate([[0], np.cumsum(places)[:-1]]) - low * ranks
-    position = position.ravel()
+    first = np.concatenate([[0], np.cumsum(places)[:-1]]) - low * ranks - before - 1
     index = np.int32 if n < 1 << 31 else np.int64  # (row indices: half the memory)
     taken = np.full(total, -1, index)
     for lo in range(0, n, 1 << 20):  # (in stretches: small passing arrays)
         part = slice(lo, lo + (1 << 20))
-        place = np.take(ranks, group[part])  # first[g] + (seq - low[g]) * ranks[g] + ...
+        # the group's first place, (seq - its lowest) times its ranks present, then the
+        # rank's position among them (pairs present before it, less those of earlier groups)
+        place = np.take(ranks, group[part])
         place *= seq[part]
         place += np.take(first, group[part])
-        place += np.take(position, pair[part])
+        place += np.take(counted, pair[part])
         taken[place] = np.arange(lo, lo + len(place), dtype=index)
     del pair
     order = taken[taken >= 0]
