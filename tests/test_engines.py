@@ -240,3 +240,39 @@ def test_a_plan_of_thousands_of_ranks_reaches_the_workers_in_seconds(cluster,
     assert on_dask.plan.partitions > 1
     assert on_dask.per_rank() == here.per_rank() and on_dask.origins() == here.origins()
     assert took < 45, f"{took:.0f} s"
+
+
+def test_launches_placed_by_their_sequence_are_in_the_order_a_sort_gives() -> None:
+    """The matcher places launches into instances by arithmetic (a group's base, its seq, the
+    rank's position among the group's ranks present) where sequences are dense: the order
+    is the sort's, on groups of every shape — ranks missing, seqs skipped, groups of one —
+    and a place taken twice (one rank launching one seq twice) is left to the sort."""
+    import numpy as np
+
+    from autoannot.traces.analysis import partitions
+
+    rng = np.random.default_rng(7)
+    placed_any = 0
+    for _ in range(200):
+        width, groups = int(rng.integers(1, 24)), int(rng.integers(1, 5))
+        rows = []
+        for g in range(groups):
+            members = rng.choice(width, size=int(rng.integers(1, width + 1)), replace=False)
+            low = int(rng.integers(0, 1000))
+            for seq in range(low, low + int(rng.integers(1, 30))):
+                for column in members:
+                    if rng.random() > 0.1:  # (some launches missing)
+                        rows.append((g, seq, int(column)))
+        if not rows:
+            continue
+        shuffled = np.array(rows, np.int64)[rng.permutation(len(rows))]
+        group = shuffled[:, 0].astype(np.int32)
+        seq, column = shuffled[:, 1], shuffled[:, 2].astype(np.int32)
+        sorted_order = partitions._sort_by_instance(group, seq, column, width, groups)
+        placed = partitions._placed_by_instance(group, seq, column, width, groups)
+        if placed is not None:
+            placed_any += 1
+            assert np.array_equal(placed, sorted_order)
+        twice = np.r_[group, group[:1]], np.r_[seq, seq[:1]], np.r_[column, column[:1]]
+        assert partitions._placed_by_instance(*twice, width, groups) is None
+    assert placed_any > 150
