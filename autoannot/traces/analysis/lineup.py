@@ -30,7 +30,7 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
                   progress: bool = False, run: str | None = None,
                   rows: Iterable[Path] = (), include_warmup: bool = False,
                   engine: Any = None, target: int | None = None) -> Analysis:
-    """Read every trace (on ``jobs`` processes), record file and rows file (``traces.rows``),
+    """Read every trace (on ``jobs`` processes), record file and rows file (``table.rows``),
     join them per rank, and match instances. Record files holding several runs of a job:
     ``run`` names the one to line up (TraceError naming them all where it is None). A rank's
     rows stand for its trace and record file (they were made from them). Rows alone are

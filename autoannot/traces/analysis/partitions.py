@@ -18,9 +18,15 @@ small results:
    back. The cut (``cut``) before: by the groups' extents, which rows heads say
    (``survey_source`` reads them where a head does not).
 2. ``match_partition`` then ``figure_partition`` (per partition, clocks applied): launches
-   sorted into instances, conflicts, the instances' facts; arrivals, straggler, skew,
-   transfer, each launch's wait and per-rank sums, what the cause chains need, heat-map cells.
+   placed into instances (by arithmetic where a group's sequence is dense, else sorted),
+   conflicts, the instances' facts; arrivals, straggler, skew, transfer, each launch's wait
+   and per-rank sums, what the cause chains need, heat-map cells — each a reduction into
+   per-instance arrays over the launches where they were read (none is moved).
 3. The driver (``passes``): cause chains and blame over all instances, per-rank figures.
+
+A job of up to ``IN_MEMORY_LAUNCHES`` launches that one process analyses is one partition,
+and pass 1 reads nothing of its own: ``passes.index_in_memory`` finds the same (the spoilt
+instances, the clocks) in the partition's one read.
 
 Each launch's previous and next launch *on its rank* (the lateness a straggler carried in,
 the bound on an entry-only wait) are the rows before and after it in its rank's file: known
@@ -127,15 +133,14 @@ class Source:
             os.close(fd)
 
     def _steps(self, out: dict[str, Any]) -> list[tuple[str, int, int, Any, bool]]:
-        """How each column of ``out`` is read from this rank's file: (name, where the column
-        begins, bytes a row, its type there (None: not there), whether it is read straight
-        into ``out``: the same type, or codes already the plan's and as wide). Worked out
-        once: the same for every partition."""
+        """How each column of ``out`` (``LAUNCH_KINDS``, as every read's) is read from this
+        rank's file: (name, where the column begins, bytes a row, its type there (None: not
+        there), whether it is read straight into ``out``: the same type, or codes already
+        the plan's and as wide). Worked out once: the same for every partition."""
         import numpy as np
 
-        key = tuple((name, values.dtype.str) for name, values in out.items())
-        if self.steps is not None and self.steps[0] == key:
-            return self.steps[1]
+        if self.steps is not None:
+            return self.steps
         where: dict[str, tuple[int, str]] = {}
         offset = self.data_offset
         for name, kind in self.kinds or ():
@@ -152,7 +157,7 @@ class Source:
                 or (name in self.same_codes and file_type.itemsize == values.itemsize) \
                 or (name == "kernel" and kind == "u1")
             steps.append((name, offset, file_type.itemsize, file_type, direct))
-        self.steps = (key, steps)
+        self.steps = steps
         return steps
 
     def _land(self, name: str, values: Any, into: Any) -> None:
@@ -194,13 +199,13 @@ class Partitioning:
     ranges: Any = None  # (sources, partitions, 2): row ranges
     partitions: int = 1
 
-    shift: Any = None  # each column's clock offset, taken out (pass 4)
+    shift: Any = None  # each column's clock offset, taken out (pass 2)
     reference: dict[str, Any] = field(default_factory=dict)  # the first rank's, by key
     spoilt: Any = None  # the reference's instances no clock is fitted on
     #: Per source: (group, launches, lowest seq, highest seq) of its groups (None: unknown
     #: until read: ``survey_source``).
     surveys: list[Any] = field(default_factory=list)
-    heat: dict[str, Any] = field(default_factory=dict)  # how pass 4 keys its cells
+    heat: dict[str, Any] = field(default_factory=dict)  # how pass 2 keys its heat map's cells
 
     @property
     def width(self) -> int:
@@ -266,24 +271,17 @@ def surveys_of(launches: dict[str, Any], width: int, groups: int) -> list[Any]:
     found: list[Any] = [(z, z, z, z)] * width
     if not len(launches["seq"]):
         return found
-    pair = launches["column"].astype(np.int64)
+    pair = launches["column"].astype(np.int32 if width * groups < 1 << 31 else np.int64)
     pair *= groups
     pair += launches["group"]
     seq = launches["seq"]
-    if width * groups > 4 * len(seq) + (1 << 20):  # (a sparse table: by sorting instead)
-        order = np.lexsort((seq, pair))
-        pair, seq = pair[order], seq[order]
-        heads = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
-        tails = np.r_[heads[1:], len(pair)] - 1
-        present, count, low, high = pair[heads], tails - heads + 1, seq[heads], seq[tails]
-    else:
-        count = np.bincount(pair, minlength=width * groups)
-        present = np.flatnonzero(count)
-        low = np.full(width * groups, 1 << SEQ_BITS, np.int64)
-        high = np.full(width * groups, -1, np.int64)
-        np.minimum.at(low, pair, seq)
-        np.maximum.at(high, pair, seq)
-        count, low, high = count[present], low[present], high[present]
+    present, slot = _compact(pair)  # (reductions into a few arrays of the pairs present)
+    del pair
+    count = np.bincount(slot, minlength=len(present))
+    low = np.full(len(present), 1 << SEQ_BITS, np.int64)
+    high = np.full(len(present), -1, np.int64)
+    np.minimum.at(low, slot, seq)
+    np.maximum.at(high, slot, seq)
     column = present // groups
     cuts = np.searchsorted(column, np.arange(width + 1))
     for c in np.unique(column).tolist():
@@ -449,7 +447,7 @@ def index_source(plan: Partitioning, source: int) -> Indexed:
                             abs(offset) > max(1.0, 3 * spread)))
 
 
-# --- pass 2: a partition's launches matched into instances ---------------------------------------
+# --- pass 2: a partition's launches matched into instances, then its figures -------------------
 
 @dataclass
 class Matched:
@@ -712,7 +710,7 @@ def _sort_by_instance(group: Any, seq: Any, column: Any, width: int, groups: int
     return order
 
 
-# --- pass 4: a partition's figures --------------------------------------------------------------
+# --- pass 2, continued: a partition's figures ---------------------------------------------------
 
 @dataclass
 class Figured:
@@ -802,7 +800,9 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
     pair = np.take(_narrow(group, int(group.max()) * width + width), instance)  # (group, rank)
     pair *= width
     pair += column
-    reached = _furthest(pair, np.take(_narrow(seq, int(seq.max()) + 1), instance), width)
+    pairs, slot = _compact(pair)
+    del pair
+    reached = _furthest(pairs, slot, np.take(_narrow(seq, int(seq.max()) + 1), instance), width)
     # heat-map cells: how late each rank arrived, the most per (group, rank, step or bin)
     if heat["by_step"]:  # (x: the step + 1; 0: none known)
         x = matched.step.astype(np.int64) + 1
@@ -811,9 +811,9 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
         x = (seq - low[group]) * bins[group] // np.maximum(span[group], 1)
     lateness = np.subtract(arrived, np.take(first, instance, out=scratch, mode="clip"),
                            out=scratch)
-    cells = _most_per_cell(pair, np.take(_narrow(x, int(heat["span"])), instance),
+    cells = _most_per_cell(pairs, slot, np.take(_narrow(x, int(heat["span"])), instance),
                            heat["span"], lateness)
-    del pair, lateness
+    del slot, lateness
     # each launch's wait (``waits_of``), in place: until the last arrival, never more than its
     # own time in the collective less the transfer, nor (by its entry alone) its next entry
     waits = np.take(np.nan_to_num(transfer, nan=0.0), instance)
@@ -893,35 +893,23 @@ def _narrow(values: Any, bound: int) -> Any:
     return values.astype(np.int32 if bound < 1 << 31 else np.int64, copy=False)
 
 
-def _furthest(pair: Any, seq: Any, width: int) -> Any:
-    """(group, column, highest seq) of each (group, column) pair present, in pair order."""
+def _furthest(pairs: Any, slot: Any, seq: Any, width: int) -> Any:
+    """(group, column, highest seq) of each (group, column) pair present (``pairs``, each
+    launch's in ``slot``), in pair order."""
     import numpy as np
 
-    if not len(pair):
-        return np.zeros((0, 3), np.int64)
-    if int(pair.max()) < 4 * len(pair) + (1 << 20):
-        most = np.full(int(pair.max()) + 1, -1, seq.dtype)
-        np.maximum.at(most, pair, seq)
-        present = np.flatnonzero(most >= 0)
-        furthest = most[present]
-    else:  # (a sparse table: by sorting instead)
-        order = np.lexsort((seq, pair))
-        ends = order[np.flatnonzero(np.r_[pair[order][1:] != pair[order][:-1], True])]
-        present, furthest = pair[ends], seq[ends]
-    return np.stack([present // width, present % width, furthest], axis=1).astype(np.int64)
+    furthest = np.full(len(pairs), -1, seq.dtype)
+    np.maximum.at(furthest, slot, seq)
+    return np.stack([pairs // width, pairs % width, furthest], axis=1).astype(np.int64)
 
 
-def _most_per_cell(pair: Any, x: Any, span: int, value: Any) -> Any:
-    """(cell keys, the most of each) where a cell's key is ``pair * span + x``, in key
-    order: in a table of the pairs present (no sort of the launches)."""
+def _most_per_cell(pairs: Any, slot: Any, x: Any, span: int, value: Any) -> Any:
+    """(cell keys, the most of each) where a cell's key is ``pair * span + x`` (each launch's
+    pair a place in ``pairs``: ``slot``), in key order: in a table of the pairs present (no
+    sort of the launches)."""
     import numpy as np
 
-    if not len(pair):
-        return _no_cells()
-    pairs, slot = np.unique(pair, return_inverse=True) if int(pair.max()) >= 4 * len(pair) \
-        + (1 << 20) else _present(pair)
-    cell = _narrow(slot, len(pairs) * span)
-    del slot
+    cell = _narrow(slot, len(pairs) * span)  # (``slot`` is used up)
     cell *= span
     cell += x
     most = np.full(len(pairs) * span, -np.inf)
@@ -930,17 +918,23 @@ def _most_per_cell(pair: Any, x: Any, span: int, value: Any) -> Any:
     return (pairs[taken // span] * span + taken % span, most[taken])
 
 
-def _present(pair: Any) -> tuple[Any, Any]:
-    """The distinct values of ``pair`` (small non-negative integers), and each one's place
-    among them."""
+def _compact(values: Any) -> tuple[Any, Any]:
+    """The distinct values of ``values`` (non-negative integers), sorted, and each one's place
+    among them (32-bit where it fits): by a table of every value up to the largest where
+    that is small, else by ``numpy.unique``."""
     import numpy as np
 
-    seen = np.zeros(int(pair.max()) + 1, bool)
-    seen[pair] = True
-    pairs = np.flatnonzero(seen)
-    place = np.cumsum(seen, dtype=np.int32 if len(seen) < 1 << 31 else np.int64)
-    place -= 1
-    return pairs, place[pair]
+    if not len(values):
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    top = int(values.max()) + 1
+    if top > 4 * len(values) + (1 << 20):
+        distinct, place = np.unique(values, return_inverse=True)
+        return distinct, place.astype(np.int32 if len(distinct) < 1 << 31 else np.int64)
+    seen = np.zeros(top, bool)
+    seen[values] = True
+    counted = np.cumsum(seen, dtype=np.int32 if top < 1 << 31 else np.int64)
+    counted -= 1
+    return np.flatnonzero(seen), np.take(counted, values)
 
 
 def _no_cells() -> Any:

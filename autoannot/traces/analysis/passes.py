@@ -251,14 +251,53 @@ def _stretches(counts: Any, rows: int) -> list[tuple[int, int]]:
 
 def _in_reference(ref: dict[str, Any], got: dict[str, Any], rows: slice) -> tuple[Any, Any]:
     """Of the rows ``rows`` of ``got``: where each row's instance is in the reference, for the
-    rows whose it is (their indices in ``got``)."""
+    rows whose it is (their indices in ``got``). By arithmetic where the reference's groups'
+    sequences are dense (``_dense_reference``), else by search."""
     import numpy as np
 
-    key = (got["group"][rows].astype(np.int64) << SEQ_BITS) | got["seq"][rows]
-    at = np.searchsorted(ref["key"], key)
-    np.minimum(at, len(ref["key"]) - 1, out=at)
-    shared = np.flatnonzero(ref["key"][at] == key)
-    return at[shared], shared + rows.start
+    group, seq = got["group"][rows], got["seq"][rows]
+    dense = ref.get("dense")
+    if dense is None:
+        dense = ref["dense"] = _dense_reference(ref, int(group.max(initial=0)) + 1)
+    if dense is False:
+        key = (group.astype(np.int64) << SEQ_BITS) | seq
+        at = np.searchsorted(ref["key"], key)
+        np.minimum(at, len(ref["key"]) - 1, out=at)
+        shared = np.flatnonzero(ref["key"][at] == key)
+        return at[shared], shared + rows.start
+    low, span, first, table = dense
+    inside = group < len(low)
+    g = np.where(inside, group, 0)
+    offset = seq - np.take(low, g)
+    inside &= (offset >= 0) & (offset < np.take(span, g))
+    place = np.where(inside, offset + np.take(first, g), 0)
+    at = np.take(table, place)
+    shared = np.flatnonzero(inside & (at >= 0))
+    return at[shared].astype(np.int64), shared + rows.start
+
+
+def _dense_reference(ref: dict[str, Any], groups: int) -> Any:
+    """(each group's lowest seq, its span, its first place, and the reference's index at each
+    place: -1 where none) of the reference's launches; False where a table of their groups'
+    sequences would be sparse."""
+    import numpy as np
+
+    group = (ref["key"] >> SEQ_BITS).astype(np.int64)
+    seq = ref["key"] & ((1 << SEQ_BITS) - 1)
+    groups = max(groups, int(group.max()) + 1)
+    low = np.full(groups, 1 << SEQ_BITS, np.int64)
+    high = np.full(groups, -1, np.int64)
+    np.minimum.at(low, group, seq)
+    np.maximum.at(high, group, seq)
+    span = np.where(high >= low, high - low + 1, 0)
+    if int(span.sum()) > 2 * len(seq) + (1 << 20):
+        return False
+    first = np.concatenate([[0], np.cumsum(span)[:-1]])
+    table = np.full(int(span.sum()), -1, np.int32 if len(seq) < 1 << 31 else np.int64)
+    table[first[group] + seq - low[group]] = np.arange(len(seq))
+    if int(np.count_nonzero(table >= 0)) != len(seq):  # (an instance twice: as searched)
+        return False
+    return low, span, first, table
 
 
 def run(plan: Partitioning, engine: Any, include_warmup: bool = False,

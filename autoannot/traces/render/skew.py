@@ -1,4 +1,4 @@
-"""``autoannot skew``'s text, JSON and CSV: the analysis (``job.analyze_files``) as the
+"""``autoannot skew``'s text, JSON and CSV: the analysis (``lineup.analyze_files``) as the
 user reads it — missing ranks first, then where the largest delay began, the stragglers, the
 largest skews, each rank's waiting, the clocks."""
 

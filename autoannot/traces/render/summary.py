@@ -184,7 +184,7 @@ class Summary:
     notes: list[str]  # what the user should know about the inputs
     #: One per (group, collective, dtype, size) of record files: counts, no time.
     record_rows: list[dict[str, Any]] = field(default_factory=list)
-    #: One per (group, collective, size) of rows files (``traces.rows``): instances, the median
+    #: One per (group, collective, size) of rows files (``table.rows``): instances, the median
     #: transfer and bus bandwidth (``report.group_rows``).
     instance_rows: list[dict[str, Any]] = field(default_factory=list)
 
