@@ -119,6 +119,9 @@ class Source:
             return
         fd = os.open(self.path, os.O_RDONLY)
         try:
+            if 2 * rows >= self.count:  # (most of the file: all its columns in one read)
+                self._read_whole_into(fd, lo, hi, out, at)
+                return
             for name, offset, width, kind, direct in self._steps(out):
                 into = out[name][at:at + rows]
                 if kind is None:  # (a column this file has not)
@@ -131,6 +134,28 @@ class Source:
                     self._land(name, np.frombuffer(buffer, dtype=kind), into)
         finally:
             os.close(fd)
+
+    def _read_whole_into(self, fd: int, lo: int, hi: int, out: dict[str, Any],
+                         at: int) -> None:
+        """``read_into`` by one read of every column's rows (of ``lo`` on), copied from it."""
+        import numpy as np
+
+        rows = hi - lo
+        steps = self._steps(out)
+        size = sum(self.count * int(kind[-1]) for _, kind in self.kinds or ())
+        data = os.pread(fd, size, self.data_offset)
+        if len(data) != size:
+            raise files.TraceError(f"{self.path}: cut short while it was read")
+        for name, offset, width, kind, direct in steps:
+            into = out[name][at:at + rows]
+            if kind is None:  # (a column this file has not)
+                self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32), into)
+                continue
+            values = np.frombuffer(data, kind, rows, offset - self.data_offset + width * lo)
+            if direct:
+                into.view(kind)[...] = values
+            else:
+                self._land(name, values, into)
 
     def _steps(self, out: dict[str, Any]) -> list[tuple[str, int, int, Any, bool]]:
         """How each column of ``out`` (``LAUNCH_KINDS``, as every read's) is read from this

@@ -44,6 +44,7 @@ def plan_of(ranks_rows: list[Any]) -> Partitioning:
     origin = max(epochs) if len(epochs) > 1 else None  # type: ignore[type-var]
     sources: list[Source] = []
     surveys: list[Any] = []
+    made: dict[Any, Any] = {}  # (``_codes``: each list of names' codes, made once)
     for one in ranks_rows:
         for g in one.groups:
             gid = group_id[str(g["name"])]
@@ -52,24 +53,23 @@ def plan_of(ranks_rows: list[Any]) -> Partitioning:
             if isinstance(g.get("ranks"), list) and group_members[gid] is None:
                 group_members[gid] = tuple(int(r) for r in g["ranks"])
         # send and recv are one instance's two sides: compared as one
-        collective_map = np.array(
-            [collectives.setdefault("send/recv" if n in ("send", "recv") else n,
-                                    len(collectives)) for n in one.collectives] or [0],
-            dtype=np.int32)
-        site_map = np.array([sites.setdefault(s, len(sites)) for s in one.sites] + [-1],
-                            dtype=np.int32)
-        dtype_map = np.array([dtypes.setdefault(d, len(dtypes)) for d in one.dtypes] or [0],
-                             dtype=np.int16)
-        group_map = np.array([group_id[str(g["name"])] for g in one.groups] or [0],
-                             dtype=np.int32)
+        collective_map = _codes(
+            made, "collective", one.collectives, lambda n: collectives.setdefault(
+                "send/recv" if n in ("send", "recv") else n, len(collectives)), np.int32)
+        site_map = _codes(made, "site", one.sites, lambda n: sites.setdefault(n, len(sites)),
+                          np.int32, end=[-1])
+        dtype_map = _codes(made, "dtype", one.dtypes,
+                           lambda n: dtypes.setdefault(n, len(dtypes)), np.int16)
+        group_map = _codes(made, "group", [str(g["name"]) for g in one.groups],
+                           group_id.__getitem__, np.int32)
         shift = 0.0
         if origin is not None:  # onto one epoch (rows of traces with other time bases)
             shift = ((one.base_ns if one.clock == "trace" else 0) - origin) / 1e3
         source = Source(one.rank, len(one), group_map, collective_map, site_map, dtype_map,
                         shift, origin=str(one.path or one.source or ""))
         source.same_codes = tuple(name for name, codes in (
-            ("group", group_map), ("collective", collective_map), ("site", site_map[:-1]),
-            ("dtype", dtype_map)) if np.array_equal(codes, np.arange(len(codes))))
+            ("group", group_map), ("collective", collective_map), ("site", site_map),
+            ("dtype", dtype_map)) if made[id(codes)])
         if one.columns:
             source.columns = _in_time_order({n: np.asarray(one.columns[n])
                                              for n in parts.READ})
@@ -90,6 +90,24 @@ def plan_of(ranks_rows: list[Any]) -> Partitioning:
         if surveys[column] is None and source.columns is not None:
             surveys[column] = parts.survey_source(plan, column)
     return plan
+
+
+def _codes(made: dict[Any, Any], kind: str, names: list[str], code: Any, dtype: Any,
+           end: list[int] | None = None) -> Any:
+    """The plan's codes of a rank's list of names (``code`` of each: codes are given in the
+    order names are first seen, so one list has one map), made once for every rank with
+    that list; ``made[id(map)]`` says whether the map is the identity (the rank's codes are
+    the plan's already). ``end``: kept at the end (site -1 stays -1)."""
+    import numpy as np
+
+    key = (kind, tuple(names))
+    found = made.get(key)
+    if found is None:
+        found = made[key] = np.array([code(n) for n in names] + (end or []) or [0],
+                                     dtype=dtype)
+        plain = found[:len(found) - len(end or [])]
+        made[id(found)] = bool(np.array_equal(plain, np.arange(len(plain))))
+    return found
 
 
 def _survey_of_head(one: Any, group_map: Any) -> Any:
