@@ -448,13 +448,11 @@ def _lined_up(command: str, args: argparse.Namespace,
 
 
 def _engine(args: argparse.Namespace) -> Any:
-    """The engine asked for (None: this machine's, the default)."""
-    if args.engine != "dask":
-        return None
+    """The engine asked for: this machine's (``-j``), or Dask's."""
     from autoannot.traces.analysis import engines
 
-    return engines.Dask(args.scheduler, args.workers, args.worker_memory,
-                        progress=not args.quiet)
+    return engines.make(args.engine, getattr(args, "jobs", None), args.scheduler, args.workers,
+                        args.worker_memory, progress=not args.quiet)
 
 
 def _engine_arguments(command: argparse.ArgumentParser) -> None:

@@ -33,14 +33,7 @@ from autoannot.traces.analysis.results import (  # noqa: F401  (the analysis's n
     natural_key,
     rank_list,
 )
-from autoannot.traces.table.rows import Rows, from_launches
-
-
-def analyze(per_rank: dict[int, list[Any]], include_warmup: bool = False) -> Analysis:
-    """Instances across ranks, from each rank's launches (``launch.Launch``): put in one table
-    (a ``Rows`` a rank), then matched as rows are."""
-    return analyze_rows([from_launches(launches, rank) for rank, launches in per_rank.items()],
-                        include_warmup)
+from autoannot.traces.table.rows import Rows
 
 
 def analyze_rows(ranks_rows: list[Rows], include_warmup: bool = False, engine: Any = None,

@@ -39,6 +39,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from autoannot.traces import files
 from autoannot.traces.analysis.results import IN_STEP_US
 
@@ -79,8 +81,6 @@ class Source:
     def read(self, lo: int, hi: int, names: tuple[str, ...] = READ) -> dict[str, Any]:
         """Rows ``lo`` to ``hi`` of the named columns (missing columns of version 1 files:
         step -1, dtype 0)."""
-        import numpy as np
-
         if self.columns is not None:
             return {n: np.asarray(self.columns[n])[lo:hi] for n in names}
         assert self.path is not None and self.kinds is not None
@@ -110,8 +110,6 @@ class Source:
         from ``at`` on: read straight into them where the file's type is theirs, the codes
         mapped onto the plan's (``CODED``), missing columns as ``read`` gives them. (Called
         once a rank a partition: what can be worked out once a rank is, ``_steps``.)"""
-        import numpy as np
-
         rows = hi - lo
         if self.columns is not None or self.path is None or self.kinds is None:
             for name, values in self.read(lo, hi, tuple(out)).items():
@@ -138,8 +136,6 @@ class Source:
     def _read_whole_into(self, fd: int, lo: int, hi: int, out: dict[str, Any],
                          at: int) -> None:
         """``read_into`` by one read of every column's rows (of ``lo`` on), copied from it."""
-        import numpy as np
-
         rows = hi - lo
         steps = self._steps(out)
         size = sum(self.count * int(kind[-1]) for _, kind in self.kinds or ())
@@ -162,8 +158,6 @@ class Source:
         rank's file: (name, where the column begins, bytes a row, its type there (None: not
         there), whether it is read straight into ``out``: the same type, or codes already
         the plan's and as wide). Worked out once: the same for every partition."""
-        import numpy as np
-
         if self.steps is not None:
             return self.steps
         where: dict[str, tuple[int, str]] = {}
@@ -187,8 +181,6 @@ class Source:
 
     def _land(self, name: str, values: Any, into: Any) -> None:
         """``values`` of column ``name`` into ``into``: codes onto the plan's."""
-        import numpy as np
-
         if name in CODED and name not in self.same_codes and len(values):
             np.take(getattr(self, CODED[name]), values.astype(np.intp, copy=False), out=into)
         else:
@@ -246,8 +238,6 @@ class Partitioning:
 
     def part_of(self, group: Any, seq: Any) -> Any:
         """The partition of each (group, seq)."""
-        import numpy as np
-
         if self.partitions == 1:
             return np.zeros(len(seq), np.int64)
         key = (np.asarray(group).astype(np.int64) << SEQ_BITS) | np.asarray(seq, np.int64)
@@ -255,15 +245,11 @@ class Partitioning:
 
 
 def is_time_ordered(start: Any) -> bool:
-    import numpy as np
-
     return bool(len(start) < 2 or np.all(start[1:] >= start[:-1]))
 
 
 def time_order(start: Any) -> Any:
     """The order that puts a rank's launches in time order (ties: as given)."""
-    import numpy as np
-
     return np.argsort(start, kind="stable")
 
 
@@ -271,8 +257,6 @@ def time_order(start: Any) -> Any:
 
 def survey_source(plan: Partitioning, source: int) -> tuple[Any, Any, Any, Any]:
     """(group, launches, lowest seq, highest seq) of each group a source has launches of."""
-    import numpy as np
-
     s = plan.sources[source]
     c = s.read(0, s.count, ("group", "seq"))
     group = s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64)
@@ -290,8 +274,6 @@ def survey_source(plan: Partitioning, source: int) -> tuple[Any, Any, Any, Any]:
 def surveys_of(launches: dict[str, Any], width: int, groups: int) -> list[Any]:
     """What ``survey_source`` finds of each rank, from launches read (``read_partition``'s, of
     every row): (group, launches, lowest seq, highest seq) of each group it has launches of."""
-    import numpy as np
-
     z = np.zeros(0, np.int64)
     found: list[Any] = [(z, z, z, z)] * width
     if not len(launches["seq"]):
@@ -317,8 +299,6 @@ def surveys_of(launches: dict[str, Any], width: int, groups: int) -> list[Any]:
 
 def extents(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, Any, Any]:
     """Per group: its launches over every rank, its lowest and highest seq (-1: none)."""
-    import numpy as np
-
     groups = len(plan.group_keys)
     launches = np.zeros(groups, np.int64)
     low = np.full(groups, 1 << SEQ_BITS, np.int64)
@@ -335,8 +315,6 @@ def cut(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]],
     """The partitions: consecutive ranges of instance keys (group, seq) of about ``target``
     launches each — small groups together, a large group's sequence cut in stretches of about
     as many launches (its launches taken as spread evenly over its sequence)."""
-    import numpy as np
-
     launches, low, high = extents(plan, surveys)
     starts = [0]
     filled = 0
@@ -361,8 +339,6 @@ def cut(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]],
 def reference_of(plan: Partitioning) -> dict[str, Any]:
     """The first rank's launches, by instance key: what every rank's clock is fitted against
     (each launch's end less the first rank's end of the same instance)."""
-    import numpy as np
-
     s = plan.sources[0]
     c = s.read(0, s.count, ("group", "seq", "collective", "size_bytes", "end_us", "kernel"))
     key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
@@ -378,8 +354,6 @@ def spoilt_by(plan: Partitioning, source: int) -> Any:
     """The first rank's instances a rank's launches spoil for the clock fit (it launched
     another collective or size there, or its part was no GPU kernel): indices into the
     reference."""
-    import numpy as np
-
     s = plan.sources[source]
     ref = plan.reference
     if not s.count or not len(ref["key"]):
@@ -395,8 +369,6 @@ def spoilt_by(plan: Partitioning, source: int) -> Any:
 
 def _in_reference(ref: dict[str, Any], s: Source, c: dict[str, Any]) -> tuple[Any, Any]:
     """Where each launch's instance is in the reference, for the launches whose it is."""
-    import numpy as np
-
     key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
         | np.asarray(c["seq"], np.int64)
     at = np.minimum(np.searchsorted(ref["key"], key), len(ref["key"]) - 1)
@@ -408,8 +380,6 @@ def median(values: Any) -> float:
     """``numpy.median`` of some numbers (no NaN), as it finds it (the middle one, or the mean
     of the two middle ones), without its general machinery: it is taken once or twice a
     rank."""
-    import numpy as np
-
     half = len(values) // 2
     if len(values) % 2:
         return float(np.partition(values, half)[half])
@@ -432,8 +402,6 @@ def index_source(plan: Partitioning, source: int) -> Indexed:
     """Pass 1 on one rank's rows (``Indexed``), the reference's spoilt instances known
     (``plan.spoilt``): its clock is the median of its kernels' ends less the first rank's over
     the unspoilt instances both took part in; applied where it stands out of its spread."""
-    import numpy as np
-
     from autoannot.traces.analysis.results import ClockFit
 
     s = plan.sources[source]
@@ -507,8 +475,6 @@ def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
     ``pread`` a column, a row either side for the neighbours) into the partition's columns,
     its codes mapped as it lands; then the neighbours are taken and the partition's rows
     kept."""
-    import numpy as np
-
     spans = []  # (column, first row read, rows read)
     for column, s in enumerate(plan.sources):
         lo, hi = (int(v) for v in plan.ranges[column, k])
@@ -549,8 +515,6 @@ def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
 
 
 def _no_launches() -> dict[str, Any]:
-    import numpy as np
-
     got = {name: np.zeros(0, kind) for name, kind in LAUNCH_KINDS.items()}
     got.update(column=np.zeros(0, np.int32), first_row=np.zeros(0, bool),
                last_row=np.zeros(0, bool))
@@ -562,8 +526,6 @@ def match_partition(plan: Partitioning, k: int, launches: dict[str, Any] | None 
     those the ranks launched differently left out (their keys kept), the others' facts. The
     launches stay where they were read (``Matched.launch``: their columns, and the rows of the
     instances' launches in instance order, then rank)."""
-    import numpy as np
-
     got = read_partition(plan, k) if launches is None else launches
     mine = got.get("mine")  # (the rows of partition k, where others' were read too)
 
@@ -657,8 +619,6 @@ def _sorted_by_instance(group: Any, seq: Any, column: Any, width: int,
     """The order that sorts launches by (group, seq, rank), each sorted launch's instance
     key, and whether no two launches share a place (known where they were placed: placed
     where the sequences are dense, ``_placed_by_instance``; else sorted)."""
-    import numpy as np
-
     if len(seq) and (int(seq.min()) < 0 or int(seq.max()) >= 1 << SEQ_BITS):
         raise files.TraceError("a rows file holds a sequence number outside 0 .. 2^40")
     placed = _placed_by_instance(group, seq, column, width, groups)
@@ -676,8 +636,6 @@ def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
     (its seq less the group's lowest) times the group's ranks present, plus its rank's
     position among them; the places, read in order, are the launches sorted. None where
     places would be sparse, or two launches take one (left to the sort, which says which)."""
-    import numpy as np
-
     n = len(seq)
     if not n or width * groups > 4 * n + (1 << 20):
         return None
@@ -718,8 +676,6 @@ def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
 def _sort_by_instance(group: Any, seq: Any, column: Any, width: int, groups: int) -> Any:
     """``_sorted_by_instance``'s order by sorting: one sort of one 64-bit key where the three
     fit in it; else a stable sort on (group, seq) of launches in rank order."""
-    import numpy as np
-
     seq_bits = max(1, int(seq.max()).bit_length()) if len(seq) else 1
     rank_bits = max(1, (width - 1).bit_length())
     group_bits = max(1, (groups - 1).bit_length())
@@ -762,8 +718,6 @@ def waits_of(start: Any, end: Any, next_start: Any, last: Any, transfer: Any) ->
     """Each launch's wait: from its arrival to the last rank's, never more than its own time in
     the collective less the transfer; where only its entry is known, never more than until
     its next entry on its rank. (Each argument per launch.)"""
-    import numpy as np
-
     waits = np.fmin(last, end - np.nan_to_num(transfer, nan=0.0)) - start
     bare = np.isnan(end) & ~np.isnan(next_start)
     waits[bare] = np.fmin(waits[bare], next_start[bare] - start[bare])
@@ -777,8 +731,6 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
     applied: ``shift`` per column), and the pieces the driver joins across partitions. Each
     reduction runs over the launches where they were read, into per-instance arrays (no
     launch is moved)."""
-    import numpy as np
-
     launch = matched.launch
     n = len(matched.key)
     width = plan.width
@@ -884,8 +836,6 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
 def _apply_clocks(launch: dict[str, Any], shift: Any) -> None:
     """Each rank's clock (``shift`` per column) taken out of its launches' times, in place:
     rank by rank, over each range of rows read (once: said in ``launch``)."""
-    import numpy as np
-
     if launch.get("clocks") is not None or not shift.any():
         launch["clocks"] = shift
         return
@@ -913,16 +863,12 @@ def _kept(launch: dict[str, Any], offsets: Any, shift: Any, wait: Any) -> dict[s
 def _narrow(values: Any, bound: int) -> Any:
     """``values`` (non-negative, under ``bound``) as 32-bit integers where they fit: half
     the memory of the launch-long arrays made of them."""
-    import numpy as np
-
     return values.astype(np.int32 if bound < 1 << 31 else np.int64, copy=False)
 
 
 def _furthest(pairs: Any, slot: Any, seq: Any, width: int) -> Any:
     """(group, column, highest seq) of each (group, column) pair present (``pairs``, each
     launch's in ``slot``), in pair order."""
-    import numpy as np
-
     furthest = np.full(len(pairs), -1, seq.dtype)
     np.maximum.at(furthest, slot, seq)
     return np.stack([pairs // width, pairs % width, furthest], axis=1).astype(np.int64)
@@ -932,8 +878,6 @@ def _most_per_cell(pairs: Any, slot: Any, x: Any, span: int, value: Any) -> Any:
     """(cell keys, the most of each) where a cell's key is ``pair * span + x`` (each launch's
     pair a place in ``pairs``: ``slot``), in key order: in a table of the pairs present (no
     sort of the launches)."""
-    import numpy as np
-
     cell = _narrow(slot, len(pairs) * span)  # (``slot`` is used up)
     cell *= span
     cell += x
@@ -947,8 +891,6 @@ def _compact(values: Any) -> tuple[Any, Any]:
     """The distinct values of ``values`` (non-negative integers), sorted, and each one's place
     among them (32-bit where it fits): by a table of every value up to the largest where
     that is small, else by ``numpy.unique``."""
-    import numpy as np
-
     if not len(values):
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
     top = int(values.max()) + 1
@@ -963,16 +905,12 @@ def _compact(values: Any) -> tuple[Any, Any]:
 
 
 def _no_cells() -> Any:
-    import numpy as np
-
     return (np.zeros(0, np.int64), np.zeros(0))
 
 
 def merge_cells(parts: list[tuple[Any, Any]]) -> Any:
     """(cell keys, the most of each) of several sets of cells; a cell's key is
     ``(group * width + column) * span + x``."""
-    import numpy as np
-
     key = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
     value = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
     if not len(key):
