@@ -644,10 +644,15 @@ def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
     pair += column
     seen = np.zeros(groups * width, bool)  # (group, rank) pairs present
     seen[pair] = True
-    counted = np.cumsum(seen, dtype=np.int32 if len(seen) < 1 << 31 else np.int64)
+    present = np.flatnonzero(seen)
     del seen
-    before = np.concatenate([[0], counted[width - 1::width][:-1]]).astype(np.int64)
-    ranks = counted[width - 1::width] - before  # each group's ranks present
+    owner = present // width
+    ranks = np.bincount(owner, minlength=groups).astype(np.int64)  # each group's present
+    # each pair's position among its group's ranks present (read where present only)
+    position = np.empty(groups * width, np.int32 if width < 1 << 31 else np.int64)
+    position[present] = np.arange(len(present)) - np.repeat(
+        np.concatenate([[0], np.cumsum(ranks)[:-1]]), ranks)
+    del present, owner
     low = np.full(groups, 1 << SEQ_BITS, np.int64)
     high = np.full(groups, -1, np.int64)
     np.minimum.at(low, group, seq)
@@ -656,17 +661,17 @@ def _placed_by_instance(group: Any, seq: Any, column: Any, width: int,
     total = int(places.sum())
     if total > 2 * n + (1 << 20):
         return None
-    first = np.concatenate([[0], np.cumsum(places)[:-1]]) - low * ranks - before - 1
+    first = np.concatenate([[0], np.cumsum(places)[:-1]]) - low * ranks
     index = np.int32 if n < 1 << 31 else np.int64  # (row indices: half the memory)
     taken = np.full(total, -1, index)
     for lo in range(0, n, 1 << 20):  # (in stretches: small passing arrays)
         part = slice(lo, lo + (1 << 20))
         # the group's first place, (seq - its lowest) times its ranks present, then the
-        # rank's position among them (pairs present before it, less those of earlier groups)
+        # rank's position among them
         place = np.take(ranks, group[part])
         place *= seq[part]
         place += np.take(first, group[part])
-        place += np.take(counted, pair[part])
+        place += np.take(position, pair[part])
         taken[place] = np.arange(lo, lo + len(place), dtype=index)
     del pair
     order = taken[taken >= 0]
@@ -899,9 +904,11 @@ def _compact(values: Any) -> tuple[Any, Any]:
         return distinct, place.astype(np.int32 if len(distinct) < 1 << 31 else np.int64)
     seen = np.zeros(top, bool)
     seen[values] = True
-    counted = np.cumsum(seen, dtype=np.int32 if top < 1 << 31 else np.int64)
-    counted -= 1
-    return np.flatnonzero(seen), np.take(counted, values)
+    distinct = np.flatnonzero(seen)
+    del seen
+    place = np.empty(top, np.int32 if len(distinct) < 1 << 31 else np.int64)  # (read where
+    place[distinct] = np.arange(len(distinct))  # a value is only)
+    return distinct, np.take(place, values)
 
 
 def _no_cells() -> Any:
