@@ -918,6 +918,8 @@ def _no_cells() -> Any:
 def merge_cells(parts: list[tuple[Any, Any]]) -> Any:
     """(cell keys, the most of each) of several sets of cells; a cell's key is
     ``(group * width + column) * span + x``."""
+    if len(parts) == 1:  # (one partition's: in key order, one each, already)
+        return parts[0]
     key = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
     value = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
     if not len(key):
