@@ -471,8 +471,9 @@ def _engine_arguments(command: argparse.ArgumentParser) -> None:
                         help="each local Dask worker's memory limit (2GB, ...; default: "
                         "this machine's memory shared out)")
     engine.add_argument("--partition-launches", type=_jobs, metavar="N",
-                        help="launches a partition holds, about (default 4,000,000: ~600 MB "
-                        "a partition task)")
+                        help="launches a partition holds, about (default: a job of up to "
+                        "24,000,000 run here is one, read once; else 4,000,000: ~600 MB a "
+                        "partition task)")
 
 
 def _skew(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ imports more than it does today; reading at scale uses numpy.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from array import array
 from dataclasses import dataclass, field
@@ -253,20 +254,20 @@ def read_head(path: Path) -> tuple[Rows, int]:
     if Path(path).name.endswith(PARQUET_SUFFIX):
         return _parquet_head(Path(path))
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(1 << 16)
+        with open(path, "rb", buffering=0) as handle:
+            data = handle.read(1 << 13)  # (a head is a few KB: not the columns after it)
             while data.startswith(MAGIC) and b"\n" not in data[len(MAGIC):]:
-                more = handle.read(1 << 20)
+                more = handle.read(max(1 << 16, len(data)))
                 if not more:
                     break
                 data += more
+            size = os.fstat(handle.fileno()).st_size
     except OSError as exc:
         raise files.TraceError(f"{path}: cannot read: {exc.strerror}") from None
     head, at = _parse_head(path, data)
     rows = _rows_of_head(head, {})
     rows.path, rows.count = Path(path), head["count"]
     rows.layout, rows.data_offset = head["columns"], at
-    size = Path(path).stat().st_size
     needed = sum(_WIDTH[code] for _, code in head["columns"]) * head["count"]
     if size - at != needed:
         raise files.TraceError(f"{path}: cut short or damaged ({size - at} bytes of columns, "
