@@ -134,7 +134,7 @@ class Analysis:
     straggler_site: Any = None  # per instance, the last to arrive's call site (a code)
     cells: Any = None  # the heat map's cells (``partitions.figure_partition``)
     heat: Any = None
-    #: Partition k's launches, read again (``passes.launches_of_partition``).
+    #: Partition k's launches, read again (``driver.launches_of_partition``).
     read_partition: Any = None
     keys: Any = None  # (the instances' keys sorted, the order that sorts them)
     _kept: tuple[int, dict[str, Any]] | None = None

@@ -211,7 +211,7 @@ def _timeline(analysis: Analysis, around: int | None, span: int) -> tuple[Any, s
     step = max(1, len(rest) // max(1, TIMELINE_RANKS - len(picked)))
     picked += rest[::step][:max(0, TIMELINE_RANKS - len(picked))]
     picked.sort()
-    from autoannot.traces.analysis.passes import rank_launches
+    from autoannot.traces.analysis.driver import rank_launches
 
     shown = rank_launches(analysis, picked)  # (their launches: read from their rows)
     instance = shown["instance"]

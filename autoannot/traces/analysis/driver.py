@@ -1,0 +1,377 @@
+"""The driver's part of the analysis: what needs every instance at once, joined from the
+partitions' small results (``partitions.Matched``, ``partitions.Figured``) — the instances'
+facts, where each delay began (cause chains), the blame, each rank's figures, the ranks that
+left no record — and the ``Analysis`` they make. An instance's launches stay in their
+partition, read again when a renderer asks (``launches_of_partition``, ``rank_launches``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoannot.traces.analysis import partitions as parts
+from autoannot.traces.analysis.partitions import SEQ_BITS, Partitioning
+from autoannot.traces.analysis.results import (
+    Analysis,
+    Figures,
+    Instances,
+    far_clocks_note,
+)
+
+
+@dataclass
+class Joined:
+    """The valid instances of every partition, in partition order (each in (group, seq)
+    order): their facts, each partition's first (``bases``), the keys left out for a
+    disagreement (sorted), and the keys sorted with the order that sorts them."""
+
+    key: Any
+    collective: Any
+    size_bytes: Any
+    members: Any
+    needed: Any
+    step: Any
+    dtype: Any
+    kernel: Any
+    bases: Any
+    conflicts: Any
+    by_key: Any
+
+    @property
+    def keys(self) -> tuple[Any, Any]:
+        return self.key[self.by_key], self.by_key
+
+
+def join_matched(matched: list[parts.Matched]) -> Joined:
+    """The instances of every partition, in partition order."""
+    found = {name: np.concatenate([getattr(m, name) for m in matched])
+             for name in ("key", "collective", "size_bytes", "members", "needed", "step",
+                          "dtype", "kernel")}
+    return Joined(**found, bases=np.concatenate([[0], np.cumsum([len(m.key) for m in matched])]),
+                  conflicts=np.sort(np.concatenate([m.conflicts for m in matched])),
+                  by_key=np.argsort(found["key"], kind="stable"))
+
+
+@dataclass
+class Gathered:
+    """The partitions' figures end to end (per instance; per late instance what the cause
+    chains need; per rank the waits; each rank's furthest instance per group; the heat map's
+    cells)."""
+
+    last: Any
+    skew: Any
+    straggler: Any
+    transfer: Any
+    total: Any
+    straggler_site: Any
+    late_at: Any  # the late instances (skew >= IN_STEP_US), numbered over every partition
+    chain: dict[str, Any]
+    bare: int
+    waited: Any
+    reached: Any
+    cells: Any
+
+
+def gather_figures(figured: list[parts.Figured], bases: Any, width: int) -> Gathered:
+    """Every partition's figures, end to end."""
+    def joined(name: str) -> Any:
+        return np.concatenate([getattr(f, name) for f in figured])
+
+    chain = {name: np.concatenate([f.chain[name] for f in figured if f.chain])
+             if any(f.chain for f in figured) else np.zeros(0)
+             for name in ("straggler_prev_key", "straggler_prev_end", "straggler_start",
+                          "first_prev_key", "first_prev_end", "first_start")}
+    return Gathered(
+        last=joined("last"), skew=joined("skew"),
+        straggler=joined("straggler").astype(np.int32), transfer=joined("transfer"),
+        total=joined("total"), straggler_site=joined("straggler_site"),
+        late_at=np.concatenate([f.late + bases[k] for k, f in enumerate(figured)]),
+        chain=chain, bare=sum(f.bare for f in figured),
+        waited=np.sum([f.waited for f in figured], axis=0) if figured else np.zeros(width),
+        reached=joined("reached"), cells=parts.merge_cells([f.cells for f in figured]))
+
+
+@dataclass
+class Causes:
+    """Per instance: the lateness its straggler carried in from its previous collective
+    (``carried``, where ``known``), the instance it came from (``previous``), and where its
+    delay began (``root``: itself, or the root of the instance its lateness came from)."""
+
+    carried: Any
+    known: Any
+    previous: Any
+    root: Any
+
+
+def cause_chains(g: Gathered, keys: tuple[Any, Any]) -> Causes:
+    """Where each late instance's delay began: the lateness its straggler carried in from
+    its previous collective — how much later it left that one than the first rank to
+    arrive left its own — and, where most of its lateness was carried, the cause of the
+    instance it came from (followed back by pointer jumping)."""
+    n, last, skew, chain = len(g.skew), g.last, g.skew, g.chain
+    came_from = lookup(keys, chain["straggler_prev_key"].astype(np.int64))
+    first_from = lookup(keys, chain["first_prev_key"].astype(np.int64))
+    known_late = (came_from >= 0) & (first_from >= 0)
+
+    def left(end: Any, instance: Any, start: Any) -> Any:
+        """When a previous launch left its collective: its end; where only its entry is
+        known, the last arrival there, or the next launch's entry where that came first."""
+        return np.where(np.isnan(end), np.fmin(last[np.maximum(instance, 0)], start), end)
+
+    carried = np.zeros(n)
+    known = np.zeros(n, bool)
+    here = g.late_at[known_late]
+    known[here] = True
+    source = came_from[known_late]
+    carried[here] = np.clip(
+        left(chain["straggler_prev_end"][known_late], source,
+             chain["straggler_start"][known_late])
+        - left(chain["first_prev_end"][known_late], first_from[known_late],
+               chain["first_start"][known_late]),
+        0.0, np.minimum(skew[here], skew[source]))
+    previous = np.full(n, -1, np.int64)
+    previous[here] = source
+    parent = np.arange(n)
+    inherits = known & (carried > skew - carried)
+    parent[inherits] = previous[inherits]
+    root = parent
+    while True:  # follow each chain back to where it began (pointer jumping)
+        further = root[root]
+        if np.array_equal(further, root):
+            break
+        root = further
+    return Causes(carried, known, previous, root)
+
+
+def blame_of(g: Gathered, causes: Causes, late: Any, counted: Any, warmup: Any,
+             warmup_counted: bool) -> Any:
+    """Per instance, the waiting it caused: each counted late instance's total wait, its own
+    share where its straggler was late of itself, the carried share moved to where that
+    delay began (not to warm-up, unless warm-up counts)."""
+    n, skew = len(g.skew), g.skew
+    share = np.where(late, causes.carried / np.where(skew > 0, skew, 1.0), 0.0)
+    blame = np.bincount(np.flatnonzero(counted), weights=(g.total * (1 - share))[counted],
+                        minlength=n)
+    carried_to = np.where(causes.known, causes.root[np.maximum(causes.previous, 0)], -1)
+    moved = counted & (carried_to >= 0)
+    if not warmup_counted:  # (a delay that began in warm-up is warm-up's)
+        moved &= ~warmup[np.maximum(carried_to, 0)]
+    blame += np.bincount(carried_to[moved], weights=(g.total * share)[moved], minlength=n)
+    return blame
+
+
+def rank_figures(g: Gathered, blame: Any, counted: Any, ranks: list[int]) -> list[dict[str, Any]]:
+    """Per rank: its waiting, the waiting it caused, the times it came last (counted)."""
+    width = len(ranks)
+    caused = np.bincount(g.straggler[blame > 0], weights=blame[blame > 0], minlength=width)
+    times_late = np.bincount(g.straggler[counted], minlength=width)
+    return [{"rank": r, "waited_us": round(float(g.waited[c]), 3),
+             "others_waited_for_it_us": round(float(caused[c]), 3),
+             "last_to_arrive": int(times_late[c])} for c, r in enumerate(ranks)]
+
+
+#: Said where some launches are known by their entry times alone.
+BARE = ("{bare} launches are known by their entry times alone (record files): there is no "
+        "transfer time for them, and their waits are bounded by the rank's next entry only "
+        "(upper bounds)")
+
+
+def build(plan: Partitioning, joined: Joined, figured: list[parts.Figured], fits: list[Any],
+          include_warmup: bool, window_starts: Any = None) -> Analysis:
+    """The ``Analysis`` of every partition's instances and figures. Warm-up: profiler step
+    0 and each group's first instance; where no step is known, also the instances at
+    ``window_starts`` (each rank's first of a group in its inputs)."""
+    g = gather_figures(figured, joined.bases, plan.width)
+    seq = joined.key & ((1 << SEQ_BITS) - 1)
+    table = Figures.empty(len(joined.key))
+    table.group = (joined.key >> SEQ_BITS).astype(np.int32)
+    table.collective, table.size_bytes = joined.collective, joined.size_bytes
+    table.members, table.needed = joined.members, joined.needed
+    table.step, table.dtype = joined.step, joined.dtype
+    table.group_names, table.group_descs = plan.group_keys, plan.group_desc
+    table.collective_names, table.dtype_names = plan.collective_names, plan.dtype_names
+    table.warmup = (table.step == 0) | (seq == 0)
+    if window_starts is not None and len(window_starts):
+        table.warmup |= (table.step < 0) & np.isin(joined.key, window_starts)
+    late = g.skew >= parts.IN_STEP_US
+    causes = cause_chains(g, joined.keys)
+    counted = late & (~table.warmup | include_warmup)
+    blame = blame_of(g, causes, late, counted, table.warmup, include_warmup)
+    table.skew, table.last, table.transfer = g.skew, g.last, g.transfer
+    table.straggler = np.where(late, g.straggler, -1).astype(np.int32)
+    table.cause = np.where(late, causes.root, -1)
+    table.carried, table.blame = causes.carried, blame
+    analysis = Analysis(
+        Instances(table, seq, joined.kernel), fits, problems_of(plan, joined), plan.ranks,
+        warmup_counted=include_warmup, seq=seq, table=table, site_names=plan.site_names,
+        ranks_figures=rank_figures(g, blame, counted, plan.ranks), plan=plan,
+        bases=joined.bases, straggler_column=g.straggler, straggler_site=g.straggler_site,
+        cells=g.cells, heat=plan.heat, keys=joined.keys,
+        read_partition=functools.partial(launches_of_partition, plan))
+    note = far_clocks_note(analysis)
+    if note:
+        analysis.notes.append(note)
+    if g.bare:
+        analysis.notes.append(BARE.format(bare=g.bare))
+    if len(figured) == 1 and figured[0].launch is not None:
+        analysis.keep_partition(0, figured[0].launch)
+    # (last: it reads the analysis's instances and, for a rank behind, its call site)
+    analysis.missing = missing_ranks(analysis, plan, joined, g.reached)
+    return analysis
+
+
+def lookup(keys: tuple[Any, Any], wanted: Any) -> Any:
+    """The instance of each key ``wanted``; -1 where there is none (no valid instance).
+    ``keys``: the instances' keys sorted, and the order that sorts them."""
+    sorted_keys, order = keys
+    if not len(sorted_keys):
+        return np.full(len(wanted), -1, np.int64)
+    at = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == wanted, order[at], -1)
+
+
+def problems_of(plan: Partitioning, joined: Joined) -> list[str]:
+    """The instances the ranks launched differently, one by one (up to ``LISTED_PROBLEMS``);
+    those some member ranks have no record of, one line per group."""
+    from autoannot.traces.analysis.results import LISTED_PROBLEMS, count, disagreement
+
+    problems: list[str] = []
+    bad = joined.conflicts
+    for key in bad[:LISTED_PROBLEMS].tolist():
+        problems.append(disagreement(plan.group_keys[key >> SEQ_BITS],
+                                     key & ((1 << SEQ_BITS) - 1),
+                                     "on the collective or its size"))
+    if len(bad) > LISTED_PROBLEMS:
+        problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances the ranks "
+                        "disagree on")
+    short = joined.by_key[(joined.members < joined.needed)[joined.by_key]]
+    keys = joined.key[short]
+    for group_code in np.unique(keys >> SEQ_BITS).tolist():
+        mine = short[(keys >> SEQ_BITS) == group_code]
+        seqs = (joined.key[mine] & ((1 << SEQ_BITS) - 1)).tolist()
+        size = int(joined.needed[mine[0]])
+        fewest = int(joined.members[mine].min())
+        shown = ", ".join(f"#{s}" for s in seqs[:5]) + (", ..." if len(seqs) > 5 else "")
+        problems.append(
+            f"group {plan.group_keys[group_code]}: {count(len(seqs), 'collective')} ({shown}) "
+            f"some of its {size} ranks have no trace or record of (down to {fewest} present): "
+            "lined up on the ranks present")
+    return problems
+
+
+def missing_ranks(analysis: Any, plan: Partitioning, joined: Joined,
+             reached: Any) -> list[dict[str, Any]]:
+    """Per group whose ranks did not all leave a record of it, or did not all reach its last
+    instance: the ranks with no record at all, and the last instance each present rank
+    reached (a hang's shape: the ranks stuck in one collective, the rank that never came)."""
+    from autoannot.traces.analysis.results import natural_key
+
+    table, ranks = analysis.table, analysis.ranks
+    found: list[dict[str, Any]] = []
+    if not len(table.group):
+        return found
+    # a group whose last instance every member reached is whole: only the others are read
+    by_key = joined.by_key
+    group_sorted = table.group[by_key]
+    last = by_key[np.flatnonzero(np.r_[group_sorted[1:] != group_sorted[:-1], True])]
+    short = set(table.group[last[table.members[last] < table.needed[last]]].tolist())
+    if not short:
+        return found
+    # each rank's furthest instance in each short group (the most over the partitions)
+    reached = reached[np.isin(reached[:, 0], list(short))]
+    order = np.lexsort((reached[:, 2], reached[:, 1], reached[:, 0]))
+    reached = reached[order]
+    ends = np.flatnonzero(np.r_[(reached[1:, 0] != reached[:-1, 0])
+                                | (reached[1:, 1] != reached[:-1, 1]), True])
+    reached = reached[ends]
+    instance = lookup(joined.keys, (reached[:, 0] << SEQ_BITS) | reached[:, 2])
+    by_group: dict[int, dict[int, int]] = {}
+    for g, c, i in zip(reached[:, 0].tolist(), reached[:, 1].tolist(), instance.tolist(),
+                       strict=True):
+        by_group.setdefault(g, {})[ranks[c]] = i
+    seq = analysis.seq
+    present = set(ranks)
+    column = {r: c for c, r in enumerate(ranks)}
+    for g, by_rank in sorted(by_group.items(),
+                             key=lambda item: natural_key(plan.group_keys[item[0]])):
+        size = int(plan.group_size[g])
+        members = plan.group_members[g]
+        if members is not None:
+            absent = [r for r in members if r not in present or r not in by_rank]
+            unknown_absent = 0
+        else:
+            absent, unknown_absent = [], max(0, size - len(by_rank))
+        furthest = max(int(seq[i]) for i in by_rank.values())
+        behind = {r: i for r, i in by_rank.items() if int(seq[i]) < furthest}
+        if not absent and not unknown_absent and not behind:
+            continue
+        ahead = sorted(r for r, i in by_rank.items() if int(seq[i]) == furthest)
+        top = next(i for r, i in by_rank.items() if int(seq[i]) == furthest)
+        following = lookup(joined.keys, np.array(
+            [(g << SEQ_BITS) | (int(seq[i]) + 1) for i in behind.values()], np.int64))
+        after = dict(zip(behind, following.tolist(), strict=True))
+        found.append({
+            "group": plan.group_keys[g], "group_desc": plan.group_desc[g], "size": size,
+            "members": None if members is None else list(members),
+            "no_record": absent, "no_record_unknown": unknown_absent,
+            "reached": {"ranks": ahead, "seq": furthest,
+                        "collective": table.collective_names[int(table.collective[top])],
+                        "step": int(table.step[top]), "call_site": site_of(analysis, top)},
+            "behind": [{"rank": r, "seq": int(seq[i]),
+                        "collective": table.collective_names[int(table.collective[i])],
+                        "call_site": analysis.site(i, column[r]),
+                        "next": None if after[r] < 0 else {
+                            "collective": table.collective_names[
+                                int(table.collective[after[r]])],
+                            "call_site": site_of(analysis, after[r])}}
+                       for r, i in sorted(behind.items())]})
+    return found
+
+
+def site_of(analysis: Any, instance: int) -> str | None:
+    """An instance's call site: its last rank's (the ranks of one collective call it from one
+    place, but for a divergence, which ``check`` says)."""
+    code = int(analysis.straggler_site[instance])
+    return analysis.site_names[code] if code >= 0 else None
+
+
+def launches_of_partition(plan: Partitioning, k: int) -> dict[str, Any]:
+    """Partition ``k``'s launches as its figures saw them (clocks applied, waits): read
+    again, for the parts of its instances."""
+    matched = parts.match_partition(plan, k)
+    figured = parts.figure_partition(plan, matched, plan.shift, plan.heat, keep_launches=True)
+    assert figured.launch is not None
+    return figured.launch
+
+
+def rank_launches(analysis: Any, columns: list[int]) -> dict[str, Any]:
+    """Every launch of the ranks ``columns`` that is part of an instance, as the figures saw
+    it (clocks applied, its wait), in instance order then rank: read from their rows."""
+    plan = analysis.plan
+    f = analysis.figures()
+    got: dict[str, list[Any]] = {n: [] for n in ("instance", "column", "start", "end", "wait")}
+    for column in columns:
+        s = plan.sources[column]
+        c = s.read(0, s.count, ("group", "seq", "start_us", "end_us"))
+        key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
+            | np.asarray(c["seq"], np.int64)
+        shift = s.shift_us - float(plan.shift[column])
+        start = np.asarray(c["start_us"], np.float64) + shift
+        end = np.asarray(c["end_us"], np.float64) + shift
+        next_start = np.r_[start[1:], np.nan]
+        instance = lookup(analysis.keys, key)
+        found = instance >= 0
+        instance = instance[found]
+        got["instance"].append(instance)
+        got["column"].append(np.full(len(instance), column, np.int32))
+        got["start"].append(start[found])
+        got["end"].append(end[found])
+        got["wait"].append(parts.waits_of(start[found], end[found], next_start[found],
+                                          f.last[instance], f.transfer[instance]))
+    joined = {n: np.concatenate(v) if v else np.zeros(0) for n, v in got.items()}
+    by = np.lexsort((joined["column"], joined["instance"])) if len(joined["instance"]) \
+        else np.zeros(0, np.int64)
+    return {n: v[by] for n, v in joined.items()}
