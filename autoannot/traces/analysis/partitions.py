@@ -22,7 +22,7 @@ small results:
    conflicts, the instances' facts; arrivals, straggler, skew, transfer, each launch's wait
    and per-rank sums, what the cause chains need, heat-map cells — each a reduction into
    per-instance arrays over the launches where they were read (none is moved).
-3. The driver (``passes``): cause chains and blame over all instances, per-rank figures.
+3. The driver (``driver``): cause chains and blame over all instances, per-rank figures.
 
 A job of up to ``IN_MEMORY_LAUNCHES`` launches that one process analyses is one partition,
 and pass 1 reads nothing of its own: ``passes.index_in_memory`` finds the same (the spoilt
