@@ -223,6 +223,7 @@ def _not_json_or_csv(outputs: list[Path]) -> str:
 
 def _summary(args: argparse.Namespace) -> int:
     from autoannot.traces import files, paths
+    from autoannot.traces.read import inputs as input_files
     from autoannot.traces.render import summary
 
     outputs = [Path(o) for o in args.output or []]
@@ -231,7 +232,8 @@ def _summary(args: argparse.Namespace) -> int:
         return _bad_input("summary", wrong)
     try:
         rows_files: list[Path] = []
-        named, records = _split_records(args.traces, rows_files)
+        named, records = input_files.split(args.traces, rows_files,
+                                           lambda m: _say("summary", m))
         skipped: list[str] = []
         traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
         _check_written([*traces, *records, *rows_files], outputs, args.force)
@@ -294,97 +296,6 @@ def _summary(args: argparse.Namespace) -> int:
     return DONE if rows else INCOMPLETE
 
 
-def _split_records(arguments: list[str], rows: list[Path] | None = None,
-                   command: str = "") -> tuple[list[str], list[Path]]:
-    """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces; rows files
-    (``*.rows``, folders' too) into ``rows`` where given. In folders, anything that is no
-    regular file (a FIFO, a socket) is skipped, said, and never opened."""
-    from autoannot.traces.table.rows import is_rows, is_rows_name
-
-    traces, records = [], []
-    for argument in arguments:
-        path = Path(argument)
-        if path.is_dir():
-            with os.scandir(path) as listing:  # (one listing: thousands of ranks' files)
-                entries = sorted(listing, key=lambda entry: entry.name)
-            found = [e for e in entries if e.name.endswith(".jsonl") or is_rows_name(Path(e.name))]
-            for odd in (e for e in found if not e.is_file()):
-                _say(command or "autoannot", f"{odd.path}: not a regular file (a FIFO or "
-                     "socket?): skipped")
-            found_paths = [Path(e.path) for e in found if e.is_file()]
-            inside = [p for p in found_paths if p.suffix == ".jsonl"]
-            records += inside
-            found_rows = [] if rows is None else [
-                p for p in found_paths if is_rows_name(p) and is_rows(p)]
-            if rows is not None:
-                rows += found_rows
-            if any(e.name.endswith((".json", ".json.gz")) for e in entries) \
-                    or not (inside or found_rows):
-                traces.append(argument)
-        elif path.suffix == ".jsonl":
-            if not path.exists():
-                raise FileNotFoundError(argument)
-            records.append(path)
-        elif rows is not None and is_rows_name(path):
-            if not path.exists():
-                raise FileNotFoundError(argument)
-            rows.append(path)
-        else:
-            traces.append(argument)
-    return traces, records
-
-
-def _cross_rank_inputs(command: str, arguments: list[str]) -> tuple[list[Path], list[Path],
-                                                                    list[Path]]:
-    """A cross-rank command's traces, record files and rows files. A folder's trace whose rows
-    lie beside it (``NAME.rows``, written in the job) is read through its rows: said once."""
-    from autoannot.traces import paths
-    from autoannot.traces.table.rows import rows_beside
-
-    rows: list[Path] = []
-    named, records = _split_records(arguments, rows, command)
-    skipped: list[str] = []
-    traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
-    for note in skipped:
-        _say(command, note)
-    beside = {t: rows_beside(t) for t in traces}
-    have_rows = {os.path.realpath(p) for p in rows} if any(beside.values()) else set()
-    for found in beside.values():  # a trace named as a file: its rows, as a folder's
-        if found is not None and os.path.realpath(found) not in have_rows:
-            rows.append(found)
-            have_rows.add(os.path.realpath(found))
-    through_rows = [t for t, found in beside.items() if found is not None]
-    if through_rows:
-        from autoannot.traces.analysis.matching import count
-
-        _say(command, f"{count(len(through_rows), 'trace')} read through the rows written "
-             f"beside them in the job ({', '.join(p.name for p in through_rows[:3])}"
-             f"{', ...' if len(through_rows) > 3 else ''})")
-        traces = [t for t in traces if t not in through_rows]
-        # their record files were joined into the rows too
-        ranks_rows = {t.name.split(".")[0] for t in through_rows}
-        records = [r for r in records if r.stem not in ranks_rows]
-    return traces, records, rows
-
-
-def _every_file(arguments: list[str]) -> list[Path]:
-    """Every file named, and every file in a folder named that autoannot did not write there
-    as another command's output (what a command may read)."""
-    from autoannot.traces import outputs
-
-    found = []
-    for argument in arguments:
-        path = Path(argument)
-        if path.is_dir():
-            own = outputs.listed_outputs(path)
-            with os.scandir(path) as listing:
-                found += [Path(e.path) for e in listing if not e.is_dir()
-                          and own.get(e.name) in (None, "annotate")]
-        else:
-            found.append(path)
-    return found
-
-
 def _annotated_in(traces: list[Path], scratch: Path) -> list[Path]:
     """Each trace as ``skew`` can read it: a raw graphed trace with its ledger beside it is
     annotated into ``scratch`` first (as ``annotate`` would: its graphed kernels get their
@@ -416,12 +327,14 @@ def _lined_up(command: str, args: argparse.Namespace,
     the inputs; or the exit status where there is none to make."""
     from autoannot.traces import files
     from autoannot.traces.analysis import lineup
+    from autoannot.traces.read import inputs as input_files
 
     try:
-        traces, records, rows = _cross_rank_inputs(command, args.inputs)
+        traces, records, rows = input_files.cross_rank(args.inputs,
+                                                         lambda m: _say(command, m))
         inputs = [*rows, *traces, *records]
         # never written over, even with --force: any file given, or in a folder given
-        _check_written([*inputs, *_every_file(args.inputs)], outputs, args.force)
+        _check_written([*inputs, *input_files.every_file(args.inputs)], outputs, args.force)
         with tempfile.TemporaryDirectory(prefix=f"autoannot-{command}-") as scratch:
             readable = _annotated_in(traces, Path(scratch))
             engine = _engine(args)

@@ -1,0 +1,98 @@
+"""Which files a cross-rank command reads: the traces, record files and rows files named
+(files, or folders of them), each kind apart; a trace read through the rows written beside
+it; every file a command may read (never to be written over)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from autoannot.traces import outputs, paths
+from autoannot.traces.table.rows import is_rows, is_rows_name, rows_beside
+
+
+def _silent(message: str) -> None:
+    """Say nothing (where the caller says nothing of what is skipped)."""
+
+
+def split(arguments: list[str], rows: list[Path] | None = None,
+          say: Callable[[str], None] = _silent) -> tuple[list[str], list[Path]]:
+    """Record files (``*.jsonl``, and folders' ``*.jsonl``) apart from traces; rows files
+    (``*.rows``, folders' too) into ``rows`` where given. In folders, anything that is no
+    regular file (a FIFO, a socket) is skipped, said, and never opened."""
+    traces, records = [], []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            with os.scandir(path) as listing:  # (one listing: thousands of ranks' files)
+                entries = sorted(listing, key=lambda entry: entry.name)
+            found = [e for e in entries if e.name.endswith(".jsonl") or is_rows_name(Path(e.name))]
+            for odd in (e for e in found if not e.is_file()):
+                say(f"{odd.path}: not a regular file (a FIFO or socket?): skipped")
+            found_paths = [Path(e.path) for e in found if e.is_file()]
+            inside = [p for p in found_paths if p.suffix == ".jsonl"]
+            records += inside
+            found_rows = [] if rows is None else [
+                p for p in found_paths if is_rows_name(p) and is_rows(p)]
+            if rows is not None:
+                rows += found_rows
+            if any(e.name.endswith((".json", ".json.gz")) for e in entries) \
+                    or not (inside or found_rows):
+                traces.append(argument)
+        elif path.suffix == ".jsonl":
+            if not path.exists():
+                raise FileNotFoundError(argument)
+            records.append(path)
+        elif rows is not None and is_rows_name(path):
+            if not path.exists():
+                raise FileNotFoundError(argument)
+            rows.append(path)
+        else:
+            traces.append(argument)
+    return traces, records
+
+
+def cross_rank(arguments: list[str],
+               say: Callable[[str], None] = _silent) -> tuple[list[Path], list[Path], list[Path]]:
+    """A cross-rank command's traces, record files and rows files. A folder's trace whose rows
+    lie beside it (``NAME.rows``, written in the job) is read through its rows: said once."""
+    rows: list[Path] = []
+    named, records = split(arguments, rows, say)
+    skipped: list[str] = []
+    traces = paths.expand(named, skip_outputs=False, skipped=skipped) if named else []
+    for note in skipped:
+        say(note)
+    beside = {t: rows_beside(t) for t in traces}
+    have_rows = {os.path.realpath(p) for p in rows} if any(beside.values()) else set()
+    for found in beside.values():  # a trace named as a file: its rows, as a folder's
+        if found is not None and os.path.realpath(found) not in have_rows:
+            rows.append(found)
+            have_rows.add(os.path.realpath(found))
+    through_rows = [t for t, found in beside.items() if found is not None]
+    if through_rows:
+        many = len(through_rows)
+        say(f"{many} trace{'' if many == 1 else 's'} read through the rows written "
+             f"beside them in the job ({', '.join(p.name for p in through_rows[:3])}"
+             f"{', ...' if len(through_rows) > 3 else ''})")
+        traces = [t for t in traces if t not in through_rows]
+        # their record files were joined into the rows too
+        ranks_rows = {t.name.split(".")[0] for t in through_rows}
+        records = [r for r in records if r.stem not in ranks_rows]
+    return traces, records, rows
+
+
+def every_file(arguments: list[str]) -> list[Path]:
+    """Every file named, and every file in a folder named that autoannot did not write there
+    as another command's output (what a command may read)."""
+    found = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            own = outputs.listed_outputs(path)
+            with os.scandir(path) as listing:
+                found += [Path(e.path) for e in listing if not e.is_dir()
+                          and own.get(e.name) in (None, "annotate")]
+        else:
+            found.append(path)
+    return found
