@@ -276,3 +276,45 @@ def test_launches_placed_by_their_sequence_are_in_the_order_a_sort_gives() -> No
         twice = np.r_[group, group[:1]], np.r_[seq, seq[:1]], np.r_[column, column[:1]]
         assert partitions._placed_by_instance(*twice, width, groups) is None
     assert placed_any > 150
+
+
+def test_a_clock_is_fitted_without_the_instances_another_rank_spoils(tmp_path: Path) -> None:
+    """A rank's clock is the median of its kernels' ends less the first rank's over the
+    instances no rank spoils. Planted: rank 1's ends are rank 0's plus known offsets, one of
+    them far out, at the one instance where rank 2 launched another size (which spoils it
+    for every rank). On every path — one partition in memory, many partitions whose ranks
+    are fitted before every spoilt instance is known — rank 1's clock is the median of the
+    others, not of all."""
+    import numpy as np
+
+    from autoannot.traces.analysis import engines
+
+    instances, spoilt_at = 41, 20
+    rng = np.random.default_rng(3)
+    planted = 4.0 + rng.uniform(0.0, 2.0, instances)
+    planted[spoilt_at] = 900.0  # (rank 1's end there: far out; the instance is rank 2's odd one)
+    expected = float(np.median(np.delete(planted, spoilt_at)))
+    assert expected != float(np.median(planted))
+    base = 1e6 + 1000.0 * np.arange(instances)
+    for rank in range(3):
+        end = base + 50.0 + (planted if rank == 1 else 0.0)
+        size = np.full(instances, 1 << 20, np.int64)
+        if rank == 2:
+            size[spoilt_at] = 1 << 10
+        columns = {"group": np.zeros(instances, np.uint32), "seq": np.arange(instances),
+                   "collective": np.zeros(instances, np.uint32), "size_bytes": size,
+                   "start_us": base + (planted if rank == 1 else 0.0), "end_us": end,
+                   "site": np.zeros(instances, np.int32), "kernel": np.ones(instances, np.uint8),
+                   "step": np.full(instances, -1, np.int32),
+                   "dtype": np.zeros(instances, np.uint32)}
+        rows.write(rows.Rows(rank, columns, [{"name": "0", "desc": "default_pg", "size": 3}],
+                             ["allreduce"], ["/job/train.py:1"], run="fit", dtypes=["Float"]),
+                   tmp_path / f"rank{rank}.rows")
+    files = sorted(tmp_path.glob("*.rows"))
+    for target in (None, 30):  # (one partition in memory; two partitions, pass 1 by rank)
+        found = lineup.analyze_files([], [], rows=files, engine=engines.Embedded(1),
+                                     target=target)
+        assert (target is None) == (found.plan.partitions == 1)
+        fit = next(f for f in found.clocks if f.rank == 1)
+        assert fit.instances == instances - 1
+        assert fit.offset_us == pytest.approx(expected, abs=1e-9)

@@ -10,12 +10,14 @@ one range of rows (rows are in time order and a group's sequence runs forward in
 with one ``pread`` a column. Passes, each a map over partitions or sources and a reduction of
 small results:
 
-1. Per rank (``spoilt_by``, then ``index_source``), in tasks of many ranks: the first
-   rank's instances this rank spoils for the clock fit (it disagreed there, or ran off a GPU
-   kernel); then, all of those known, each partition's row range in the rank's file and the
-   rank's clock: the median of its kernels' ends less the first rank's over the instances both
-   ran (found by key in the first rank's launches: no sort). Only three numbers a rank come
-   back. The cut (``cut``) before: by the groups' extents, which rows heads say
+1. Per rank (``index_source``), in tasks of many ranks, one read of the rank's file: each
+   partition's row range in it, the first rank's instances this rank spoils for the clock
+   fit (it disagreed there, or ran off a GPU kernel), and the rank's clock: the median of
+   its kernels' ends less the first rank's over the instances both ran (found by place in
+   the first rank's launches: no sort) and it did not spoil. A rank whose clock was fitted
+   on an instance another rank spoils is fitted again, every spoilt instance known
+   (``needs_refit``: none, where every rank ran the same kernels). A few numbers a rank
+   come back. The cut (``cut``) before: by the groups' extents, which rows heads say
    (``survey_source`` reads them where a head does not).
 2. ``match_partition`` then ``figure_partition`` (per partition, clocks applied): launches
    placed into instances (by arithmetic where a group's sequence is dense, else sorted),
@@ -138,6 +140,8 @@ class Source:
         """``read_into`` by one read of every column's rows (of ``lo`` on), copied from it."""
         rows = hi - lo
         steps = self._steps(out)
+        if lo == 0 and hi == self.count and self._read_in_place(fd, steps, out, at):
+            return
         size = sum(self.count * int(kind[-1]) for _, kind in self.kinds or ())
         data = os.pread(fd, size, self.data_offset)
         if len(data) != size:
@@ -152,6 +156,41 @@ class Source:
                 into.view(kind)[...] = values
             else:
                 self._land(name, values, into)
+
+    def _read_in_place(self, fd: int, steps: list[tuple[str, int, int, Any, bool]],
+                       out: dict[str, Any], at: int) -> bool:
+        """Every row of the file by one ``preadv``: each column straight into its rows of
+        ``out`` where it is read so (``_steps``), the others (and columns no read wants)
+        into buffers landed after. False where the file's columns are not laid end to end
+        from its data's start (nothing read then)."""
+        rows = self.count
+        step_of = {step[0]: step for step in steps}
+        buffers: list[Any] = []
+        later: list[tuple[str, Any, Any]] = []
+        offset = self.data_offset
+        for name, kind in self.kinds or ():
+            width = int(kind[-1])
+            step = step_of.get(name)
+            if step is None or step[1] != offset:
+                if step is not None:
+                    return False
+                buffers.append(bytearray(width * rows))  # (a column no read wants)
+            elif step[4]:  # (read straight into its rows)
+                buffers.append(out[name][at:at + rows].view(np.uint8))
+            else:
+                buffer = bytearray(width * rows)
+                buffers.append(buffer)
+                later.append((name, buffer, step[3]))
+            offset += width * rows
+        if os.preadv(fd, buffers, self.data_offset) != offset - self.data_offset:
+            raise files.TraceError(f"{self.path}: cut short while it was read")
+        for name, buffer, kind in later:
+            self._land(name, np.frombuffer(buffer, dtype=kind), out[name][at:at + rows])
+        for name, _, _, kind, _ in steps:
+            if kind is None:  # (a column this file has not)
+                self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32),
+                           out[name][at:at + rows])
+        return True
 
     def _steps(self, out: dict[str, Any]) -> list[tuple[str, int, int, Any, bool]]:
         """How each column of ``out`` (``LAUNCH_KINDS``, as every read's) is read from this
@@ -338,42 +377,74 @@ def cut(plan: Partitioning, surveys: list[tuple[Any, Any, Any, Any]],
 
 def reference_of(plan: Partitioning) -> dict[str, Any]:
     """The first rank's launches, by instance key: what every rank's clock is fitted against
-    (each launch's end less the first rank's end of the same instance)."""
+    (each launch's end less the first rank's end of the same instance). Its table of places
+    (``dense_reference``) made here, once, for every task."""
     s = plan.sources[0]
     c = s.read(0, s.count, ("group", "seq", "collective", "size_bytes", "end_us", "kernel"))
     key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
         | np.asarray(c["seq"], np.int64)
     order = np.argsort(key, kind="stable")
-    return {"key": key[order],
-            "collective": s.collective_map[np.asarray(c["collective"], np.intp)][order],
-            "size": np.asarray(c["size_bytes"], np.int64)[order],
-            "end": np.asarray(c["end_us"], np.float64)[order] + s.shift_us}
+    ref = {"key": key[order],
+           "collective": s.collective_map[np.asarray(c["collective"], np.intp)][order],
+           "size": np.asarray(c["size_bytes"], np.int64)[order],
+           "end": np.asarray(c["end_us"], np.float64)[order] + s.shift_us}
+    ref["dense"] = dense_reference(ref, len(plan.group_keys))
+    return ref
 
 
-def spoilt_by(plan: Partitioning, source: int) -> Any:
-    """The first rank's instances a rank's launches spoil for the clock fit (it launched
-    another collective or size there, or its part was no GPU kernel): indices into the
-    reference."""
-    s = plan.sources[source]
-    ref = plan.reference
-    if not s.count or not len(ref["key"]):
-        return np.zeros(0, np.int64)
-    c = s.read(0, s.count, ("group", "seq", "collective", "size_bytes", "kernel"))
-    at, shared = _in_reference(ref, s, c)
-    collective = s.collective_map[np.asarray(c["collective"], np.intp)][shared]
-    spoilt = ((collective != ref["collective"][at])
-              | (np.asarray(c["size_bytes"], np.int64)[shared] != ref["size"][at])
-              | ~np.asarray(c["kernel"], bool)[shared])
-    return np.unique(at[spoilt])
+def in_reference(ref: dict[str, Any], group: Any, seq: Any) -> tuple[Any, Any]:
+    """Of launches (``group`` on the plan's codes, ``seq``): where each one's instance is in
+    the reference, for those whose it is, and their indices. By arithmetic where the
+    reference's groups' sequences are dense (``dense_reference``), else by search."""
+    dense = ref.get("dense")
+    if dense is None:
+        dense = ref["dense"] = dense_reference(ref, int(group.max(initial=0)) + 1)
+    if dense is False:
+        key = (group.astype(np.int64) << SEQ_BITS) | seq
+        at = np.searchsorted(ref["key"], key)
+        np.minimum(at, len(ref["key"]) - 1, out=at)
+        shared = np.flatnonzero(ref["key"][at] == key)
+        return at[shared], shared
+    low, span, first, table = dense
+    inside = group < len(low)
+    g = np.where(inside, group, 0)
+    offset = seq - np.take(low, g)
+    inside &= (offset >= 0) & (offset < np.take(span, g))
+    place = np.where(inside, offset + np.take(first, g), 0)
+    at = np.take(table, place)
+    shared = np.flatnonzero(inside & (at >= 0))
+    return at[shared].astype(np.int64), shared
 
 
-def _in_reference(ref: dict[str, Any], s: Source, c: dict[str, Any]) -> tuple[Any, Any]:
-    """Where each launch's instance is in the reference, for the launches whose it is."""
-    key = (s.group_map[np.asarray(c["group"], np.intp)].astype(np.int64) << SEQ_BITS) \
-        | np.asarray(c["seq"], np.int64)
-    at = np.minimum(np.searchsorted(ref["key"], key), len(ref["key"]) - 1)
-    shared = ref["key"][at] == key
-    return at[shared], shared
+def dense_reference(ref: dict[str, Any], groups: int) -> Any:
+    """(each group's lowest seq, its span, its first place, and the reference's index at each
+    place: -1 where none) of the reference's launches; False where a table of their groups'
+    sequences would be sparse."""
+    if not len(ref["key"]):
+        return False
+    group = (ref["key"] >> SEQ_BITS).astype(np.int64)
+    seq = ref["key"] & ((1 << SEQ_BITS) - 1)
+    groups = max(groups, int(group.max()) + 1)
+    low = np.full(groups, 1 << SEQ_BITS, np.int64)
+    high = np.full(groups, -1, np.int64)
+    np.minimum.at(low, group, seq)
+    np.maximum.at(high, group, seq)
+    span = np.where(high >= low, high - low + 1, 0)
+    if int(span.sum()) > 2 * len(seq) + (1 << 20):
+        return False
+    first = np.concatenate([[0], np.cumsum(span)[:-1]])
+    table = np.full(int(span.sum()), -1, np.int32 if len(seq) < 1 << 31 else np.int64)
+    table[first[group] + seq - low[group]] = np.arange(len(seq))
+    if int(np.count_nonzero(table >= 0)) != len(seq):  # (an instance twice: as searched)
+        return False
+    return low, span, first, table
+
+
+def spoils(ref: dict[str, Any], at: Any, collective: Any, size: Any, kernel: Any) -> Any:
+    """Which of some launches (at the reference's instances ``at``) spoil their instance for
+    the clock fit: another collective or size than the first rank's there, or no GPU
+    kernel."""
+    return (collective != ref["collective"][at]) | (size != ref["size"][at]) | ~kernel
 
 
 def median(values: Any) -> float:
@@ -390,54 +461,98 @@ def median(values: Any) -> float:
 @dataclass
 class Indexed:
     """A source's row range per partition, whether it is in time order, its highest profiler
-    step, and its clock against the first rank's."""
+    step, and its clock against the first rank's; the reference's instances it spoils, and
+    those its clock was fitted on (ranges of reference indices; None: too many ranges to
+    say), so that a clock fitted before every rank's spoilt instances were known can be
+    told still right."""
 
     ranges: Any
     ordered: bool
     max_step: int  # -1: none known
     clock: Any  # results.ClockFit
+    spoilt: Any = None  # indices into the reference
+    fitted_on: Any = None  # (k, 2) ranges [a, b) of reference indices
+
+
+#: The most ranges of reference indices a source says its clock was fitted on.
+FITTED_RANGES = 64
 
 
 def index_source(plan: Partitioning, source: int) -> Indexed:
-    """Pass 1 on one rank's rows (``Indexed``), the reference's spoilt instances known
-    (``plan.spoilt``): its clock is the median of its kernels' ends less the first rank's over
-    the unspoilt instances both took part in; applied where it stands out of its spread."""
+    """Pass 1 on one rank's rows (``Indexed``): its row ranges, the reference's instances it
+    spoils (``spoils``), and its clock: the median of its kernels' ends less the first rank's
+    over the instances both took part in that no rank spoils — those known (``plan.spoilt``,
+    a refit), or else those this rank does not spoil (right unless another rank spoils one:
+    ``needs_refit``); applied where it stands out of its spread."""
     from autoannot.traces.analysis.results import ClockFit
 
     s = plan.sources[source]
-    c = s.read(0, s.count, ("group", "seq", "start_us", "end_us", "step"))
+    c = s.read(0, s.count, ("group", "seq", "start_us", "end_us", "step", "collective",
+                            "size_bytes", "kernel"))
     ranges = np.zeros((plan.partitions, 2), np.int64)
     unfitted = ClockFit(s.rank, 0.0, 0.0, 0, False)
+    none = np.zeros(0, np.int64)
     if not s.count:
-        return Indexed(ranges, True, -1, unfitted)
+        return Indexed(ranges, True, -1, unfitted, none, np.zeros((0, 2), np.int64))
     group = s.group_map[np.asarray(c["group"], np.intp)]
     seq = np.asarray(c["seq"], np.int64)
     if plan.partitions == 1:
         ranges[0] = (0, s.count)
     else:
         part = plan.part_of(group, seq)
-        present = np.unique(part)
         rows = np.arange(s.count)
         first = np.full(plan.partitions, s.count, np.int64)
         last = np.full(plan.partitions, -1, np.int64)
         np.minimum.at(first, part, rows)
         np.maximum.at(last, part, rows)
+        present = np.flatnonzero(last >= 0)
         ranges[present, 0], ranges[present, 1] = first[present], last[present] + 1
     ordered = is_time_ordered(np.asarray(c["start_us"]))
     max_step = int(np.max(np.asarray(c["step"]), initial=-1))
     ref = plan.reference
-    if source == 0 or not len(ref["key"]):
-        return Indexed(ranges, ordered, max_step, unfitted)
-    at, shared = _in_reference(ref, s, c)
+    if not len(ref["key"]):
+        return Indexed(ranges, ordered, max_step, unfitted, none, np.zeros((0, 2), np.int64))
+    at, shared = in_reference(ref, group, seq)
+    bad = spoils(ref, at, s.collective_map[np.asarray(c["collective"], np.intp)][shared],
+                 np.asarray(c["size_bytes"], np.int64)[shared],
+                 np.asarray(c["kernel"], bool)[shared])
+    spoilt = np.unique(at[bad]) if bad.any() else none
+    if source == 0:  # (the reference itself: no clock fitted)
+        return Indexed(ranges, ordered, max_step, unfitted, spoilt, np.zeros((0, 2), np.int64))
     values = np.asarray(c["end_us"], np.float64)[shared] + s.shift_us - ref["end"][at]
-    values = values[~np.isnan(values) & ~plan.spoilt[at]]
+    fitted = ~np.isnan(values) & ~(bad if plan.spoilt is None else plan.spoilt[at] | bad)
+    values = values[fitted]
     if not len(values):
-        return Indexed(ranges, ordered, max_step, unfitted)
+        return Indexed(ranges, ordered, max_step, unfitted, spoilt, np.zeros((0, 2), np.int64))
     offset = median(values)
     spread = median(np.abs(values - offset))
     return Indexed(ranges, ordered, max_step,
                    ClockFit(s.rank, offset, spread, len(values),
-                            abs(offset) > max(1.0, 3 * spread)))
+                            abs(offset) > max(1.0, 3 * spread)),
+                   spoilt, _ranges_of(at[fitted], len(ref["key"])))
+
+
+def _ranges_of(places: Any, size: int) -> Any:
+    """The indices ``places`` (under ``size``) as ranges [a, b) in order; None where there
+    are more than ``FITTED_RANGES``."""
+    taken = np.zeros(size + 2, np.int8)
+    taken[places + 1] = 1
+    edges = np.flatnonzero(np.diff(taken))
+    if len(edges) > 2 * FITTED_RANGES:
+        return None
+    return edges.reshape(-1, 2)
+
+
+def needs_refit(one: Indexed, spoilt: Any) -> bool:
+    """Whether a clock ``index_source`` fitted before every rank's spoilt instances were known
+    (the reference's indices ``spoilt``, sorted) was fitted on one of them."""
+    if one.fitted_on is None:
+        return bool(len(spoilt))
+    if not len(one.fitted_on) or not len(spoilt):
+        return False
+    lo = np.searchsorted(spoilt, one.fitted_on[:, 0])
+    hi = np.searchsorted(spoilt, one.fitted_on[:, 1])
+    return bool(np.any(hi > lo))
 
 
 # --- pass 2: a partition's launches matched into instances, then its figures -------------------
@@ -507,10 +622,16 @@ def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
     last_row = np.zeros(total, bool)
     last_row[np.cumsum(lengths) - 1] = True
     got.update(column=column, first_row=first_row, last_row=last_row)
-    if plan.partitions > 1:
-        mine = np.flatnonzero(plan.part_of(group, seq) == k)
-        if len(mine) < total:
-            got["mine"] = mine
+    if plan.partitions > 1:  # (the partition's rows: its keys between its bounds)
+        key = group.astype(np.int64)
+        key <<= SEQ_BITS
+        key |= seq
+        inside = key >= plan.starts[k]
+        if k + 1 < plan.partitions:
+            inside &= key < plan.starts[k + 1]
+        del key
+        if not inside.all():
+            got["mine"] = np.flatnonzero(inside)
     return got
 
 

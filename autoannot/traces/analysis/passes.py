@@ -174,11 +174,19 @@ def partition(plan: Partitioning, engine: Any, target: int = parts.TARGET_LAUNCH
         parts.cut(plan, surveys, target)
     plan.surveys = surveys
     plan.reference = parts.reference_of(plan) if plan.sources else {"key": np.zeros(0)}
+    plan.spoilt = None  # (each rank's clock fitted on the instances it does not spoil)
     everyone = list(range(len(plan.sources)))
-    plan.spoilt = np.zeros(len(plan.reference["key"]), bool)
-    for spoilt in _per_source(engine, parts.spoilt_by, plan, everyone, "checking"):
-        plan.spoilt[spoilt] = True
     indexed = _per_source(engine, parts.index_source, plan, everyone, "indexing")
+    spoilt = np.zeros(len(plan.reference["key"]), bool)
+    for one in indexed:
+        spoilt[one.spoilt] = True
+    plan.spoilt = spoilt
+    spoilt_at = np.flatnonzero(spoilt)
+    again = [c for c, one in enumerate(indexed) if parts.needs_refit(one, spoilt_at)]
+    if again:  # (fitted on an instance another rank spoils: fitted again, all known)
+        for c, one in zip(again, _per_source(engine, parts.index_source, plan, again,
+                                             "fitting clocks again"), strict=True):
+            indexed[c] = one
     plan.ranges = np.stack([one.ranges for one in indexed]) if indexed \
         else np.zeros((0, 1, 2), np.int64)
     for column, one in enumerate(indexed):
@@ -231,8 +239,8 @@ def index_in_memory(plan: Partitioning) -> tuple[list[parts.Indexed], dict[str, 
     stretches = _stretches(counts, 1 << 18)
     for lo, hi in stretches:  # the instances each rank spoils, all known before any fit
         at, shared = _in_reference(ref, got, slice(int(bounds[lo]), int(bounds[hi])))
-        spoilt = ((got["collective"][shared] != ref["collective"][at])
-                  | (got["size_bytes"][shared] != ref["size"][at]) | ~got["kernel"][shared])
+        spoilt = parts.spoils(ref, at, got["collective"][shared], got["size_bytes"][shared],
+                              got["kernel"][shared])
         plan.spoilt[at[spoilt]] = True
     for lo, hi in stretches:  # each rank's clock (as ``index_source`` fits it)
         at, shared = _in_reference(ref, got, slice(int(bounds[lo]), int(bounds[hi])))
@@ -268,54 +276,9 @@ def _stretches(counts: Any, rows: int) -> list[tuple[int, int]]:
 
 
 def _in_reference(ref: dict[str, Any], got: dict[str, Any], rows: slice) -> tuple[Any, Any]:
-    """Of the rows ``rows`` of ``got``: where each row's instance is in the reference, for the
-    rows whose it is (their indices in ``got``). By arithmetic where the reference's groups'
-    sequences are dense (``_dense_reference``), else by search."""
-    import numpy as np
-
-    group, seq = got["group"][rows], got["seq"][rows]
-    dense = ref.get("dense")
-    if dense is None:
-        dense = ref["dense"] = _dense_reference(ref, int(group.max(initial=0)) + 1)
-    if dense is False:
-        key = (group.astype(np.int64) << SEQ_BITS) | seq
-        at = np.searchsorted(ref["key"], key)
-        np.minimum(at, len(ref["key"]) - 1, out=at)
-        shared = np.flatnonzero(ref["key"][at] == key)
-        return at[shared], shared + rows.start
-    low, span, first, table = dense
-    inside = group < len(low)
-    g = np.where(inside, group, 0)
-    offset = seq - np.take(low, g)
-    inside &= (offset >= 0) & (offset < np.take(span, g))
-    place = np.where(inside, offset + np.take(first, g), 0)
-    at = np.take(table, place)
-    shared = np.flatnonzero(inside & (at >= 0))
-    return at[shared].astype(np.int64), shared + rows.start
-
-
-def _dense_reference(ref: dict[str, Any], groups: int) -> Any:
-    """(each group's lowest seq, its span, its first place, and the reference's index at each
-    place: -1 where none) of the reference's launches; False where a table of their groups'
-    sequences would be sparse."""
-    import numpy as np
-
-    group = (ref["key"] >> SEQ_BITS).astype(np.int64)
-    seq = ref["key"] & ((1 << SEQ_BITS) - 1)
-    groups = max(groups, int(group.max()) + 1)
-    low = np.full(groups, 1 << SEQ_BITS, np.int64)
-    high = np.full(groups, -1, np.int64)
-    np.minimum.at(low, group, seq)
-    np.maximum.at(high, group, seq)
-    span = np.where(high >= low, high - low + 1, 0)
-    if int(span.sum()) > 2 * len(seq) + (1 << 20):
-        return False
-    first = np.concatenate([[0], np.cumsum(span)[:-1]])
-    table = np.full(int(span.sum()), -1, np.int32 if len(seq) < 1 << 31 else np.int64)
-    table[first[group] + seq - low[group]] = np.arange(len(seq))
-    if int(np.count_nonzero(table >= 0)) != len(seq):  # (an instance twice: as searched)
-        return False
-    return low, span, first, table
+    """``partitions.in_reference`` of the rows ``rows`` of ``got`` (their indices in ``got``)."""
+    at, shared = parts.in_reference(ref, got["group"][rows], got["seq"][rows])
+    return at, shared + rows.start
 
 
 def run(plan: Partitioning, engine: Any, include_warmup: bool = False,

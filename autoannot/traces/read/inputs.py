@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autoannot.traces import outputs, paths
-from autoannot.traces.table.rows import is_rows, is_rows_name, rows_beside
+from autoannot.traces.table.rows import PARQUET_SUFFIX, SUFFIX, is_rows, is_rows_name, rows_beside
+
+ROWS_SUFFIXES = (SUFFIX, PARQUET_SUFFIX)
 
 
 def _silent(message: str) -> None:
@@ -27,14 +29,14 @@ def split(arguments: list[str], rows: list[Path] | None = None,
         if path.is_dir():
             with os.scandir(path) as listing:  # (one listing: thousands of ranks' files)
                 entries = sorted(listing, key=lambda entry: entry.name)
-            found = [e for e in entries if e.name.endswith(".jsonl") or is_rows_name(Path(e.name))]
+            found = [e for e in entries if e.name.endswith((".jsonl", *ROWS_SUFFIXES))]
             for odd in (e for e in found if not e.is_file()):
                 say(f"{odd.path}: not a regular file (a FIFO or socket?): skipped")
-            found_paths = [Path(e.path) for e in found if e.is_file()]
-            inside = [p for p in found_paths if p.suffix == ".jsonl"]
+            found = [e for e in found if e.is_file()]
+            inside = [Path(e.path) for e in found if e.name.endswith(".jsonl")]
             records += inside
-            found_rows = [] if rows is None else [
-                p for p in found_paths if is_rows_name(p) and is_rows(p)]
+            found_rows = [] if rows is None else [  # (DirEntry's: no Path made a file)
+                Path(e.path) for e in found if is_rows(e.path, regular=True)]
             if rows is not None:
                 rows += found_rows
             if any(e.name.endswith((".json", ".json.gz")) for e in entries) \
