@@ -321,13 +321,22 @@ def surveys_of(launches: dict[str, Any], width: int, groups: int) -> list[Any]:
     pair *= groups
     pair += launches["group"]
     seq = launches["seq"]
-    present, slot = _compact(pair)  # (reductions into a few arrays of the pairs present)
-    del pair
-    count = np.bincount(slot, minlength=len(present))
-    low = np.full(len(present), 1 << SEQ_BITS, np.int64)
-    high = np.full(len(present), -1, np.int64)
+    if width * groups <= 4 * len(pair) + (1 << 20):  # (a table of every pair: no compacting)
+        count = np.bincount(pair, minlength=width * groups)
+        present = np.flatnonzero(count)
+        count = count[present]
+        slot, size = pair, width * groups
+    else:  # (reductions into a few arrays of the pairs present)
+        present, slot = _compact(pair)
+        del pair
+        count = np.bincount(slot, minlength=len(present))
+        size = len(present)
+    low = np.full(size, 1 << SEQ_BITS, np.int64)
+    high = np.full(size, -1, np.int64)
     np.minimum.at(low, slot, seq)
     np.maximum.at(high, slot, seq)
+    if size != len(present):
+        low, high = low[present], high[present]
     column = present // groups
     cuts = np.searchsorted(column, np.arange(width + 1))
     for c in np.unique(column).tolist():

@@ -221,9 +221,9 @@ def index_in_memory(plan: Partitioning) -> tuple[list[parts.Indexed], dict[str, 
     inner[heads[heads < len(start)]] = False
     if len(start) > 1 and not np.all((start[1:] >= start[:-1]) | ~inner[1:]):
         return [], None
-    if any(one is None for one in plan.surveys):
-        plan.surveys = parts.surveys_of(got, width, len(plan.group_keys))
     max_step = int(np.max(got["step"], initial=-1))
+    if max_step < 0 and any(one is None for one in plan.surveys):  # (what ``run`` reads of
+        plan.surveys = parts.surveys_of(got, width, len(plan.group_keys))  # them: no steps)
     first = slice(int(bounds[0]), int(bounds[1]))
     key = (got["group"][first].astype(np.int64) << SEQ_BITS) | got["seq"][first]
     order = np.argsort(key, kind="stable")
