@@ -102,7 +102,8 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     step (the most of them); one group shown at a time, picked from a menu: the group where
     the most waiting began first."""
     import numpy as np
-    import plotly.graph_objects as go
+    import plotly.io as pio
+    from plotly.colors import sequential
 
     f = analysis.figures()
     unit, scale = ("ms", 1e3) if np.nanmax(f.skew, initial=0.0) >= 1e3 else ("us", 1.0)
@@ -113,8 +114,10 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
     np.maximum.at(worst, f.group, f.skew)
     present = np.unique(f.group)
     chosen = present[np.lexsort((present, -worst[present], -weight[present]))][:MAX_HEAT_GROUPS]
-    figure = go.Figure()
-    labels = []
+    inferno = [[k / (len(sequential.Inferno) - 1), color]  # (as plotly's check spells it)
+               for k, color in enumerate(sequential.Inferno)]
+    traces: list[dict[str, Any]] = []  # (plain dicts: plotly's objects check each one
+    labels = []  # at length, a tenth of a second a page of many groups)
     tallest = 1
     width = len(analysis.ranks)
     # the cells (how late each rank arrived, the most per group, rank and step or bin), by
@@ -144,23 +147,28 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
         name = f"{f.group_descs[g] or '?'} ({f.group_names[g]})"
         labels.append(name)
         tallest = max(tallest, len(cells))
-        figure.add_trace(go.Heatmap(
-            z=cells, x=[("0 (warm-up)" if s == 0 and has_steps else str(s))
-                        for s in steps.tolist()],
-            y=_block_labels([analysis.ranks[c] for c in members.tolist()], block),
-            colorscale="Inferno", zmin=0, visible=position == 0, name=name,
-            colorbar={"title": {"text": f"late ({unit})"}},
+        traces.append(dict(  # (the keys in the order plotly writes them)
+            colorbar={"title": {"text": f"late ({unit})"}}, colorscale=inferno,
             hovertemplate=f"%{{y}}<br>{'step' if has_steps else 'bin'} %{{x}}<br>late "
-                          f"%{{z:.3f}} {unit}<extra>{name}</extra>"))
-    buttons = [{"label": label, "method": "update",
-                "args": [{"visible": [i == k for i in range(len(labels))]},
-                         {"title": {"text": label}}]} for k, label in enumerate(labels)]
-    figure.update_layout(
-        height=min(900, 300 + 12 * tallest), title={"text": labels[0] if labels else ""},
-        margin={"l": 110, "r": 20, "t": 60, "b": 50}, xaxis_title=axis_title,
-        xaxis={"type": "category"}, yaxis={"type": "category", "autorange": "reversed"},
-        updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.15,
-                      "direction": "down"}] if len(buttons) > 1 else [])
+                          f"%{{z:.3f}} {unit}<extra>{name}</extra>",
+            name=name, visible=position == 0,
+            x=[("0 (warm-up)" if s == 0 and has_steps else str(s)) for s in steps.tolist()],
+            y=_block_labels([analysis.ranks[c] for c in members.tolist()], block),
+            z=_typed_array(cells), zmin=0, type="heatmap"))
+    buttons = [{"args": [{"visible": [i == k for i in range(len(labels))]},
+                         {"title": {"text": label}}], "label": label, "method": "update"}
+               for k, label in enumerate(labels)]
+    layout = dict(
+        template=pio.templates[pio.templates.default].to_plotly_json(),
+        title={"text": labels[0] if labels else ""},
+        margin={"l": 110, "r": 20, "t": 60, "b": 50},
+        xaxis={"title": {"text": axis_title}, "type": "category"},
+        yaxis={"type": "category", "autorange": "reversed"},
+        height=min(900, 300 + 12 * tallest))
+    if len(buttons) > 1:
+        layout["updatemenus"] = [{"buttons": buttons, "direction": "down", "x": 1.0,
+                                  "xanchor": "right", "y": 1.15}]
+    figure = {"data": traces, "layout": layout}
     note = ("How late each member rank arrived at its group's collectives, per "
             f"{'profiler step' if has_steps else 'stretch of instances'}: its arrival minus "
             "the first rank's, the most of the step's instances. Bright cells are the ranks "
@@ -172,6 +180,18 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
         note += (f" The menu holds the {len(chosen)} groups with the most waiting of "
                  f"{len(present)}.")
     return figure, note
+
+
+def _typed_array(values: Any) -> dict[str, str]:
+    """A float array as plotly.js reads typed arrays (its documented ``dtype``/``bdata``/
+    ``shape`` form: what plotly writes of a numpy array it has checked)."""
+    import base64
+
+    import numpy as np
+
+    data = np.ascontiguousarray(values, dtype="<f8")
+    return {"dtype": "f8", "bdata": base64.b64encode(data.tobytes()).decode("ascii"),
+            "shape": ", ".join(str(n) for n in data.shape)}
 
 
 def _block_labels(ranks: list[int], block: int) -> list[str]:
@@ -322,7 +342,8 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
 
     def figure_html(figure: Any, name: str) -> str:
         return pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=name,
-                           config={"displaylogo": False, "responsive": True})
+                           config={"displaylogo": False, "responsive": True},
+                           validate=not isinstance(figure, dict))  # (a dict: made as checked)
 
     ranked = stragglers(analysis)
     instances = analysis.instances
