@@ -410,8 +410,8 @@ def _skew(args: argparse.Namespace) -> int:
         return _bad_input("skew", f"{exc.filename}: cannot write: {exc.strerror} (nothing "
                           "written)")
     if args.json:  # (after the files: a reader that leaves early loses none of them)
-        print(json.dumps({"lead": skew.lead(analysis), "missing": analysis.missing,
-                          "origins": analysis.origins(args.top),
+        print(json.dumps({"lead": skew.lead(analysis), "hang": analysis.hang,
+                          "missing": analysis.missing, "origins": analysis.origins(args.top),
                           "instances": analysis.rows(), "ranks": analysis.per_rank(),
                           "clocks": [c.__dict__ for c in analysis.clocks],
                           "problems": analysis.problems, "notes": analysis.notes}, indent=1))
@@ -460,15 +460,20 @@ def _check(args: argparse.Namespace) -> int:
                 return _bad_input("check", f"{path}: given twice (also as {seen[key]})")
             seen[key] = path
         missing: list[str] = []
-        divergences, compared, ranks = sequences.check_files(inputs, args.run, missing)
+        hang_lead: list[str] = []
+        divergences, compared, ranks = sequences.check_files(inputs, args.run, missing,
+                                                             hang_lead)
     except files.TraceError as exc:
         return _bad_input("check", str(exc))
     if args.json:
-        print(json.dumps({"ranks": ranks, "sequences_compared": compared, "missing": missing,
+        print(json.dumps({"ranks": ranks, "sequences_compared": compared, "hang": hang_lead,
+                          "missing": missing,
                           "divergences": [d.as_dict() for d in divergences]}, indent=1))
     else:
         from autoannot.traces.analysis.matching import count
 
+        for line in hang_lead:
+            print(line)
         for line in missing:
             print(f"MISSING: {line}")
         for divergence in divergences:
@@ -479,7 +484,7 @@ def _check(args: argparse.Namespace) -> int:
     if not compared:
         _say("check", "nothing to compare: give two ranks' ledgers, record files or traces")
         return INCOMPLETE
-    return INCOMPLETE if divergences or missing else DONE
+    return INCOMPLETE if divergences or missing or hang_lead else DONE
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -514,7 +519,7 @@ def _report(args: argparse.Namespace) -> int:
     lead = skew.lead(analysis)
     if args.json:
         print(json.dumps({"output": str(output), "instances": len(analysis.instances),
-                          "ranks": analysis.per_rank(), "lead": lead,
+                          "ranks": analysis.per_rank(), "lead": lead, "hang": analysis.hang,
                           "missing": analysis.missing, "origins": analysis.origins(),
                           "problems": analysis.problems, "notes": analysis.notes}, indent=1))
     else:

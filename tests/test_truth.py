@@ -131,20 +131,23 @@ def test_a_hang_names_the_rank_that_never_came(jobs, capsys, tmp_path: Path) -> 
     code, said = _skew(capsys, str(out))
     assert code == 1
     line = said["lead"][0]
-    assert line.startswith("MISSING: group 0 (default_pg): rank 3's last launch was")
+    assert line.startswith("HANG: rank 3 holds the job up: ranks 0-2 wait on it")
     before = 3 * truth.PLANTED_STEP - 1  # its last: step 2's all-reduce
     # (issue 46) with the call sites: its last launch's, and the one it never entered
     broadcast = results[0]["sites"]["broadcast"]
-    assert f"allreduce #{before} at {truth.__file__}:" in line
-    assert f"(it never entered #{before + 1} broadcast at {broadcast})" in line
-    # a hang leads with where the ranks stopped, never with a straggler
-    assert all(lead.startswith("MISSING: ") for lead in said["lead"]), said["lead"]
+    assert f"Its last launch was allreduce #{before} of group 0 (default_pg) at " \
+        f"{truth.__file__}:" in line
+    assert said["lead"][1].strip() == (f"blocked: ranks 0-2 in broadcast #{before + 1} of group "
+                                       f"0 (default_pg) at {broadcast}, which rank 3 never "
+                                       "entered")
+    # a hang leads with its culprit and who waits on it, never with a straggler
+    assert len(said["lead"]) == 2 and said["hang"]["culprits"][0]["rank"] == 3
     assert cli.main(["check", str(out)]) == 1
     capsys.readouterr()
     page = tmp_path / "hang.html"
     assert cli.main(["report", "-q", str(out), "-o", str(page)]) == 1
     text = page.read_text()
-    assert "rank 3&#x27;s last launch was" in text and 'id="straggler"' not in text
+    assert "HANG: rank 3 holds the job up" in text and 'id="straggler"' not in text
 
 
 def test_the_analysis_of_the_same_files_is_the_same_however_they_are_named(jobs,

@@ -220,7 +220,97 @@ def build(plan: Partitioning, joined: Joined, figured: list[parts.Figured], fits
         analysis.keep_partition(0, figured[0].launch)
     # (last: it reads the analysis's instances and, for a rank behind, its call site)
     analysis.missing = missing_ranks(analysis, plan, joined, g.reached)
+    if analysis.missing:
+        hang_of(analysis, plan, joined, g.reached)
+    analysis.mismatches = mismatches(plan, joined, analysis)
     return analysis
+
+
+def hang_of(analysis: Any, plan: Partitioning, joined: Joined, reached: Any) -> None:
+    """The wait-for analysis (``hang``) of what each rank last entered on each group (its
+    furthest instance: ``reached``), into ``analysis.hang_lead`` and ``analysis.hang``."""
+    from autoannot.traces.analysis import hang
+    from autoannot.traces.analysis.results import rank_list
+
+    order = np.lexsort((reached[:, 2], reached[:, 1], reached[:, 0]))
+    reached = reached[order]
+    ends = np.flatnonzero(np.r_[(reached[1:, 0] != reached[:-1, 0])
+                                | (reached[1:, 1] != reached[:-1, 1]), True])
+    ranks = analysis.ranks
+    entered: dict[int, dict[int, int]] = {}
+    for g, c, s in reached[ends].tolist():
+        entered.setdefault(g, {})[ranks[c]] = s
+    table = analysis.table
+    seq = analysis.seq
+    first = np.full(len(plan.group_keys), 1 << SEQ_BITS, np.int64)
+    np.minimum.at(first, table.group, seq)
+    finished = np.full(len(plan.group_keys), -1, np.int64)  # (its straggler's part ended)
+    ended = ~np.isnan(table.transfer)
+    np.maximum.at(finished, table.group[ended], seq[ended])
+    groups = [hang.GroupProgress(plan.group_keys[g], plan.group_desc[g],
+                                 int(plan.group_size[g]), plan.group_members[g], by_rank,
+                                 int(first[g]) if first[g] < 1 << SEQ_BITS else 0,
+                                 int(finished[g]))
+              for g, by_rank in sorted(entered.items())]
+    found = hang.wait_for(groups, list(ranks))
+    if found is None or not (found.culprits or found.cycles or found.unnamed):
+        return
+    code = {name: g for g, name in enumerate(plan.group_keys)}
+    column = {r: c for c, r in enumerate(ranks)}
+
+    def describe(group: str, seq: int, rank: int) -> hang.Launch | None:
+        i = int(lookup(joined.keys, np.array([(code[group] << SEQ_BITS) | seq]))[0])
+        if i < 0:
+            return None
+        launch = analysis.launches_of(i)
+        at = np.flatnonzero(launch["column"] == column[rank])
+        start = float(launch["start"][at[0]]) if len(at) else None
+        return hang.Launch(table.collective_names[int(table.collective[i])],
+                           analysis.site(i, column[rank]) if len(at) else site_of(analysis, i),
+                           int(table.step[i]), start)
+
+    analysis.hang_lead = hang.lines(found, groups, describe, rank_list)
+    analysis.hang = hang.as_json(found, groups, describe)
+
+
+def mismatches(plan: Partitioning, joined: Joined, analysis: Any) -> list[str]:
+    """A line for each of the first few instances the ranks launched differently (another
+    collective, size or dtype at one place of a group's sequence): which ranks launched
+    what, read from their rows."""
+    from autoannot.traces.analysis.results import LISTED_PROBLEMS, rank_list
+    from autoannot.traces.units import size_text
+
+    keys = joined.conflicts[:LISTED_PROBLEMS]
+    if not len(keys):
+        return []
+    said = []
+    by_partition: dict[int, list[int]] = {}
+    for key in keys.tolist():
+        k = int(plan.part_of(np.array([key >> SEQ_BITS]), np.array([key & ((1 << SEQ_BITS)
+                                                                          - 1)]))[0])
+        by_partition.setdefault(k, []).append(key)
+    for k, wanted in sorted(by_partition.items()):
+        got = parts.read_partition(plan, k)
+        key = (got["group"].astype(np.int64) << SEQ_BITS) | got["seq"]
+        for one in wanted:
+            rows = np.flatnonzero(key == one)
+            kinds: dict[tuple[str, int, str], list[int]] = {}
+            for row in rows.tolist():
+                kind = (plan.collective_names[int(got["collective"][row])],
+                        int(got["size_bytes"][row]),
+                        plan.dtype_names[int(got["dtype"][row])] if plan.dtype_names else "")
+                kinds.setdefault(kind, []).append(analysis.ranks[int(got["column"][row])])
+            group = plan.group_keys[one >> SEQ_BITS]
+            desc = plan.group_desc[one >> SEQ_BITS]
+            launched = "; ".join(
+                f"{rank_list(sorted(ranks))} launched {name} ({size_text(size)}"
+                + (f", {dtype}" if dtype else "") + ")"
+                for (name, size, dtype), ranks in sorted(kinds.items(), key=lambda i: i[1]))
+            said.append(f"MISMATCH: group {group}" + (f" ({desc})" if desc else "")
+                        + f" #{one & ((1 << SEQ_BITS) - 1)}: {launched}: one collective's "
+                        "ranks must launch the same collective, size and dtype (the job hangs "
+                        "or fails there)")
+    return said
 
 
 def lookup(keys: tuple[Any, Any], wanted: Any) -> Any:

@@ -122,6 +122,11 @@ class Analysis:
     notes: list[str] = field(default_factory=list)  # what to keep in mind (not a failure)
     #: Groups whose ranks did not all leave a record, or did not all reach its last instance.
     missing: list[dict[str, Any]] = field(default_factory=list)
+    #: A hang's lead (``hang``: its culprits, blocked ranks, cycles) and what --json says of
+    #: it; the ranks' mismatches (an instance they launched differently), a line each.
+    hang_lead: list[str] = field(default_factory=list)
+    hang: dict[str, Any] | None = None
+    mismatches: list[str] = field(default_factory=list)
     seq: Any = None
     table: Figures | None = None
     site_names: Any = None
@@ -324,6 +329,9 @@ def rank_list(ranks: list[int]) -> str:
         return f"rank {ranks[0]}"
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
+    gaps = sorted(set(range(ranks[0], ranks[-1] + 1)) - set(ranks))
+    if len(ranks) > 8 and len(gaps) <= 3:  # (all but a few: 'ranks 0-1023 but 777')
+        return f"ranks {ranks[0]}-{ranks[-1]} but {', '.join(map(str, gaps))}"
     shown = [str(r) for r in ranks[:8]] + ([f"{len(ranks) - 8} more"] if len(ranks) > 8 else [])
     return f"ranks {', '.join(shown[:-1])} and {shown[-1]}"
 

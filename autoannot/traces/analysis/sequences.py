@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class Step:
 
     what: tuple[Any, ...]  # FIELDS' values
     call_site: str | None
+    at_ns: int | None = field(default=None, compare=False)  # entry (wall clock), where known
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -52,8 +53,9 @@ class Step:
         return text + (f", at {self.call_site}" if self.call_site else "")
 
 
-def step_of(annotation: dict[str, Any], call_site: str | None = None) -> Step:
-    return Step(tuple(annotation.get(k) for k in FIELDS), call_site)
+def step_of(annotation: dict[str, Any], call_site: str | None = None,
+            at_ns: int | None = None) -> Step:
+    return Step(tuple(annotation.get(k) for k in FIELDS), call_site, at_ns)
 
 
 #: (scope, group) -> rank -> its steps. scope: "eager", or a captured graph's name.
@@ -134,8 +136,9 @@ def from_records(path: Path, sequences: Sequences, members: Members | None = Non
             annotation = entry["annotation"]
             if record_files.is_collective(entry) and (run is None or run_of(entry) == run):
                 group = str(entry.get("group", annotation.get(V.PG_NAME, "?")))
-                per_group[(run_of(entry), group)].append(step_of(annotation,
-                                                                 entry.get("call_site")))
+                at = entry.get("wall_ns")
+                per_group[(run_of(entry), group)].append(step_of(
+                    annotation, entry.get("call_site"), at if isinstance(at, int) else None))
                 if members is not None:
                     note_members(members, group, annotation)
         if rank is None:
@@ -171,8 +174,10 @@ def from_rows(path: Path, by_seq: dict[str, dict[int, dict[int, Step]]],
     for i in range(len(one)):
         group = str(one.groups[c["group"][i]]["name"])
         site = one.sites[c["site"][i]] if c["site"][i] >= 0 else None
+        start = float(c["start_us"][i])  # (one rank's own base: its launches in order)
         by_seq.setdefault(group, {}).setdefault(one.rank, {})[c["seq"][i]] = Step(
-            (one.collectives[c["collective"][i]], c["size_bytes"][i]), site)
+            (one.collectives[c["collective"][i]], c["size_bytes"][i]), site,
+            None if start != start else int(start * 1e3))
     return one.rank
 
 
@@ -247,12 +252,13 @@ def compare(sequences: Sequences) -> tuple[list[Divergence], int]:
     return found, compared
 
 
-def check_files(paths: list[Path], run: str | None = None,
-                missing: list[str] | None = None) -> tuple[list[Divergence], int, int]:
+def check_files(paths: list[Path], run: str | None = None, missing: list[str] | None = None,
+                hang_lead: list[str] | None = None) -> tuple[list[Divergence], int, int]:
     """Read ledgers (``*.autoannot``), record files (``*.jsonl``: one run of the job, ``run``
     or the only one), rows (``*.rows``) and traces; compare.
     Returns the divergences, the sequences compared and the ranks read; the groups' missing
-    ranks go into ``missing``."""
+    ranks go into ``missing``; a hang's culprit and blocked ranks (``hang``) into
+    ``hang_lead``, and then a rank's sequence that only ends early is no divergence."""
     from autoannot.traces.read import ledger, record_files, runs
     from autoannot.traces.table import rows
 
@@ -294,7 +300,60 @@ def check_files(paths: list[Path], run: str | None = None,
     divergences, compared = compare(sequences)
     if missing is not None:
         missing += missing_ranks(sequences, members)
+    if hang_lead is not None:
+        hang_lead += hang_of(sequences, members, sorted(ranks), rows_by_seq)
+        if hang_lead:  # (an absence the hang explains: not a divergence)
+            divergences = [d for d in divergences if not _ends_only(d)]
     return divergences, compared, len(ranks)
+
+
+def _ends_only(divergence: Divergence) -> bool:
+    """Whether the ranks differ there only in that some ranks' sequences ended."""
+    launched = {what for what in divergence.ranks.values() if not what.startswith("nothing")}
+    return len(launched) <= 1
+
+
+def hang_of(sequences: Sequences, members: Members, ranks: list[int],
+            rows_by_seq: dict[str, dict[int, dict[int, Step]]] | None = None) -> list[str]:
+    """The lead of a hang (``hang.wait_for``) from the ranks' eager sequences (each one's
+    last launch on each group: its position in the group's sequence; in rows, its seq),
+    empty where none."""
+    from autoannot.traces.analysis import hang
+    from autoannot.traces.analysis.matching import rank_list
+
+    groups = []
+    steps_of: dict[str, dict[int, Any]] = {}  # group -> rank -> its steps (by position or seq)
+    for (scope, group), per_rank in sorted(sequences.items()):
+        if not scope.startswith("eager") or scope == ROWS_SCOPE or group in steps_of:
+            continue
+        steps_of[group] = dict(per_rank)
+    for group, per_rank in sorted((rows_by_seq or {}).items()):
+        steps_of.setdefault(group, {}).update(per_rank)
+    for group, per_rank in sorted(steps_of.items()):
+        size, named = members.get(group, (len(per_rank), None))
+        groups.append(hang.GroupProgress(  # (check names groups by their names alone)
+            group, "", size, named, {r: (max(steps) if isinstance(steps, dict) else
+                                         len(steps) - 1) for r, steps in per_rank.items()
+                                     if steps}))
+    found = hang.wait_for(groups, ranks)
+    if found is None or not (found.culprits or found.cycles or found.unnamed):
+        return []
+
+    def describe(group: str, seq: int, rank: int) -> hang.Launch | None:
+        def at(steps: Any) -> Step | None:
+            if isinstance(steps, dict):
+                return steps.get(seq)
+            return steps[seq] if seq < len(steps) else None
+
+        per_rank = steps_of[group]
+        step = at(per_rank.get(rank, [])) or next(
+            (found for s in per_rank.values() if (found := at(s)) is not None), None)
+        if step is None:
+            return None
+        return hang.Launch(str(step.what[0]), step.call_site, -1,
+                           None if step.at_ns is None else step.at_ns / 1e3)
+
+    return hang.lines(found, groups, describe, rank_list)
 
 
 def ledger_of_trace(path: Path) -> Path | None:

@@ -354,9 +354,12 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     from autoannot.traces.render.skew import lead
 
     for line in lead(analysis):
-        missing = line.startswith("MISSING: ")
-        parts.append(f'<p class="lead{" bad" if missing else ""}" '
-                     f'id="{"missing" if missing else "straggler"}">{html.escape(line)}</p>')
+        kind = next((k for k in ("MISMATCH", "HANG", "MISSING") if line.startswith(k + ": ")),
+                    "blocked" if line.startswith("  blocked: ") or line.startswith("  ... ")
+                    else None)
+        parts.append(f'<p class="lead{" bad" if kind else ""}" '
+                     f'id="{kind.lower() if kind else "straggler"}">'
+                     f"{html.escape(line.strip())}</p>")
     if not instances:
         parts.append('<p class="lead" id="straggler">No collective instance to line up.</p>')
 

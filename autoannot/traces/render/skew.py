@@ -20,11 +20,15 @@ def us_text(value: float | None) -> str:
 
 
 def lead(analysis: Analysis) -> list[str]:
-    """The first lines to say of an analysis: missing ranks first (never an all-clear while a
-    rank is missing), else where the largest delay began. While ranks are missing (a hang, a
+    """The first lines to say of an analysis: the ranks' mismatches, then a hang's culprit and
+    who waits on it (``hang``), else missing ranks (never an all-clear while a rank is
+    missing), else where the largest delay began. While ranks are missing (a hang, a
     rank's files lost) no straggler leads: the ranks missing are the story, and the ranking
     knows nothing of them (it stays in the body)."""
-    lines = [f"MISSING: {describe_missing(entry)}" for entry in analysis.missing]
+    lines = list(analysis.mismatches)
+    if analysis.hang_lead:  # (a hang explained: its culprit, then who waits where)
+        return lines + analysis.hang_lead
+    lines += [f"MISSING: {describe_missing(entry)}" for entry in analysis.missing]
     if lines:
         return lines
     origins = analysis.origins(1)

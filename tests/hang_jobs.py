@@ -1,0 +1,103 @@
+"""Hang truth sets: real 4-rank gloo jobs, run as users run them (``AUTOANNOT=1``,
+``AUTOANNOT_RECORD``), each hung at a known rank, step and collective. What the tools must
+answer comes from the plant, never from the tools.
+
+* ``mesh``: a 2 x 2 mesh — tensor-parallel groups {0, 1} {2, 3}, data-parallel groups {0, 2}
+  {1, 3}; each step a tp all-reduce, a dp all-reduce and a default-group broadcast. Rank 3
+  stops after step 5's tp all-reduce: rank 1 is then blocked in dp {1, 3}'s all-reduce #5,
+  ranks 0 and 2 in the broadcast or in tp #6 — all on rank 3.
+* ``sleep``: the mesh, but rank 3 stays alive, asleep outside any collective (``SLEEP_S``)
+  after step 5's tp all-reduce: the same answer while it sleeps (read from the files the
+  job is still writing), then the job finishes.
+* ``mismatch``: rank 1 calls an all-gather where the others call an all-reduce, at step 2 of
+  the default group: a mismatch, not an absence.
+* ``two``: pairs {0, 1} and {2, 3} only; rank 1 stops before step 3's pair all-reduce, rank 3
+  before step 4's: two culprits, each holding up its own pair.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+WORLD, STEPS, STOP_STEP, SLEEP_S = 4, 8, 5, 12.0
+MISMATCH_STEP, MISMATCH_RANK = 2, 1
+TWO_STOPS = {1: 3, 3: 4}  # rank -> the step it stops before
+
+
+def _here() -> int:
+    return inspect.currentframe().f_back.f_lineno + 1  # type: ignore[union-attr]
+
+
+def _group(ranks: list[int], desc: str) -> Any:
+    if "group_desc" in inspect.signature(dist.new_group).parameters:
+        return dist.new_group(ranks, group_desc=desc)
+    return dist.new_group(ranks)
+
+
+def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
+    """The job ``kind``; returns the call sites of its collectives and where it stopped."""
+    import autoannot
+
+    assert autoannot.is_enabled(), "AUTOANNOT=1 must reach the ranks"
+    tp = [_group([0, 1], "tp"), _group([2, 3], "tp")]
+    dp = [_group([0, 2], "dp"), _group([1, 3], "dp")]
+    mine_tp, mine_dp = tp[rank // 2], dp[rank % 2]
+    x = torch.ones(64)
+    sites: dict[str, str] = {}
+    stuck = None
+    for step in range(STEPS):
+        try:
+            if kind == "two":
+                if TWO_STOPS.get(rank) == step:
+                    break
+                sites.setdefault("pair", f"{__file__}:{_here()}")
+                dist.all_reduce(x, group=mine_tp)
+                continue
+            sites.setdefault("tp", f"{__file__}:{_here()}")
+            dist.all_reduce(x, group=mine_tp)
+            if rank == 3 and step == STOP_STEP and kind in ("mesh", "sleep"):
+                if kind == "mesh":
+                    break  # this rank is gone
+                time.sleep(SLEEP_S)  # alive, outside any collective
+            sites.setdefault("dp", f"{__file__}:{_here()}")
+            dist.all_reduce(x, group=mine_dp)
+            if kind == "mismatch" and step == MISMATCH_STEP:
+                if rank == MISMATCH_RANK:
+                    sites.setdefault("odd", f"{__file__}:{_here()}")
+                    dist.all_gather_into_tensor(torch.zeros(world * 64), x)
+                else:
+                    sites.setdefault("even", f"{__file__}:{_here()}")
+                    dist.all_reduce(x)
+                continue
+            sites.setdefault("broadcast", f"{__file__}:{_here()}")
+            dist.broadcast(x, src=0)
+        except RuntimeError as exc:  # a peer left, or timed out: gloo says so
+            stuck = f"step {step}: {str(exc).splitlines()[0][:120]}"
+            break
+    return {"sites": sites, "stuck": stuck}
+
+
+def run(kind: str, out: Path, timeout_s: float = 20) -> list[dict[str, Any]]:
+    """Run the ``kind`` job into ``out`` (each rank's record file); each rank's result."""
+    from harness import run_job
+
+    return run_job(train, WORLD, out, (str(out), kind), timeout_s=timeout_s)
+
+
+if __name__ == "__main__":  # python tests/hang_jobs.py KIND OUT: a job to look at by hand
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    target = Path(sys.argv[2])
+    target.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(json.dumps(run(sys.argv[1], target, float(sys.argv[3]) if len(sys.argv) > 3
+                         else 20), indent=1))
+    print(f"{time.monotonic() - started:.1f} s", file=sys.stderr)

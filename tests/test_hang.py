@@ -1,0 +1,218 @@
+"""A hang's culprit, on real 4-rank gloo jobs hung at a known rank and collective
+(``hang_jobs``): ``skew``, ``check`` and ``report`` lead with it, exit 1, and say every
+other rank as blocked on it, where. A mismatch is said as a mismatch. Planted truth only:
+the answers come from the jobs' plants and their call sites, never from the tools."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import hang_jobs as job
+import numpy as np
+import pytest
+
+from autoannot import cli
+from autoannot.traces.analysis import hang
+from autoannot.traces.table import rows
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory) -> dict[str, tuple[Path, list[dict[str, Any]]]]:
+    made = {}
+    for kind, timeout in (("mesh", 20), ("mismatch", 5), ("two", 20)):
+        out = tmp_path_factory.mktemp(kind)
+        made[kind] = (out, job.run(kind, out, timeout))
+    return made
+
+
+def _said(capsys, command: str, *args: str) -> tuple[int, list[str]]:
+    code = cli.main([command, *args])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def _lead(capsys, tmp_path: Path, folder: Path) -> dict[str, tuple[int, list[str]]]:
+    """Each command's exit and its lead lines (the page's lead, for ``report``)."""
+    found = {name: _said(capsys, name, str(folder)) for name in ("skew", "check")}
+    code, said = _said(capsys, "report", str(folder), "-o", str(tmp_path / "page.html"))
+    found["report"] = (code, [line.strip() for line in said[1:]])
+    return found
+
+
+def _mesh_answers(lines: list[str], sites: dict[str, str]) -> None:
+    first = lines[0]
+    assert first.startswith("HANG: rank 3 holds the job up: ranks 0-2 wait on it"), first
+    # its last launch: step 5's tp all-reduce (#5: the 6th of its tp group), at its call site
+    assert f"Its last launch was allreduce #{job.STOP_STEP} of group " in first
+    assert f"at {sites['tp']}" in first
+    blocked = [line for line in lines[1:] if line.startswith("blocked: ")]
+    # rank 1: in dp {1, 3}'s all-reduce #5, which rank 3 never entered
+    assert any(line.startswith(f"blocked: rank 1 in allreduce #{job.STOP_STEP} of group ")
+               and f"at {sites['dp']}, which rank 3 never entered" in line
+               for line in blocked), blocked
+    # ranks 0 and 2: in step 5's broadcast of the default group
+    assert any(line.startswith(f"blocked: ranks 0 and 2 in broadcast #{job.STOP_STEP} of group 0")
+               and f"at {sites['broadcast']}" in line for line in blocked), blocked
+    assert not any("held the others up most" in line for line in lines)
+
+
+def test_the_mesh_hang_names_rank_3_and_who_waits_on_it(hung, capsys, tmp_path: Path) -> None:
+    """Rank 3 stops after step 5's tp all-reduce: every command leads with it, exit 1."""
+    out, results = hung["mesh"]
+    assert results[3]["stuck"] is None and all(r["stuck"] for r in results[:3])
+    sites = results[0]["sites"]
+    for name, (code, lines) in _lead(capsys, tmp_path, out).items():
+        assert code == 1, name
+        _mesh_answers([line.strip() for line in lines], sites)
+    code, said = _said(capsys, "skew", "--json", str(out))
+    answer = json.loads("\n".join(said))["hang"]
+    assert [c["rank"] for c in answer["culprits"]] == [3]
+    assert answer["culprits"][0]["holds_up"] == [0, 1, 2]
+    assert answer["culprits"][0]["last_launch"]["call_site"] == sites["tp"]
+    page = (tmp_path / "page.html").read_text()
+    first = page.index('class="lead')
+    assert page.index('id="hang"') == page.index("id=", first) and 'id="straggler"' not in page
+
+
+def test_a_rank_asleep_outside_any_collective_is_named_while_it_sleeps(capsys,
+                                                                      tmp_path: Path) -> None:
+    """Rank 3 sleeps after step 5's tp all-reduce, alive: the commands read the files the job
+    is still writing and name it, as they name a rank that stopped; once it wakes and the
+    job ends, no hang is left to say."""
+    ran: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: ran.update(results=job.run("sleep", tmp_path)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + job.SLEEP_S - 3
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            code, lines = _said(capsys, "skew", "-q", str(tmp_path))
+            if lines and lines[0].startswith("HANG") and any("rank 1 in" in x for x in lines):
+                break
+        assert worker.is_alive(), "the job ended before the tools read it asleep"
+        code, checked = _said(capsys, "check", str(tmp_path))
+        assert worker.is_alive(), "the job ended before check read it asleep"
+    finally:
+        worker.join(60)
+    assert not worker.is_alive() and all(r["stuck"] is None for r in ran["results"])
+    _mesh_answers([line.strip() for line in lines], ran["results"][0]["sites"])
+    assert code == 1
+    _mesh_answers([line.strip() for line in checked], ran["results"][0]["sites"])
+    code, lines = _said(capsys, "skew", "-q", str(tmp_path))
+    assert not any(line.startswith("HANG") for line in lines)
+
+
+def test_a_mismatch_is_said_as_a_mismatch(hung, capsys, tmp_path: Path) -> None:
+    """Rank 1 calls an all-gather where the others call an all-reduce (default group, step
+    2): a mismatch naming both, not a hang."""
+    out, results = hung["mismatch"]
+    odd, even = results[job.MISMATCH_RANK]["sites"]["odd"], results[0]["sites"]["even"]
+    found = _lead(capsys, tmp_path, out)
+    for name in ("skew", "report"):
+        code, lines = found[name]
+        assert code == 1 and lines[0].startswith("MISMATCH: group 0 (default_pg) #"), lines
+        assert "rank 1 launched _allgather_base" in lines[0]
+        assert "ranks 0, 2 and 3 launched allreduce" in lines[0]
+        assert not any(line.startswith("HANG") for line in lines)
+    code, lines = found["check"]
+    assert code == 1 and lines[0].startswith("DIVERGES: ")
+    assert f"rank 1: _allgather_base 64->256 elements, Float, at {odd}" in lines[0]
+    assert f"rank 0: allreduce 64->64 elements, Float, at {even}" in lines[0]
+
+
+def test_two_independent_culprits_are_both_named(hung, capsys, tmp_path: Path) -> None:
+    """Pairs {0, 1} and {2, 3}: rank 1 stops before step 3, rank 3 before step 4."""
+    out, results = hung["two"]
+    site = results[0]["sites"]["pair"]
+    for name, (code, lines) in _lead(capsys, tmp_path, out).items():
+        lines = [line.strip() for line in lines]
+        assert code == 1, name
+        assert lines[0].startswith("HANG: rank 1 holds the job up: rank 0 waits on it"), lines
+        assert f"Its last launch was allreduce #{job.TWO_STOPS[1] - 1} of group" in lines[0]
+        assert lines[1].startswith("HANG: rank 3 holds the job up: rank 2 waits on it"), lines
+        assert f"Its last launch was allreduce #{job.TWO_STOPS[3] - 1} of group" in lines[1]
+        assert f"blocked: rank 0 in allreduce #{job.TWO_STOPS[1]} of group" in lines[2]
+        assert f"at {site}, which rank 1 never entered" in lines[2]
+
+
+def _hung_rows(folder: Path, ranks: int, culprit: int, stop: int) -> None:
+    """A generated job's rows: each step a tp all-reduce (groups of 8) and a default-group
+    all-reduce; ``culprit`` stops after step ``stop``'s tp all-reduce, and every other rank
+    is then stuck in that step's default-group all-reduce (entered, never ended)."""
+    for rank in range(ranks):
+        n = 2 * stop + 2 if rank != culprit else 2 * stop + 1
+        seq = np.arange(n) // 2
+        group = (np.arange(n) % 2 == 1).astype(np.uint32)  # 0: tp, 1: default
+        t = 1e6 + 100.0 * np.arange(n)
+        end = t + 50.0
+        if rank != culprit:
+            end[-1] = np.nan  # (stuck in it)
+        columns = {"group": group, "seq": seq.astype(np.int64),
+                   "collective": np.zeros(n, np.uint32), "size_bytes": np.full(n, 1024, np.int64),
+                   "start_us": t, "end_us": end, "site": group.astype(np.int32),
+                   "kernel": np.ones(n, np.uint8), "step": seq.astype(np.int32),
+                   "dtype": np.zeros(n, np.uint32)}
+        tp = rank // 8
+        groups = [{"name": f"tp{tp}", "desc": "tp", "size": 8,
+                   "ranks": list(range(8 * tp, 8 * tp + 8))},
+                  {"name": "0", "desc": "default_pg", "size": ranks,
+                   "ranks": list(range(ranks))}]
+        rows.write(rows.Rows(rank, columns, groups, ["allreduce"],
+                             ["/job/model.py:10", "/job/train.py:20"], run="big",
+                             dtypes=["Float"]), folder / f"rank{rank:04d}.rows")
+
+
+def test_a_hang_of_1024_ranks_is_named_in_a_few_lines_in_seconds(capsys, tmp_path: Path) -> None:
+    """1,024 ranks, one culprit, 1,023 blocked: the culprit in one line, the blocked ranks in
+    a few; each command under 10 s here."""
+    _hung_rows(tmp_path, 1024, culprit=777, stop=12)
+    for name in ("skew", "check", "report"):
+        args = [str(tmp_path)] + (["-o", str(tmp_path / "page.html")] if name == "report" else [])
+        started = time.monotonic()
+        code, lines = _said(capsys, name, *args)
+        took = time.monotonic() - started
+        lines = [line.strip() for line in (lines[1:] if name == "report" else lines)]
+        assert code == 1 and took < 10, (name, took)
+        assert lines[0].startswith("HANG: rank 777 holds the job up: 1023 ranks wait on it")
+        assert "Its last launch was allreduce #12 of group tp97" in lines[0]
+        assert "at /job/model.py:10" in lines[0]
+        blocked = [line for line in lines if line.startswith("blocked: ")]
+        assert blocked == [line for line in lines[1:len(blocked) + 1]]
+        assert len(blocked) == 1, blocked
+        assert blocked[0].startswith("blocked: ranks 0-1023 but 777 in allreduce #12 of group 0")
+        assert blocked[0].endswith("at /job/train.py:20, which rank 777 never entered")
+
+
+def test_ranks_that_wait_on_each_other_are_a_cycle_not_a_culprit() -> None:
+    """Rank 0 entered group A's #3 and waits on rank 1 (at #2 there); rank 1 entered group
+    B's #5 and waits on rank 0 (at #4): a deadlock, no culprit."""
+    groups = [hang.GroupProgress("A", "", 2, (0, 1), {0: 3, 1: 2}),
+              hang.GroupProgress("B", "", 2, (0, 1), {0: 4, 1: 5})]
+    found = hang.wait_for(groups, [0, 1])
+    assert found is not None and found.culprits == [] and found.cycles == [[0, 1]]
+    said = hang.lines(found, groups, lambda *_: None, lambda r: f"ranks {r}")
+    assert said[0].startswith("HANG: ranks [0, 1] wait on each other (a deadlock")
+
+
+def test_ranks_that_all_reached_the_same_place_are_no_hang() -> None:
+    """Every member at #7: no hang. A member with no record at all: a culprit where the group
+    never went past its first instance (it never started); past it, it took part and its
+    files are lost (no hang: said as missing). A rank behind at an instance some rank
+    finished took part in it too."""
+    assert hang.wait_for([hang.GroupProgress("A", "", 3, (0, 1, 2), {0: 7, 1: 7, 2: 7})],
+                         [0, 1, 2]) is None
+    never = hang.wait_for([hang.GroupProgress("A", "", 3, (0, 1, 2), {0: 7, 1: 7}, first=7)],
+                          [0, 1, 2])
+    assert never is not None and never.culprits == [2] and never.held_up[2] == [0, 1]
+    assert hang.wait_for([hang.GroupProgress("A", "", 3, (0, 1, 2), {0: 7, 1: 7})],
+                         [0, 1, 2]) is None
+    behind = [hang.GroupProgress("A", "", 2, (0, 1), {0: 7, 1: 5})]
+    assert hang.wait_for(behind, [0, 1]).culprits == [1]
+    behind[0].finished = 6  # (#6 ended on some rank: rank 1 was in it, its record lost)
+    assert hang.wait_for(behind, [0, 1]).culprits == [1]  # (#7 not known finished)
+    behind[0].finished = 7
+    assert hang.wait_for(behind, [0, 1]) is None
