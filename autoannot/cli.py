@@ -439,9 +439,12 @@ def _check(args: argparse.Namespace) -> int:
         for argument in args.inputs:
             path = Path(argument)
             if path.is_dir():
+                from autoannot.traces.read import flight_recorder
+
                 found = sorted(p for p in path.iterdir() if p.is_file() and (
                     p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX, ".rows",
-                                     ".rows.parquet")) or p.suffix == ".jsonl"))
+                                     ".rows.parquet")) or p.suffix == ".jsonl"
+                    or flight_recorder.is_dump(p)))
                 if not found:
                     try:
                         found = paths.expand([argument], skip_outputs=False)

@@ -18,6 +18,7 @@ answer comes from the plant, never from the tools.
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch.distributed as dist
 WORLD, STEPS, STOP_STEP, SLEEP_S = 4, 8, 5, 12.0
 MISMATCH_STEP, MISMATCH_RANK = 2, 1
 TWO_STOPS = {1: 3, 3: 4}  # rank -> the step it stops before
+FR_PREFIX = "nccl_trace_rank_"  # (torch's own dump files' names: TORCH_FR_DUMP_TEMP_FILE's)
 
 
 def _here() -> int:
@@ -80,6 +82,9 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
         except RuntimeError as exc:  # a peer left, or timed out: gloo says so
             stuck = f"step {step}: {str(exc).splitlines()[0][:120]}"
             break
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # torch's Flight Recorder on: dump it, as a
+        dump = torch._C._distributed_c10d._dump_fr_trace()  # rank does after its timeout
+        Path(out, f"{FR_PREFIX}{rank}").write_bytes(dump)
     return {"sites": sites, "stuck": stuck}
 
 

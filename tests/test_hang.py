@@ -6,6 +6,8 @@ the answers come from the jobs' plants and their call sites, never from the tool
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -22,11 +24,34 @@ from autoannot.traces.table import rows
 
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory) -> dict[str, tuple[Path, list[dict[str, Any]]]]:
+    """Each job's folder (record files, and torch's Flight Recorder dumps: each rank dumps
+    its ring as it ends, as a rank does after its timeout) and its ranks' results;
+    ``KIND-fr``: a folder of the dumps alone (a job that ran without autoannot);
+    ``KIND-records``: of the record files alone."""
     made = {}
-    for kind, timeout in (("mesh", 20), ("mismatch", 5), ("two", 20)):
-        out = tmp_path_factory.mktemp(kind)
-        made[kind] = (out, job.run(kind, out, timeout))
+    saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
+    try:
+        for kind, timeout in (("mesh", 20), ("mismatch", 5), ("two", 20)):
+            out = tmp_path_factory.mktemp(kind)
+            made[kind] = (out, job.run(kind, out, timeout))
+            for way, pattern in (("-fr", f"{job.FR_PREFIX}*"), ("-records", "*.jsonl")):
+                alone = tmp_path_factory.mktemp(kind + way)
+                for path in out.glob(pattern):
+                    shutil.copy(path, alone / path.name)
+                assert len(list(alone.iterdir())) == job.WORLD
+                made[kind + way] = (alone, made[kind][1])
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved
     return made
+
+
+#: Each job's inputs: autoannot's record files and torch's dumps together, the dumps alone,
+#: the record files alone.
+WAYS_IN = ("", "-fr", "-records")
 
 
 def _said(capsys, command: str, *args: str) -> tuple[int, list[str]]:
@@ -59,9 +84,13 @@ def _mesh_answers(lines: list[str], sites: dict[str, str]) -> None:
     assert not any("held the others up most" in line for line in lines)
 
 
-def test_the_mesh_hang_names_rank_3_and_who_waits_on_it(hung, capsys, tmp_path: Path) -> None:
-    """Rank 3 stops after step 5's tp all-reduce: every command leads with it, exit 1."""
-    out, results = hung["mesh"]
+@pytest.mark.parametrize("way", WAYS_IN)
+def test_the_mesh_hang_names_rank_3_and_who_waits_on_it(hung, capsys, tmp_path: Path,
+                                                        way: str) -> None:
+    """Rank 3 stops after step 5's tp all-reduce: every command leads with it, exit 1 — on
+    the record files (with the dumps beside them) and on torch's Flight Recorder dumps
+    alone."""
+    out, results = hung["mesh" + way]
     assert results[3]["stuck"] is None and all(r["stuck"] for r in results[:3])
     sites = results[0]["sites"]
     for name, (code, lines) in _lead(capsys, tmp_path, out).items():
@@ -106,27 +135,33 @@ def test_a_rank_asleep_outside_any_collective_is_named_while_it_sleeps(capsys,
     assert not any(line.startswith("HANG") for line in lines)
 
 
-def test_a_mismatch_is_said_as_a_mismatch(hung, capsys, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", WAYS_IN)
+def test_a_mismatch_is_said_as_a_mismatch(hung, capsys, tmp_path: Path, way: str) -> None:
     """Rank 1 calls an all-gather where the others call an all-reduce (default group, step
-    2): a mismatch naming both, not a hang."""
-    out, results = hung["mismatch"]
+    2): a mismatch naming both, at their call sites, not a hang. (torch's profiler names
+    rank 1's "_allgather_base", its Flight Recorder "allgather".)"""
+    out, results = hung["mismatch" + way]
     odd, even = results[job.MISMATCH_RANK]["sites"]["odd"], results[0]["sites"]["even"]
+    gather = "allgather" if way == "-fr" else "_allgather_base"
     found = _lead(capsys, tmp_path, out)
     for name in ("skew", "report"):
         code, lines = found[name]
-        assert code == 1 and lines[0].startswith("MISMATCH: group 0 (default_pg) #"), lines
-        assert "rank 1 launched _allgather_base" in lines[0]
-        assert "ranks 0, 2 and 3 launched allreduce" in lines[0]
+        assert code == 1 and lines[0].startswith(
+            f"MISMATCH: group 0 (default_pg) #{job.MISMATCH_STEP}: "), lines
+        assert f"rank 1 launched {gather} (" in lines[0]
+        assert "ranks 0, 2 and 3 launched allreduce (256 B, Float)" in lines[0]
         assert not any(line.startswith("HANG") for line in lines)
     code, lines = found["check"]
     assert code == 1 and lines[0].startswith("DIVERGES: ")
-    assert f"rank 1: _allgather_base 64->256 elements, Float, at {odd}" in lines[0]
-    assert f"rank 0: allreduce 64->64 elements, Float, at {even}" in lines[0]
+    assert f"rank 1: {gather} " in lines[0] and f"at {odd}" in lines[0]
+    assert "rank 0: allreduce " in lines[0] and f"at {even}" in lines[0]
 
 
-def test_two_independent_culprits_are_both_named(hung, capsys, tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", WAYS_IN)
+def test_two_independent_culprits_are_both_named(hung, capsys, tmp_path: Path,
+                                                 way: str) -> None:
     """Pairs {0, 1} and {2, 3}: rank 1 stops before step 3, rank 3 before step 4."""
-    out, results = hung["two"]
+    out, results = hung["two" + way]
     site = results[0]["sites"]["pair"]
     for name, (code, lines) in _lead(capsys, tmp_path, out).items():
         lines = [line.strip() for line in lines]
@@ -185,6 +220,8 @@ def test_a_hang_of_1024_ranks_is_named_in_a_few_lines_in_seconds(capsys, tmp_pat
         assert len(blocked) == 1, blocked
         assert blocked[0].startswith("blocked: ranks 0-1023 but 777 in allreduce #12 of group 0")
         assert blocked[0].endswith("at /job/train.py:20, which rank 777 never entered")
+    page = (tmp_path / "page.html").read_text()
+    assert page.index('id="hang"') < page.index("<h2>")  # (the page says it first)
 
 
 def test_ranks_that_wait_on_each_other_are_a_cycle_not_a_culprit() -> None:

@@ -24,6 +24,7 @@ from autoannot.traces.read.rank_files import (
     trace_launches,
 )
 from autoannot.traces.table.launch import Launch
+from autoannot.traces.table.rows import is_rows_name
 
 
 def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | None = None,
@@ -40,6 +41,8 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     from autoannot.traces import parallel
 
     traces, records, rows = list(traces), list(records), list(rows)
+    dumps = [p for p in rows if not is_rows_name(Path(p))]  # (torch's Flight Recorder's)
+    rows = [p for p in rows if is_rows_name(Path(p))]
     cut_notes: list[str] = []
     read_records = [(path, *part) for path in records
                     for part in record_launches(path, cut_notes)]
@@ -50,6 +53,9 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     # one run of the job, of the rows and the record files together (runs.choose)
     rows_of, chosen = read_rows_files(rows, run, heads_only=not traces and not records,
                                       others=found)
+    if dumps:
+        cut_notes += _add_dumps(dumps, rows_of, {rank for _, rank, _, _ in read_records},
+                                bool(traces))
     if not traces and not records and rows_of:
         from autoannot.traces.analysis import engines, matching
 
@@ -170,3 +176,27 @@ def _one_time_base(per_rank: dict[int, list[Launch]],
                 launch.start_us += shift
                 if launch.end_us is not None:
                     launch.end_us += shift
+
+
+def _add_dumps(dumps: list[Path], rows_of: dict[int, Any], recorded: set[Any],
+               traced: bool) -> list[str]:
+    """torch's Flight Recorder dumps (``read.flight_recorder``) into ``rows_of``, for the
+    ranks no autoannot file of these inputs covers (autoannot's say the same and more: the
+    run, every launch rather than the ring's last); what was left out, said."""
+    from autoannot.traces.analysis.results import rank_list
+    from autoannot.traces.read import flight_recorder
+
+    made = flight_recorder.read(dumps)
+    covered = set(rows_of) | {r for r in recorded if r is not None}
+    notes = []
+    left = sorted(one.rank for one in made if one.rank in covered or traced)
+    for one in made:
+        if one.rank not in covered and not traced:
+            rows_of[one.rank] = one
+    if left:
+        notes.append(f"torch's Flight Recorder dumps of {rank_list(left)} left out: autoannot's "
+                     "files of these inputs stand for them")
+    if any(one.extra.get("never_completed") for one in made if one.rank in rows_of):
+        notes.append("the Flight Recorder dumps mark no collective completed (gloo's never "
+                     "do): each launch is known by its entry alone")
+    return notes

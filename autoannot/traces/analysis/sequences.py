@@ -164,7 +164,13 @@ def from_rows(path: Path, by_seq: dict[str, dict[int, dict[int, Step]]],
     collective and bytes)."""
     from autoannot.traces.table import rows
 
-    one = rows.read(path)
+    return steps_of_rows(rows.read(path), by_seq, members)
+
+
+def steps_of_rows(one: Any, by_seq: dict[str, dict[int, dict[int, Step]]],
+                  members: Members | None = None) -> int:
+    """``from_rows`` of rows read (``rows.Rows``: a rows file's, or a Flight Recorder
+    dump's)."""
     c = one.columns
     for g in one.groups if members is not None else ():
         ranks = g.get("ranks")
@@ -259,9 +265,13 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
     Returns the divergences, the sequences compared and the ranks read; the groups' missing
     ranks go into ``missing``; a hang's culprit and blocked ranks (``hang``) into
     ``hang_lead``, and then a rank's sequence that only ends early is no divergence."""
-    from autoannot.traces.read import ledger, record_files, runs
+    from autoannot.traces.read import flight_recorder, ledger, record_files, runs
     from autoannot.traces.table import rows
 
+    dumps = [p for p in paths if not rows.is_rows_name(p) and p.suffix != ".jsonl"
+             and not p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX))
+             and flight_recorder.is_dump(p)]
+    paths = [p for p in paths if p not in dumps]
     rows_files = [p for p in paths if rows.is_rows_name(p)]
     found = record_files.runs_in([p for p in paths if p.suffix == ".jsonl"], rows_files)
     run_of_rows = {p: rows.read_head(p)[0].run or runs.NO_RUN for p in rows_files}
@@ -292,6 +302,10 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
             if beside is not None and os.path.realpath(beside) not in given:
                 given.add(os.path.realpath(beside))
                 from_ledger(beside, sequences)
+    if dumps:  # (torch's Flight Recorder's: for the ranks no other input holds)
+        for one in flight_recorder.read(dumps):
+            if one.rank not in ranks:
+                ranks.add(steps_of_rows(one, rows_by_seq, members))
     _rows_windows(rows_by_seq, sequences)
     if gloo_only and not sequences:
         from autoannot.traces.read.rank_files import gloo_needs_records

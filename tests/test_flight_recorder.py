@@ -1,0 +1,55 @@
+"""torch's Flight Recorder dumps read as a rank's launches (``read/flight_recorder.py``): a
+real NCCL dump made on the device (``tests/gpu/fr_dump_nccl.py``: one rank, torch 2.11,
+NCCL 2.28.9; its call sites as the script saw them) — gloo's are made by torch in
+``tests/test_hang.py``'s jobs — and a dump that is not one is never run."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+from autoannot.traces.read import flight_recorder
+
+NCCL = Path(__file__).parent / "data" / "flight_recorder" / "nccl_1rank"
+
+
+def test_an_nccl_dump_reads_as_the_launches_the_job_made() -> None:
+    """Every collective in order, with its group (members from ``pg_config``), its call site
+    in the job's code, and its end where the watchdog saw it complete."""
+    expected = json.loads((NCCL / "expected.json").read_text())["sites"]
+    dump = NCCL / "nccl_trace_rank_0"
+    assert flight_recorder.is_dump(dump)
+    one = flight_recorder.read([dump])[0]
+    assert one.rank == 0 and one.extra["never_completed"] is False
+    groups = {g["desc"] or g["name"]: g for g in one.groups}
+    assert groups["default_pg"]["ranks"] == [0] and groups["tp"]["ranks"] == [0]
+    c = one.columns
+    said = [(one.collectives[c["collective"][i]],
+             "0" if one.groups[c["group"][i]]["desc"] == "default_pg" else "tp",
+             one.sites[c["site"][i]]) for i in range(len(one))]
+    assert said == [tuple(site) for site in expected]
+    seqs: dict[str, list[int]] = {}
+    for i in range(len(one)):
+        seqs.setdefault(one.groups[c["group"][i]]["name"], []).append(int(c["seq"][i]))
+    assert all(s == list(range(len(s))) for s in seqs.values())  # (from 0, in order)
+    assert all(c["end_us"][i] >= c["start_us"][i] for i in range(len(one)))
+    assert all(c["size_bytes"][i] == 4 * 1024 for i in range(len(one)))  # (1,024 floats)
+
+
+def test_a_pickle_that_is_no_dump_is_never_run(tmp_path: Path) -> None:
+    """A file named like a dump whose pickle would make an object (here: run a command) is
+    no dump, and nothing of it runs."""
+    made = tmp_path / "ran"
+
+    class Runs:
+        def __reduce__(self):
+            return (Path.touch, (made,))
+
+    bad = tmp_path / "nccl_trace_rank_0"
+    bad.write_bytes(pickle.dumps({"version": "2.10", "entries": [Runs()]}))
+    assert not flight_recorder.is_dump(bad) and flight_recorder.load(bad) is None
+    assert not made.exists()
+    plain = tmp_path / "nccl_trace_rank_1"
+    plain.write_bytes(pickle.dumps({"version": "2.10", "entries": [], "pg_config": {}}))
+    assert flight_recorder.is_dump(plain)
