@@ -88,6 +88,21 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
     return {"sites": sites, "stuck": stuck}
 
 
+def dump_both(rank: int, world: int, out: str) -> str:
+    """A few collectives on a gloo group with torch's Flight Recorder on, dumped both ways
+    (``_dump_fr_trace``: pickle; ``_dump_fr_trace_json``: JSON); the call site."""
+    x = torch.ones(16)
+    for _ in range(3):
+        site = f"{__file__}:{_here()}"
+        dist.all_reduce(x)
+    c10d = torch._C._distributed_c10d
+    Path(out, f"{FR_PREFIX}{rank}").write_bytes(c10d._dump_fr_trace())
+    json_dump = c10d._dump_fr_trace_json()
+    Path(out, f"json_{FR_PREFIX}{rank}.json").write_bytes(
+        json_dump if isinstance(json_dump, bytes) else str(json_dump).encode())
+    return site
+
+
 def run(kind: str, out: Path, timeout_s: float = 20) -> list[dict[str, Any]]:
     """Run the ``kind`` job into ``out`` (each rank's record file); each rank's result."""
     from harness import run_job

@@ -53,3 +53,33 @@ def test_a_pickle_that_is_no_dump_is_never_run(tmp_path: Path) -> None:
     plain = tmp_path / "nccl_trace_rank_1"
     plain.write_bytes(pickle.dumps({"version": "2.10", "entries": [], "pg_config": {}}))
     assert flight_recorder.is_dump(plain)
+
+
+def test_a_json_dump_reads_as_its_pickle_does(tmp_path: Path, monkeypatch) -> None:
+    """torch's JSON dump and its pickle of the same ring (a real 2-rank gloo job): the same
+    launches (the JSON holds no stack: no call sites); dumps of two versions are refused."""
+    import sys
+
+    import pytest
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import hang_jobs
+    from harness import run_ranks
+
+    from autoannot.traces import files
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")
+    sites = run_ranks(hang_jobs.dump_both, 2, "gloo", (str(tmp_path),))
+    pickled = flight_recorder.read(sorted(tmp_path.glob("nccl_trace_rank_*")))
+    as_json = flight_recorder.read(sorted(tmp_path.glob("json_*.json")))
+    for p, j in zip(pickled, as_json, strict=True):
+        assert p.rank == j.rank and len(p) == len(j) == 3
+        for name in ("seq", "size_bytes", "start_us"):
+            assert list(p.columns[name]) == list(j.columns[name])
+        assert [p.collectives[c] for c in p.columns["collective"]] == ["allreduce"] * 3
+        assert [p.sites[s] for s in p.columns["site"]] == [sites[p.rank]] * 3
+        assert list(j.columns["site"]) == [-1] * 3  # (torch's JSON dump holds no stack)
+    old = tmp_path / "nccl_trace_rank_9"
+    old.write_bytes(pickle.dumps({"version": "2.0", "entries": [], "pg_config": {}}))
+    with pytest.raises(files.TraceError, match="different versions"):
+        flight_recorder.read([tmp_path / "nccl_trace_rank_0", old])

@@ -110,6 +110,10 @@ def read(paths: list[Path]) -> list[Any]:
         if dump is None:
             raise files.TraceError(f"{path}: not a Flight Recorder dump")
         read.append((path, dump, rank_of(path, dump)))
+    versions = {str(dump.get("version")) for _, dump, _ in read}
+    if len(versions) > 1:  # (torch's own analyzer refuses them too)
+        raise files.TraceError("these Flight Recorder dumps are of different versions ("
+                               + ", ".join(sorted(versions)) + "): give one job's dumps")
     seen: dict[str, set[int]] = {}
     named: dict[str, tuple[int, ...]] = {}
     for _, dump, rank in read:
