@@ -222,6 +222,9 @@ def test_a_hang_of_1024_ranks_is_named_in_a_few_lines_in_seconds(capsys, tmp_pat
         assert blocked[0].endswith("at /job/train.py:20, which rank 777 never entered")
     page = (tmp_path / "page.html").read_text()
     assert page.index('id="hang"') < page.index("<h2>")  # (the page says it first)
+    _, whole = _said(capsys, "skew", str(tmp_path))
+    code, parted = _said(capsys, "skew", "--partition-launches", "4000", str(tmp_path))
+    assert code == 1 and parted[:2] == whole[:2]  # (in partitions: the same lead)
 
 
 def test_ranks_that_wait_on_each_other_are_a_cycle_not_a_culprit() -> None:

@@ -258,11 +258,15 @@ def hang_of(analysis: Any, plan: Partitioning, joined: Joined, reached: Any) -> 
     code = {name: g for g, name in enumerate(plan.group_keys)}
     column = {r: c for c, r in enumerate(ranks)}
 
+    parts_of: dict[int, dict[str, Any]] = {}  # (an instance's launches: read once)
+
     def describe(group: str, seq: int, rank: int) -> hang.Launch | None:
         i = int(lookup(joined.keys, np.array([(code[group] << SEQ_BITS) | seq]))[0])
         if i < 0:
             return None
-        launch = analysis.launches_of(i)
+        launch = parts_of.get(i)
+        if launch is None:
+            launch = parts_of[i] = analysis.launches_of(i)
         at = np.flatnonzero(launch["column"] == column[rank])
         start = float(launch["start"][at[0]]) if len(at) else None
         return hang.Launch(table.collective_names[int(table.collective[i])],

@@ -255,7 +255,7 @@ def lines(hang: Hang, groups: list[GroupProgress],
 
 
 #: The most ranks held up whose last launch is read to say how long a culprit was silent.
-SILENCE_SAMPLE = 64
+SILENCE_SAMPLE = 8
 
 
 def _silent_for(launch: Launch, held: list[int], groups: list[GroupProgress],
