@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-WORLD, STEPS, STOP_STEP, SLEEP_S = 4, 8, 5, 12.0
+WORLD, STEPS, STOP_STEP, SLEEP_S = 4, 8, 5, 20.0
 MISMATCH_STEP, MISMATCH_RANK = 2, 1
 TWO_STOPS = {1: 3, 3: 4}  # rank -> the step it stops before
 FR_PREFIX = "nccl_trace_rank_"  # (torch's own dump files' names: TORCH_FR_DUMP_TEMP_FILE's)

@@ -112,13 +112,15 @@ def test_a_rank_asleep_outside_any_collective_is_named_while_it_sleeps(capsys,
     is still writing and name it, as they name a rank that stopped; once it wakes and the
     job ends, no hang is left to say."""
     ran: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: ran.update(results=job.run("sleep", tmp_path)))
+    worker = threading.Thread(target=lambda: ran.update(
+        results=job.run("sleep", tmp_path, job.SLEEP_S + 30)))  # (the others wait it out)
     worker.start()
     try:
-        deadline = time.monotonic() + job.SLEEP_S - 3
         lines: list[str] = []
-        while time.monotonic() < deadline:
+        while worker.is_alive():  # (until the ranks wait on the sleeper: then read it)
             time.sleep(0.5)
+            if not any(tmp_path.glob("*.jsonl")):
+                continue
             code, lines = _said(capsys, "skew", "-q", str(tmp_path))
             if lines and lines[0].startswith("HANG") and any("rank 1 in" in x for x in lines):
                 break
@@ -126,7 +128,7 @@ def test_a_rank_asleep_outside_any_collective_is_named_while_it_sleeps(capsys,
         code, checked = _said(capsys, "check", str(tmp_path))
         assert worker.is_alive(), "the job ended before check read it asleep"
     finally:
-        worker.join(60)
+        worker.join(90)
     assert not worker.is_alive() and all(r["stuck"] is None for r in ran["results"])
     _mesh_answers([line.strip() for line in lines], ran["results"][0]["sites"])
     assert code == 1
