@@ -234,7 +234,7 @@ def test_ranks_that_wait_on_each_other_are_a_cycle_not_a_culprit() -> None:
     B's #5 and waits on rank 0 (at #4): a deadlock, no culprit."""
     groups = [hang.GroupProgress("A", "", 2, (0, 1), {0: 3, 1: 2}),
               hang.GroupProgress("B", "", 2, (0, 1), {0: 4, 1: 5})]
-    found = hang.wait_for(groups, [0, 1])
+    found = hang.wait_for(groups)
     assert found is not None and found.culprits == [] and found.cycles == [[0, 1]]
     said = hang.lines(found, groups, lambda *_: None, lambda r: f"ranks {r}")
     assert said[0].startswith("HANG: ranks [0, 1] wait on each other (a deadlock")
@@ -245,16 +245,14 @@ def test_ranks_that_all_reached_the_same_place_are_no_hang() -> None:
     never went past its first instance (it never started); past it, it took part and its
     files are lost (no hang: said as missing). A rank behind at an instance some rank
     finished took part in it too."""
-    assert hang.wait_for([hang.GroupProgress("A", "", 3, (0, 1, 2), {0: 7, 1: 7, 2: 7})],
-                         [0, 1, 2]) is None
-    never = hang.wait_for([hang.GroupProgress("A", "", 3, (0, 1, 2), {0: 7, 1: 7}, first=7)],
-                          [0, 1, 2])
+    every = (0, 1, 2)
+    assert hang.wait_for([hang.GroupProgress("A", "", 3, every, {0: 7, 1: 7, 2: 7})]) is None
+    never = hang.wait_for([hang.GroupProgress("A", "", 3, every, {0: 7, 1: 7}, first=7)])
     assert never is not None and never.culprits == [2] and never.held_up[2] == [0, 1]
-    assert hang.wait_for([hang.GroupProgress("A", "", 3, (0, 1, 2), {0: 7, 1: 7})],
-                         [0, 1, 2]) is None
+    assert hang.wait_for([hang.GroupProgress("A", "", 3, every, {0: 7, 1: 7})]) is None
     behind = [hang.GroupProgress("A", "", 2, (0, 1), {0: 7, 1: 5})]
-    assert hang.wait_for(behind, [0, 1]).culprits == [1]
+    assert hang.wait_for(behind).culprits == [1]
     behind[0].finished = 6  # (#6 ended on some rank: rank 1 was in it, its record lost)
-    assert hang.wait_for(behind, [0, 1]).culprits == [1]  # (#7 not known finished)
+    assert hang.wait_for(behind).culprits == [1]  # (#7 not known finished)
     behind[0].finished = 7
-    assert hang.wait_for(behind, [0, 1]) is None
+    assert hang.wait_for(behind) is None

@@ -252,7 +252,7 @@ def hang_of(analysis: Any, plan: Partitioning, joined: Joined, reached: Any) -> 
                                  int(first[g]) if first[g] < 1 << SEQ_BITS else 0,
                                  int(finished[g]))
               for g, by_rank in sorted(entered.items())]
-    found = hang.wait_for(groups, list(ranks))
+    found = hang.wait_for(groups)
     if found is None or not (found.culprits or found.cycles or found.unnamed):
         return
     code = {name: g for g, name in enumerate(plan.group_keys)}

@@ -64,10 +64,10 @@ class Hang:
         return sorted(self.waits)
 
 
-def wait_for(groups: list[GroupProgress], ranks: list[int]) -> Hang | None:
-    """The wait-for graph of the ranks (``ranks``: every rank known) over ``groups``, and its
-    culprits; None where no rank waits on another (every instance entered was entered by
-    every member: no hang to explain)."""
+def wait_for(groups: list[GroupProgress]) -> Hang | None:
+    """The wait-for graph of the ranks over ``groups``, and its culprits; None where no rank
+    waits on another (every instance entered was entered by every member: no hang to
+    explain)."""
     waits: dict[int, list[Wait]] = {}
     unnamed: dict[str, int] = {}
     anywhere = {r for g in groups for r in g.entered}

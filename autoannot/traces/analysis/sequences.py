@@ -315,7 +315,7 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
     if missing is not None:
         missing += missing_ranks(sequences, members)
     if hang_lead is not None:
-        hang_lead += hang_of(sequences, members, sorted(ranks), rows_by_seq)
+        hang_lead += hang_of(sequences, members, rows_by_seq)
         if hang_lead:  # (an absence the hang explains: not a divergence)
             divergences = [d for d in divergences if not _ends_only(d)]
     return divergences, compared, len(ranks)
@@ -327,7 +327,7 @@ def _ends_only(divergence: Divergence) -> bool:
     return len(launched) <= 1
 
 
-def hang_of(sequences: Sequences, members: Members, ranks: list[int],
+def hang_of(sequences: Sequences, members: Members,
             rows_by_seq: dict[str, dict[int, dict[int, Step]]] | None = None) -> list[str]:
     """The lead of a hang (``hang.wait_for``) from the ranks' eager sequences (each one's
     last launch on each group: its position in the group's sequence; in rows, its seq),
@@ -349,7 +349,7 @@ def hang_of(sequences: Sequences, members: Members, ranks: list[int],
             group, "", size, named, {r: (max(steps) if isinstance(steps, dict) else
                                          len(steps) - 1) for r, steps in per_rank.items()
                                      if steps}))
-    found = hang.wait_for(groups, ranks)
+    found = hang.wait_for(groups)
     if found is None or not (found.culprits or found.cycles or found.unnamed):
         return []
 
