@@ -256,3 +256,19 @@ def test_ranks_that_all_reached_the_same_place_are_no_hang() -> None:
     assert hang.wait_for(behind).culprits == [1]  # (#7 not known finished)
     behind[0].finished = 7
     assert hang.wait_for(behind) is None
+
+
+def test_summary_reads_the_dumps_alone(hung, capsys) -> None:
+    """``summary`` of the mesh job's Flight Recorder dumps alone: each group's collectives, as
+    the job launched them (steps 0-5; in step 5 only some ranks came to the default group's
+    broadcast and to dp {1, 3}'s all-reduce: those instances are counted on the ranks there)."""
+    out, _ = hung["mesh-fr"]
+    code, said = _said(capsys, "summary", "--json", str(out))
+    rows = {(r["group_desc"], r["collective"]): r for r in json.loads("\n".join(said))[
+        "instance_rows"]}
+    assert code == 0
+    assert rows[("default_pg", "broadcast")]["instances"] == job.STOP_STEP + 1
+    assert rows[("default_pg", "broadcast")]["ranks"] == job.WORLD
+    assert rows[("default_pg", "broadcast")]["size_bytes"] == 64 * 4
+    assert {(d, c) for d, c in rows} == {("default_pg", "broadcast"), ("tp", "allreduce"),
+                                        ("dp", "allreduce")}

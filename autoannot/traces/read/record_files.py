@@ -120,5 +120,6 @@ def runs_in(records: list[Path], rows: list[Path]) -> dict[str, list[Path]]:
         for name in read(path).runs():
             found.setdefault(name, []).append(path)
     for path in rows:
-        found.setdefault(table.read_head(path)[0].run or NO_RUN, []).append(path)
+        if table.is_rows_name(path):  # (torch's Flight Recorder dumps name no run)
+            found.setdefault(table.read_head(path)[0].run or NO_RUN, []).append(path)
     return found
