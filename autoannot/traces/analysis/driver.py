@@ -253,7 +253,7 @@ def hang_of(analysis: Any, plan: Partitioning, joined: Joined, reached: Any) -> 
                                  int(finished[g]))
               for g, by_rank in sorted(entered.items())]
     found = hang.wait_for(groups)
-    if found is None or not (found.culprits or found.cycles or found.unnamed):
+    if found is None:
         return
     code = {name: g for g, name in enumerate(plan.group_keys)}
     column = {r: c for c, r in enumerate(ranks)}

@@ -59,15 +59,12 @@ class Hang:
     cycles: list[list[int]] = field(default_factory=list)
     unnamed: dict[str, int] = field(default_factory=dict)  # group -> members never named
 
-    @property
-    def blocked(self) -> list[int]:
-        return sorted(self.waits)
-
 
 def wait_for(groups: list[GroupProgress]) -> Hang | None:
     """The wait-for graph of the ranks over ``groups``, and its culprits; None where no rank
     waits on another (every instance entered was entered by every member: no hang to
-    explain)."""
+    explain). Where one does, a chain of waits ends at a culprit or in a cycle: the answer
+    names one or the other."""
     waits: dict[int, list[Wait]] = {}
     unnamed: dict[str, int] = {}
     anywhere = {r for g in groups for r in g.entered}

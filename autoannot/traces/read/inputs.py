@@ -30,10 +30,10 @@ def split(arguments: list[str], rows: list[Path] | None = None,
         if path.is_dir():
             with os.scandir(path) as listing:  # (one listing: thousands of ranks' files)
                 entries = sorted(listing, key=lambda entry: entry.name)
+            dumps = {e.path for e in entries if rows is not None and not e.name.endswith(
+                (".jsonl", *ROWS_SUFFIXES)) and e.is_file() and flight_recorder.is_dump(e.path)}
             if rows is not None:  # (torch's Flight Recorder dumps: read as a rank's rows)
-                rows += [Path(e.path) for e in entries if not e.name.endswith(
-                    (".jsonl", *ROWS_SUFFIXES)) and e.is_file() and flight_recorder.is_dump(
-                    e.path)]
+                rows += [Path(e.path) for e in entries if e.path in dumps]
             found = [e for e in entries if e.name.endswith((".jsonl", *ROWS_SUFFIXES))]
             for odd in (e for e in found if not e.is_file()):
                 say(f"{odd.path}: not a regular file (a FIFO or socket?): skipped")
@@ -44,10 +44,8 @@ def split(arguments: list[str], rows: list[Path] | None = None,
                 Path(e.path) for e in found if is_rows(e.path, regular=True)]
             if rows is not None:
                 rows += found_rows
-            dumps = rows is not None and any(not is_rows_name(p) for p in rows)
             if any(e.name.endswith((".json", ".json.gz")) for e in entries
-                   if not (dumps and flight_recorder.is_dump(e.path))) \
-                    or not (inside or found_rows or dumps):
+                   if e.path not in dumps) or not (inside or found_rows or dumps):
                 traces.append(argument)
         elif path.suffix == ".jsonl":
             if not path.exists():
