@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
 FIGURES: dict[str, str] = {}
+_RUN_FOLDERS: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,13 +21,23 @@ def pytest_configure(config: pytest.Config) -> None:
     import tempfile
 
     os.environ["AUTOANNOT_NATIVE_DIR"] = tempfile.mkdtemp(prefix="autoannot-no-native-")
+    _RUN_FOLDERS.append(os.environ["AUTOANNOT_NATIVE_DIR"])
     # Nothing in the user's home: matplotlib's font cache and config, and what the browser
     # the page tests open keeps (dconf, crash reports), go to this run's temporary folder
     # (the variables reach every process the tests start).
     home = tempfile.mkdtemp(prefix="autoannot-test-home-")
+    _RUN_FOLDERS.append(home)
     for variable, name in (("MPLCONFIGDIR", "matplotlib"), ("XDG_CACHE_HOME", "cache"),
                            ("XDG_CONFIG_HOME", "config")):
         os.environ[variable] = os.path.join(home, name)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's temporary folders go with it."""
+    import shutil
+
+    while _RUN_FOLDERS:
+        shutil.rmtree(_RUN_FOLDERS.pop(), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

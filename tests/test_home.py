@@ -1,7 +1,8 @@
 """Issue 38: the suite leaves the user's machine as it found it. A run of tests that build the
 native observer, draw with matplotlib and read traces, under a fresh home: nothing of
 autoannot's (nor matplotlib's) lands in it — builds go to the run's temporary folder
-(``conftest.py``), never ``~/.cache/autoannot/native``, where later real jobs would find them."""
+(``conftest.py``), never ``~/.cache/autoannot/native``, where later real jobs would find them;
+and that folder goes when the run ends."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def test_a_test_run_writes_nothing_into_the_home(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AUTOANNOT", "XDG_", "MPLCONFIGDIR", "PYTEST_"))}
     env["HOME"] = str(home)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env["TMPDIR"] = str(scratch)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
          "tests/test_native.py::test_call_claimed_returns_raises_and_claims_only_during_the_call",
@@ -28,3 +32,6 @@ def test_a_test_run_writes_nothing_into_the_home(tmp_path: Path) -> None:
     assert "passed" in done.stdout
     left = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     assert left == [], left
+    # The run's own temporary folders (no native observer; matplotlib's home) go with it.
+    run_folders = sorted(p.name for p in scratch.iterdir() if p.name.startswith("autoannot-"))
+    assert run_folders == [], run_folders
