@@ -318,3 +318,46 @@ def test_a_clock_is_fitted_without_the_instances_another_rank_spoils(tmp_path: P
         fit = next(f for f in found.clocks if f.rank == 1)
         assert fit.instances == instances - 1
         assert fit.offset_us == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_rank_s_launches_either_side_of_a_partition_are_on_its_fitted_clock(
+        tmp_path: Path, capsys) -> None:
+    """Each launch's previous launch on its rank (where a straggler's delay began) and its
+    next one (the bound on a wait known by its entry alone) come, at a partition's edge,
+    from the rows either side of the rank's range: on the rank's fitted clock, as the rows
+    within. Planted: rank 2's clock 7 ms ahead, rank 1 300 us late at every 5th instance,
+    rank 2's end unknown at every 7th, where rank 1 comes 1.5 ms late (after rank 2's next
+    entry: rank 2's wait there is bounded by it). Cut into partitions of 6 launches, every
+    answer is the answer of one partition, byte for byte; rank 2's clock applied."""
+    import numpy as np
+
+    instances = 60
+    base = 1e6 + 1000.0 * np.arange(instances)
+    for rank in range(3):
+        seq = np.arange(instances)
+        start = base + 10.0 * rank
+        if rank == 1:
+            start += np.where(seq % 5 == 2, 300.0, 0.0) + np.where(seq % 7 == 3, 1500.0, 0.0)
+        end = base + 400.0
+        if rank == 2:
+            start, end = start + 7000.0, end + 7000.0
+            end[seq % 7 == 3] = np.nan
+        columns = {"group": np.zeros(instances, np.uint32), "seq": seq,
+                   "collective": np.zeros(instances, np.uint32),
+                   "size_bytes": np.full(instances, 1 << 20, np.int64),
+                   "start_us": start, "end_us": end,
+                   "site": np.zeros(instances, np.int32), "kernel": np.ones(instances, np.uint8),
+                   "step": np.full(instances, -1, np.int32),
+                   "dtype": np.zeros(instances, np.uint32)}
+        rows.write(rows.Rows(rank, columns, [{"name": "0", "desc": "default_pg", "size": 3}],
+                             ["allreduce"], ["/job/train.py:1"], run="edges", dtypes=["Float"]),
+                   tmp_path / f"rank{rank}.rows")
+    files = sorted(tmp_path.glob("*.rows"))
+    cut = lineup.analyze_files([], [], rows=files, target=6)
+    assert cut.plan.partitions >= 10
+    assert next(f for f in cut.clocks if f.rank == 2).applied
+    whole = _answers(capsys, tmp_path, "whole", str(tmp_path))
+    parts = _answers(capsys, tmp_path, "parts", str(tmp_path), "--partition-launches", "6",
+                     "-j", "1")
+    for name in ("codes", "text", "json", "i.json", "i.csv", "page.html"):
+        assert parts[name] == whole[name], name

@@ -32,7 +32,9 @@ instances, the clocks) in the partition's one read.
 
 Each launch's previous and next launch *on its rank* (the lateness a straggler carried in,
 the bound on an entry-only wait) are the rows before and after it in its rank's file: known
-to the partition with no other rank's data.
+to the partition with no other rank's data (at a range's ends, the rows either side, read
+by the same ``preadv`` into arrays of their own: the partition's columns hold its rows
+alone).
 """
 
 from __future__ import annotations
@@ -107,36 +109,83 @@ class Source:
                 found[name] = np.frombuffer(data, dtype=kind)
         return found
 
-    def read_into(self, lo: int, hi: int, out: dict[str, Any], at: int) -> None:
+    def read_into(self, lo: int, hi: int, out: dict[str, Any], at: int,
+                  edges: dict[str, Any] | None = None, edge_at: int = 0,
+                  views: dict[str, tuple[Any, Any]] | None = None) -> None:
         """Rows ``lo`` to ``hi`` of every column of ``out`` (``LAUNCH_KINDS``), into its rows
         from ``at`` on: read straight into them where the file's type is theirs, the codes
-        mapped onto the plan's (``CODED``), missing columns as ``read`` gives them. (Called
-        once a rank a partition: what can be worked out once a rank is, ``_steps``.)"""
+        mapped onto the plan's (``CODED``), missing columns as ``read`` gives them. Where
+        ``edges`` is given, the rows either side (the launches before and after on this rank,
+        where the file has them) land in its rows ``edge_at`` and ``edge_at + 1``, by the
+        same read. (Called once a rank a partition: what can be worked out once a rank is,
+        ``_steps``; ``views``, the bytes of ``out``'s and ``edges``' columns, once a
+        partition.)"""
         rows = hi - lo
+        edges = edges or {}
+        before, after = int(lo > 0), int(hi < self.count)
         if self.columns is not None or self.path is None or self.kinds is None:
-            for name, values in self.read(lo, hi, tuple(out)).items():
-                self._land(name, values, out[name][at:at + rows])
+            for name, values in self.read(lo - before, hi + after, tuple(out)).items():
+                self._land(name, values[before:before + rows], out[name][at:at + rows])
+                if name in edges:
+                    self._land_edges(name, values, before, after, edges[name], edge_at)
             return
         fd = os.open(self.path, os.O_RDONLY)
         try:
             if 2 * rows >= self.count:  # (most of the file: all its columns in one read)
-                self._read_whole_into(fd, lo, hi, out, at)
+                self._read_whole_into(fd, lo, hi, out, at, edges, edge_at)
                 return
             for name, offset, width, kind, direct in self._steps(out):
-                into = out[name][at:at + rows]
                 if kind is None:  # (a column this file has not)
-                    self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32), into)
+                    self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32),
+                               out[name][at:at + rows])
+                    if name in edges:
+                        edges[name][edge_at:edge_at + 2] = -1 if name == "step" else 0
                     continue
-                buffer = into.view(np.uint8) if direct else bytearray(width * rows)
-                if os.preadv(fd, [buffer], offset + width * lo) != width * rows:
+                # (the rows either side too, by the same read, where ``edges`` keeps them)
+                ahead, behind = (before, after) if name in edges else (0, 0)
+                if direct:  # (straight into the columns: slices of their bytes)
+                    if views is None:
+                        main = memoryview(out[name][at:at + rows].view(np.uint8))
+                        edge = memoryview(edges[name][edge_at:edge_at + 2].view(np.uint8)) \
+                            if name in edges else None
+                        base = 0
+                    else:
+                        whole, edge = views[name]
+                        main = whole[width * at:width * (at + rows)]
+                        base = width * edge_at
+                    buffers = [main]
+                    if ahead:
+                        buffers.insert(0, edge[base:base + width])
+                    if behind:
+                        buffers.append(edge[base + width:base + 2 * width])
+                    got = os.preadv(fd, buffers, offset + width * (lo - ahead))
+                else:
+                    buffer = bytearray(width * (rows + ahead + behind))
+                    got = os.preadv(fd, [buffer], offset + width * (lo - ahead))
+                if got != width * (rows + ahead + behind):
                     raise files.TraceError(f"{self.path}: cut short while it was read")
                 if not direct:
-                    self._land(name, np.frombuffer(buffer, dtype=kind), into)
+                    values = np.frombuffer(buffer, dtype=kind)
+                    self._land(name, values[ahead:ahead + rows], out[name][at:at + rows])
+                    if name in edges:
+                        self._land_edges(name, values, ahead, behind, edges[name], edge_at)
         finally:
             os.close(fd)
 
-    def _read_whole_into(self, fd: int, lo: int, hi: int, out: dict[str, Any],
-                         at: int) -> None:
+    def _land_edges(self, name: str, values: Any, before: int, after: int, edges: Any,
+                    edge_at: int) -> None:
+        """The rows either side of a range read (``values``: the range with them) into
+        ``edges`` at ``edge_at`` (before) and ``edge_at + 1`` (after), where there are: codes
+        onto the plan's."""
+        table = getattr(self, CODED[name]) if name in CODED and name not in self.same_codes \
+            else None
+        if before:
+            edges[edge_at] = values[0] if table is None else table[int(values[0])]
+        if after:
+            edges[edge_at + 1] = values[-1] if table is None else table[int(values[-1])]
+
+    def _read_whole_into(self, fd: int, lo: int, hi: int, out: dict[str, Any], at: int,
+                         edges: dict[str, Any] | None = None, edge_at: int = 0) -> None:
         """``read_into`` by one read of every column's rows (of ``lo`` on), copied from it."""
         rows = hi - lo
         steps = self._steps(out)
@@ -146,16 +195,23 @@ class Source:
         data = os.pread(fd, size, self.data_offset)
         if len(data) != size:
             raise files.TraceError(f"{self.path}: cut short while it was read")
+        edges = edges or {}
+        before, after = int(lo > 0), int(hi < self.count)
         for name, offset, width, kind, direct in steps:
             into = out[name][at:at + rows]
             if kind is None:  # (a column this file has not)
                 self._land(name, np.full(rows, -1 if name == "step" else 0, np.int32), into)
+                if name in edges:
+                    edges[name][edge_at:edge_at + 2] = -1 if name == "step" else 0
                 continue
-            values = np.frombuffer(data, kind, rows, offset - self.data_offset + width * lo)
+            values = np.frombuffer(data, kind, rows + before + after,
+                                   offset - self.data_offset + width * (lo - before))
             if direct:
-                into.view(kind)[...] = values
+                into.view(kind)[...] = values[before:before + rows]
             else:
-                self._land(name, values, into)
+                self._land(name, values[before:before + rows], into)
+            if name in edges:
+                self._land_edges(name, values, before, after, edges[name], edge_at)
 
     def _read_in_place(self, fd: int, steps: list[tuple[str, int, int, Any, bool]],
                        out: dict[str, Any], at: int) -> bool:
@@ -588,49 +644,65 @@ class Matched:
 LAUNCH_KINDS = {"group": "<i4", "seq": "<i8", "collective": "<i4", "size_bytes": "<i8",
                 "start_us": "<f8", "end_us": "<f8", "site": "<i4", "kernel": "?",
                 "step": "<i4", "dtype": "<i2"}
+#: The columns of the rows either side of a rank's range that a partition keeps: its launches'
+#: previous (key and end) and next (start).
+EDGES = ("group", "seq", "start_us", "end_us")
 #: The columns read as codes of the source's own, mapped onto the plan's (its map's field).
 CODED = {"group": "group_map", "collective": "collective_map", "site": "site_map",
          "dtype": "dtype_map"}
 
 
 def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
-    """Every launch of partition ``k``, on the plan's codes, with its previous launch's key and
-    end and its next launch's start on its rank. Each rank's range is read as it lies (one
-    ``pread`` a column, a row either side for the neighbours) into the partition's columns,
-    its codes mapped as it lands; then the neighbours are taken and the partition's rows
-    kept."""
-    spans = []  # (column, first row read, rows read)
-    for column, s in enumerate(plan.sources):
+    """Every launch of partition ``k``, on the plan's codes, with what its rank launched
+    before and after it. Each rank's range is read as it lies (one ``preadv`` a column, the
+    rows either side of the range by the same read, into their own arrays) into the
+    partition's columns, its codes mapped as it lands. A launch's previous and next on its
+    rank are the rows before and after it, or at a range's ends the rows either side
+    (``previous_of``, ``next_start_of``); where ranges hold other partitions' rows too (a
+    rank's groups interleaved in time), the partition's are said (``mine``)."""
+    spans = []  # (column, first row, rows)
+    for column in range(len(plan.sources)):
         lo, hi = (int(v) for v in plan.ranges[column, k])
-        if lo >= hi:
-            continue
-        a, b = max(0, lo - 1), min(s.count, hi + 1)
-        spans.append((column, a, b - a))
+        if lo < hi:
+            spans.append((column, lo, hi - lo))
     if not spans:
         return _no_launches()
     columns = np.array([c for c, _, _ in spans], np.int32)
     lengths = np.array([n for _, _, n in spans], np.int64)
     total = int(lengths.sum())
     got = {name: np.empty(total, kind) for name, kind in LAUNCH_KINDS.items()}
+    edges = {name: np.empty(2 * len(spans), LAUNCH_KINDS[name]) for name in EDGES}
+    views = {name: (memoryview(got[name].view(np.uint8)),
+                    memoryview(edges[name].view(np.uint8)) if name in edges else None)
+             for name in LAUNCH_KINDS}
     at = 0
-    for column, a, rows in spans:
-        plan.sources[column].read_into(a, a + rows, got, at)
+    for i, (column, lo, rows) in enumerate(spans):
+        plan.sources[column].read_into(lo, lo + rows, got, at, edges, 2 * i, views)
         at += rows
     column = np.repeat(columns, lengths)
     group, seq = got["group"], got["seq"]
-    start, end = got["start_us"], got["end_us"]
     shifts = np.array([plan.sources[c].shift_us for c in columns.tolist()])
     if shifts.any():
         by = np.repeat(shifts, lengths)
-        start += by
-        end += by
-    # each row's neighbours on its rank: the rows before and after it in its range (the first
-    # and last rows read are there for that: none before a file's first row, or after its last)
-    first_row = np.zeros(total, bool)
-    first_row[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
+        got["start_us"] += by
+        got["end_us"] += by
+        edges["start_us"] += np.repeat(shifts, 2)
+        edges["end_us"] += np.repeat(shifts, 2)
+    ends = np.cumsum(lengths)
+    first_row = np.zeros(total, bool)  # (a range's first row and last row)
+    first_row[ends - lengths] = True
     last_row = np.zeros(total, bool)
-    last_row[np.cumsum(lengths) - 1] = True
-    got.update(column=column, first_row=first_row, last_row=last_row)
+    last_row[ends - 1] = True
+    before = np.array([lo > 0 for _, lo, _ in spans])
+    after = np.array([lo + rows < plan.sources[c].count for c, lo, rows in spans])
+    before_key = edges["group"][0::2].astype(np.int64)
+    before_key <<= SEQ_BITS
+    before_key |= edges["seq"][0::2]
+    got.update(column=column, first_row=first_row, last_row=last_row,
+               span_column=columns,
+               before_key=np.where(before, before_key, -1),
+               before_end=np.where(before, edges["end_us"][0::2], np.nan),
+               after_start=np.where(after, edges["start_us"][1::2], np.nan))
     if plan.partitions > 1:  # (the partition's rows: its keys between its bounds)
         key = group.astype(np.int64)
         key <<= SEQ_BITS
@@ -644,10 +716,41 @@ def read_partition(plan: Partitioning, k: int) -> dict[str, Any]:
     return got
 
 
+def previous_of(launch: dict[str, Any], rows: Any) -> tuple[Any, Any]:
+    """(instance key, end) of the launch before each of ``rows`` on its rank (-1, NaN: none)."""
+    before = np.maximum(rows - 1, 0)
+    key = launch["group"][before].astype(np.int64)
+    key <<= SEQ_BITS
+    key |= launch["seq"][before]
+    end = launch["end_us"][before]
+    head = launch["first_row"][rows]
+    if head.any():
+        span = _span_of(launch, rows[head])
+        key[head] = launch["before_key"][span]
+        end[head] = launch["before_end"][span]
+    return key, end
+
+
+def next_start_of(launch: dict[str, Any], rows: Any) -> Any:
+    """The start of the launch after each of ``rows`` on its rank (NaN: none)."""
+    start = launch["start_us"][np.minimum(rows + 1, len(launch["start_us"]) - 1)]
+    tail = launch["last_row"][rows]
+    if tail.any():
+        start[tail] = launch["after_start"][_span_of(launch, rows[tail])]
+    return start
+
+
+def _span_of(launch: dict[str, Any], rows: Any) -> Any:
+    """The range (of ``read_partition``'s) each of ``rows`` was read in."""
+    return np.searchsorted(np.flatnonzero(launch["first_row"]), rows, "right") - 1
+
+
 def _no_launches() -> dict[str, Any]:
     got = {name: np.zeros(0, kind) for name, kind in LAUNCH_KINDS.items()}
     got.update(column=np.zeros(0, np.int32), first_row=np.zeros(0, bool),
-               last_row=np.zeros(0, bool))
+               last_row=np.zeros(0, bool), span_column=np.zeros(0, np.int32),
+               before_key=np.zeros(0, np.int64), before_end=np.zeros(0),
+               after_start=np.zeros(0))
     return got
 
 
@@ -721,7 +824,8 @@ def match_partition(plan: Partitioning, k: int, launches: dict[str, Any] | None 
         where[rows] = numbered
     del numbered, instance
     launch = {name: got[name] for name in ("column", "start_us", "end_us", "site", "group",
-                                           "seq", "first_row", "last_row")}
+                                           "seq", "first_row", "last_row", "span_column",
+                                           "before_key", "before_end", "after_start")}
     launch.update(rows=rows, instance=where)
     return Matched(
         key=unique[kept], collective=collective[firsts[kept]], size_bytes=size[firsts[kept]],
@@ -935,9 +1039,7 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
     waits -= arrived
     bare = np.flatnonzero(np.isnan(ended))
     if len(bare):
-        rows = bare if whole else at[bare]
-        following = np.where(launch["last_row"][rows], np.nan,
-                             launch["start_us"][np.minimum(rows + 1, len(launch["seq"]) - 1)])
+        following = next_start_of(launch, bare if whole else at[bare])
         waits[bare] = np.where(np.isnan(following), waits[bare],
                                np.fmin(waits[bare], following - arrived[bare]))
     np.maximum(waits, 0.0, out=waits)
@@ -946,13 +1048,8 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
     late = np.flatnonzero(skew >= IN_STEP_US)
     chain = {}
     for who, here in (("straggler", at_straggler[late]), ("first", at_first[late])):
-        rows = here if whole else at[here]
-        before = np.maximum(rows - 1, 0)
-        none = launch["first_row"][rows]
-        chain[f"{who}_prev_key"] = np.where(
-            none, -1, (launch["group"][before].astype(np.int64) << SEQ_BITS)
-            | launch["seq"][before])
-        chain[f"{who}_prev_end"] = np.where(none, np.nan, launch["end_us"][before])
+        chain[f"{who}_prev_key"], chain[f"{who}_prev_end"] = previous_of(
+            launch, here if whole else at[here])
         chain[f"{who}_start"] = arrived[here]
     wait_of = None
     if keep_launches:
@@ -982,6 +1079,9 @@ def _apply_clocks(launch: dict[str, Any], shift: Any) -> None:
         if by:
             start[head:tail] -= by
             end[head:tail] -= by
+    by = shift[launch["span_column"]]  # (the rows either side of each range, likewise)
+    launch["before_end"] -= by
+    launch["after_start"] -= by
     launch["clocks"] = shift
 
 
