@@ -26,7 +26,8 @@ from autoannot.traces.analysis.results import (
 class Joined:
     """The valid instances of every partition, in partition order (each in (group, seq)
     order): their facts, each partition's first (``bases``), the keys left out for a
-    disagreement (sorted), and the keys sorted with the order that sorts them."""
+    disagreement (sorted), and the order that sorts the keys (None: they are in order, as
+    partitions cut by key give them)."""
 
     key: Any
     collective: Any
@@ -42,7 +43,17 @@ class Joined:
 
     @property
     def keys(self) -> tuple[Any, Any]:
-        return self.key[self.by_key], self.by_key
+        """The keys sorted, and the order that sorts them (None: as they are)."""
+        return (self.key, None) if self.by_key is None else (self.key[self.by_key],
+                                                             self.by_key)
+
+    def in_key_order(self, positions: Any) -> Any:
+        """The instances at ``positions`` of the keys sorted."""
+        return positions if self.by_key is None else self.by_key[positions]
+
+    def sorted_by_key(self, values: Any) -> Any:
+        """Per-instance ``values`` in the order of the keys sorted."""
+        return values if self.by_key is None else values[self.by_key]
 
 
 def join_matched(matched: list[parts.Matched]) -> Joined:
@@ -50,9 +61,11 @@ def join_matched(matched: list[parts.Matched]) -> Joined:
     found = {name: np.concatenate([getattr(m, name) for m in matched])
              for name in ("key", "collective", "size_bytes", "members", "needed", "step",
                           "dtype", "kernel")}
+    key = found["key"]
+    in_order = len(key) < 2 or bool(np.all(key[1:] > key[:-1]))
     return Joined(**found, bases=np.concatenate([[0], np.cumsum([len(m.key) for m in matched])]),
                   conflicts=np.sort(np.concatenate([m.conflicts for m in matched])),
-                  by_key=np.argsort(found["key"], kind="stable"))
+                  by_key=None if in_order else np.argsort(key, kind="stable"))
 
 
 @dataclass
@@ -86,7 +99,7 @@ def gather_figures(figured: list[parts.Figured], bases: Any, width: int) -> Gath
                           "first_prev_key", "first_prev_end", "first_start")}
     return Gathered(
         last=joined("last"), skew=joined("skew"),
-        straggler=joined("straggler").astype(np.int32), transfer=joined("transfer"),
+        straggler=joined("straggler").astype(np.int32, copy=False), transfer=joined("transfer"),
         total=joined("total"), straggler_site=joined("straggler_site"),
         late_at=np.concatenate([f.late + bases[k] for k, f in enumerate(figured)]),
         chain=chain, bare=sum(f.bare for f in figured),
@@ -96,21 +109,30 @@ def gather_figures(figured: list[parts.Figured], bases: Any, width: int) -> Gath
 
 @dataclass
 class Causes:
-    """Per instance: the lateness its straggler carried in from its previous collective
-    (``carried``, where ``known``), the instance it came from (``previous``), and where its
-    delay began (``root``: itself, or the root of the instance its lateness came from)."""
+    """Where each late instance's delay began. Of the late instances whose straggler's and
+    first rank's previous collectives are known (``here``, in order): the instance the
+    straggler came from (``source``) and the lateness it carried in from there
+    (``carried_here``); per instance, that lateness (``carried``, 0 elsewhere) and where
+    its delay began (``cause``: itself, or the cause of the instance its lateness came
+    from; -1 where it is not late)."""
 
+    here: Any
+    source: Any
+    carried_here: Any
     carried: Any
-    known: Any
-    previous: Any
-    root: Any
+    cause: Any
+
+    def root_of(self, instances: Any) -> Any:
+        """Where the delay of each of ``instances`` began (itself, where it is not late)."""
+        found = self.cause[instances]
+        return np.where(found >= 0, found, instances)
 
 
 def cause_chains(g: Gathered, keys: tuple[Any, Any]) -> Causes:
     """Where each late instance's delay began: the lateness its straggler carried in from
     its previous collective — how much later it left that one than the first rank to
     arrive left its own — and, where most of its lateness was carried, the cause of the
-    instance it came from (followed back by pointer jumping)."""
+    instance it came from (followed back by pointer jumping over those instances alone)."""
     n, last, skew, chain = len(g.skew), g.last, g.skew, g.chain
     came_from = lookup(keys, chain["straggler_prev_key"].astype(np.int64))
     first_from = lookup(keys, chain["first_prev_key"].astype(np.int64))
@@ -121,29 +143,33 @@ def cause_chains(g: Gathered, keys: tuple[Any, Any]) -> Causes:
         known, the last arrival there, or the next launch's entry where that came first."""
         return np.where(np.isnan(end), np.fmin(last[np.maximum(instance, 0)], start), end)
 
-    carried = np.zeros(n)
-    known = np.zeros(n, bool)
     here = g.late_at[known_late]
-    known[here] = True
     source = came_from[known_late]
-    carried[here] = np.clip(
+    carried_here = np.clip(
         left(chain["straggler_prev_end"][known_late], source,
              chain["straggler_start"][known_late])
         - left(chain["first_prev_end"][known_late], first_from[known_late],
                chain["first_start"][known_late]),
         0.0, np.minimum(skew[here], skew[source]))
-    previous = np.full(n, -1, np.int64)
-    previous[here] = source
-    parent = np.arange(n)
-    inherits = known & (carried > skew - carried)
-    parent[inherits] = previous[inherits]
-    root = parent
-    while True:  # follow each chain back to where it began (pointer jumping)
-        further = root[root]
-        if np.array_equal(further, root):
+    carried = np.zeros(n)
+    carried[here] = carried_here
+    cause = np.full(n, -1, np.int64)
+    cause[g.late_at] = g.late_at
+    inherits = carried_here > skew[here] - carried_here
+    heirs, target = here[inherits], source[inherits]  # (heirs: in order)
+    # pointer jumping: each heir's furthest known ancestor, and where that one is an heir
+    # too, its place among the heirs (-1: not one: the ancestor is where the delay began)
+    at = np.minimum(np.searchsorted(heirs, target), max(len(heirs) - 1, 0))
+    further = np.where(heirs[at] == target, at, -1) if len(heirs) else at
+    for _ in range(max(1, len(heirs)).bit_length() + 1):  # (chains run back in time)
+        going = further >= 0
+        if not going.any():
             break
-        root = further
-    return Causes(carried, known, previous, root)
+        step = np.where(going, further, 0)
+        target = np.where(going, target[step], target)
+        further = np.where(going, further[step], -1)
+    cause[heirs] = target
+    return Causes(here, source, carried_here, carried, cause)
 
 
 def blame_of(g: Gathered, causes: Causes, late: Any, counted: Any, warmup: Any,
@@ -151,15 +177,19 @@ def blame_of(g: Gathered, causes: Causes, late: Any, counted: Any, warmup: Any,
     """Per instance, the waiting it caused: each counted late instance's total wait, its own
     share where its straggler was late of itself, the carried share moved to where that
     delay began (not to warm-up, unless warm-up counts)."""
-    n, skew = len(g.skew), g.skew
-    share = np.where(late, causes.carried / np.where(skew > 0, skew, 1.0), 0.0)
-    blame = np.bincount(np.flatnonzero(counted), weights=(g.total * (1 - share))[counted],
-                        minlength=n)
-    carried_to = np.where(causes.known, causes.root[np.maximum(causes.previous, 0)], -1)
-    moved = counted & (carried_to >= 0)
+    here, skew = causes.here, g.skew
+    blame = np.where(counted, g.total, 0.0)
+    share = causes.carried_here / np.where(skew[here] > 0, skew[here], 1.0)
+    mine = counted[here]
+    blame[here[mine]] = (g.total[here] * (1 - share))[mine]
+    carried_to = causes.root_of(causes.source)
+    moved = mine
     if not warmup_counted:  # (a delay that began in warm-up is warm-up's)
-        moved &= ~warmup[np.maximum(carried_to, 0)]
-    blame += np.bincount(carried_to[moved], weights=(g.total * share)[moved], minlength=n)
+        moved = moved & ~warmup[carried_to]
+    to, weights = carried_to[moved], (g.total[here] * share)[moved]
+    if len(to):  # (added in instance order, as one bincount over every instance would)
+        targets, slot = np.unique(to, return_inverse=True)
+        blame[targets] += np.bincount(slot, weights=weights, minlength=len(targets))
     return blame
 
 
@@ -186,13 +216,12 @@ def build(plan: Partitioning, joined: Joined, figured: list[parts.Figured], fits
     ``window_starts`` (each rank's first of a group in its inputs)."""
     g = gather_figures(figured, joined.bases, plan.width)
     seq = joined.key & ((1 << SEQ_BITS) - 1)
-    table = Figures.empty(len(joined.key))
-    table.group = (joined.key >> SEQ_BITS).astype(np.int32)
-    table.collective, table.size_bytes = joined.collective, joined.size_bytes
-    table.members, table.needed = joined.members, joined.needed
-    table.step, table.dtype = joined.step, joined.dtype
-    table.group_names, table.group_descs = plan.group_keys, plan.group_desc
-    table.collective_names, table.dtype_names = plan.collective_names, plan.dtype_names
+    table = Figures(
+        (joined.key >> SEQ_BITS).astype(np.int32), joined.collective, joined.size_bytes,
+        joined.members, g.skew, g.straggler, g.transfer, g.last, needed=joined.needed,
+        step=joined.step, dtype=joined.dtype, group_names=plan.group_keys,
+        group_descs=plan.group_desc, collective_names=plan.collective_names,
+        dtype_names=plan.dtype_names)
     table.warmup = (table.step == 0) | (seq == 0)
     if window_starts is not None and len(window_starts):
         table.warmup |= (table.step < 0) & np.isin(joined.key, window_starts)
@@ -200,9 +229,8 @@ def build(plan: Partitioning, joined: Joined, figured: list[parts.Figured], fits
     causes = cause_chains(g, joined.keys)
     counted = late & (~table.warmup | include_warmup)
     blame = blame_of(g, causes, late, counted, table.warmup, include_warmup)
-    table.skew, table.last, table.transfer = g.skew, g.last, g.transfer
     table.straggler = np.where(late, g.straggler, -1).astype(np.int32)
-    table.cause = np.where(late, causes.root, -1)
+    table.cause = causes.cause
     table.carried, table.blame = causes.carried, blame
     analysis = Analysis(
         Instances(table, seq, joined.kernel), fits, problems_of(plan, joined), plan.ranks,
@@ -319,12 +347,12 @@ def mismatches(plan: Partitioning, joined: Joined, analysis: Any) -> list[str]:
 
 def lookup(keys: tuple[Any, Any], wanted: Any) -> Any:
     """The instance of each key ``wanted``; -1 where there is none (no valid instance).
-    ``keys``: the instances' keys sorted, and the order that sorts them."""
+    ``keys``: the instances' keys sorted, and the order that sorts them (None: in order)."""
     sorted_keys, order = keys
     if not len(sorted_keys):
         return np.full(len(wanted), -1, np.int64)
     at = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
-    return np.where(sorted_keys[at] == wanted, order[at], -1)
+    return np.where(sorted_keys[at] == wanted, at if order is None else order[at], -1)
 
 
 def problems_of(plan: Partitioning, joined: Joined) -> list[str]:
@@ -341,7 +369,8 @@ def problems_of(plan: Partitioning, joined: Joined) -> list[str]:
     if len(bad) > LISTED_PROBLEMS:
         problems.append(f"... and {len(bad) - LISTED_PROBLEMS} more instances the ranks "
                         "disagree on")
-    short = joined.by_key[(joined.members < joined.needed)[joined.by_key]]
+    short = joined.in_key_order(np.flatnonzero(
+        joined.sorted_by_key(joined.members < joined.needed)))
     keys = joined.key[short]
     for group_code in np.unique(keys >> SEQ_BITS).tolist():
         mine = short[(keys >> SEQ_BITS) == group_code]
@@ -368,9 +397,9 @@ def missing_ranks(analysis: Any, plan: Partitioning, joined: Joined,
     if not len(table.group):
         return found
     # a group whose last instance every member reached is whole: only the others are read
-    by_key = joined.by_key
-    group_sorted = table.group[by_key]
-    last = by_key[np.flatnonzero(np.r_[group_sorted[1:] != group_sorted[:-1], True])]
+    group_sorted = joined.sorted_by_key(table.group)
+    last = joined.in_key_order(np.flatnonzero(np.r_[group_sorted[1:] != group_sorted[:-1],
+                                                    True]))
     short = set(table.group[last[table.members[last] < table.needed[last]]].tolist())
     if not short:
         return found

@@ -66,15 +66,6 @@ class Figures:
     group_descs: list[str] = field(default_factory=list)
     collective_names: list[str] = field(default_factory=list)
 
-    @staticmethod
-    def empty(count: int) -> Figures:
-        import numpy as np
-
-        return Figures(np.zeros(count, np.int32), np.zeros(count, np.int32),
-                       np.zeros(count, np.int64), np.zeros(count, np.int32),
-                       np.zeros(count), np.full(count, -1, np.int32), np.full(count, np.nan),
-                       np.zeros(count))
-
 
 class Instances(Sequence[Instance]):
     """The instances of an ``Analysis``, made when asked for (a million would take seconds
