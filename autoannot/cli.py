@@ -797,6 +797,7 @@ def run() -> None:
     from autoannot.traces import parallel
 
     parallel.LEAVE_AFTER_INTERRUPT_S = 10.0
+    parallel.preload_in_workers()
     status = main()
     if status == INTERRUPTED:
         parallel.leave_after_interrupt()
