@@ -967,9 +967,9 @@ def waits_of(start: Any, end: Any, next_start: Any, last: Any, transfer: Any) ->
 def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dict[str, Any],
                      keep_launches: bool = False) -> Figured:
     """Arrivals, straggler, skew, transfer and waits of each instance of a partition (clocks
-    applied: ``shift`` per column), and the pieces the driver joins across partitions. Each
-    reduction runs over the launches where they were read, into per-instance arrays (no
-    launch is moved)."""
+    applied: ``shift`` per column), and the pieces the driver joins across partitions. The
+    launches are taken in instance order (``Matched``'s rows: an instance's together, by
+    rank), so each per-instance figure is a reduction over consecutive launches."""
     launch = matched.launch
     n = len(matched.key)
     width = plan.width
@@ -981,87 +981,76 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
                        _kept(launch, matched.offsets, shift, np.zeros(len(launch["seq"])))
                        if keep_launches else None)
     _apply_clocks(launch, shift)
-    instance = launch["instance"]
-    whole = not (instance < 0).any()  # (every row read is one: no row taken out)
-    at = np.arange(0) if whole else np.flatnonzero(instance >= 0)  # (else: the rows that are)
-
-    def on(values: Any) -> Any:
-        return values if whole else values[at]
-
-    instance, column = on(instance), on(launch["column"])
-    arrived, ended = on(launch["start_us"]), on(launch["end_us"])
-    scratch = np.empty(len(arrived))  # (one launch-long buffer, used again and again)
-    first = np.full(n, np.inf)
-    np.minimum.at(first, instance, arrived)
-    last = np.full(n, -np.inf)
-    np.maximum.at(last, instance, arrived)
-    no_rank, past_ranks = column.dtype.type(-1), column.dtype.type(width)
-    straggler = np.full(n, no_rank)  # the highest rank of those that arrived last
-    np.maximum.at(straggler, instance, np.where(
-        arrived == np.take(last, instance, out=scratch, mode="clip"), column, no_rank))
-    first_column = np.full(n, past_ranks)  # the lowest of those that arrived first
-    np.minimum.at(first_column, instance, np.where(
-        arrived == np.take(first, instance, out=scratch, mode="clip"), column, past_ranks))
-    at_straggler = np.empty(n, np.int64)  # (a launch each: ranks are unique in an instance)
-    mask = column == straggler[instance]
-    at_straggler[instance[mask]] = np.flatnonzero(mask)
-    at_first = np.empty(n, np.int64)
-    mask = column == first_column[instance]
-    at_first[instance[mask]] = np.flatnonzero(mask)
-    del mask
+    rows, offsets = launch["rows"], matched.offsets  # (the launches, instance by instance)
+    starts, members = offsets[:-1], np.diff(offsets)
+    # each launch in instance order, then rank (``rows``): its arrival, end and rank
+    arrived, ended = launch["start_us"][rows], launch["end_us"][rows]
+    column = launch["column"][rows]
+    first = np.minimum.reduceat(arrived, starts)
+    last = np.maximum.reduceat(arrived, starts)
+    place = np.arange(len(rows))
+    # the straggler: the highest rank of those that arrived last (ranks in order within an
+    # instance: its last such place); the first: the lowest of those that arrived first
+    scratch = np.repeat(last, members)
+    at_last = np.maximum.reduceat(np.where(arrived == scratch, place, -1), starts)
+    scratch = np.repeat(first, members)
+    at_first = np.minimum.reduceat(np.where(arrived == scratch, place, len(rows)), starts)
+    del place
+    at_last = np.clip(at_last, 0, len(rows) - 1)
+    at_first = np.clip(at_first, 0, len(rows) - 1)
+    straggler = column[at_last]
+    at_straggler, first_rows = rows[at_last], rows[at_first]
     skew = last - first
-    transfer = ended[at_straggler] - last
+    transfer = launch["end_us"][at_straggler] - last
     group = (matched.key >> SEQ_BITS).astype(np.int64)
     seq = matched.key & ((1 << SEQ_BITS) - 1)
-    pair = np.take(_narrow(group, int(group.max()) * width + width), instance)  # (group, rank)
+    pair = np.repeat(_narrow(group, int(group.max()) * width + width), members)  # (group, rank)
     pair *= width
     pair += column
     pairs, slot = _compact(pair)
     del pair
-    reached = _furthest(pairs, slot, np.take(_narrow(seq, int(seq.max()) + 1), instance), width)
+    reached = _furthest(pairs, slot, np.repeat(_narrow(seq, int(seq.max()) + 1), members),
+                        width)
     # heat-map cells: how late each rank arrived, the most per (group, rank, step or bin)
     if heat["by_step"]:  # (x: the step + 1; 0: none known)
         x = matched.step.astype(np.int64) + 1
     else:
         low, span, bins = heat["seq_low"], heat["seq_span"], heat["bins"]
         x = (seq - low[group]) * bins[group] // np.maximum(span[group], 1)
-    lateness = np.subtract(arrived, np.take(first, instance, out=scratch, mode="clip"),
-                           out=scratch)
-    cells = _most_per_cell(pairs, slot, np.take(_narrow(x, int(heat["span"])), instance),
+    lateness = np.subtract(arrived, scratch, out=scratch)  # (``scratch``: each one's first)
+    cells = _most_per_cell(pairs, slot, np.repeat(_narrow(x, int(heat["span"])), members),
                            heat["span"], lateness)
     del slot, lateness
     # each launch's wait (``waits_of``), in place: until the last arrival, never more than its
     # own time in the collective less the transfer, nor (by its entry alone) its next entry
-    waits = np.take(np.nan_to_num(transfer, nan=0.0), instance)
+    waits = np.repeat(np.nan_to_num(transfer, nan=0.0), members)
     np.subtract(ended, waits, out=waits)
-    np.fmin(np.take(last, instance, out=scratch, mode="clip"), waits, out=waits)
-    del scratch
+    np.fmin(np.repeat(last, members), waits, out=waits)
     waits -= arrived
     bare = np.flatnonzero(np.isnan(ended))
     if len(bare):
-        following = next_start_of(launch, bare if whole else at[bare])
+        following = next_start_of(launch, rows[bare])
         waits[bare] = np.where(np.isnan(following), waits[bare],
                                np.fmin(waits[bare], following - arrived[bare]))
     np.maximum(waits, 0.0, out=waits)
-    total = np.bincount(instance, weights=waits, minlength=n)
-    waited = np.bincount(column, weights=waits, minlength=width)
+    total = np.add.reduceat(waits, starts)
+    total += 0.0  # (as a sum from zero gives it: no -0.0)
+    # per rank, added in the order of its rows (as they were read)
+    wait_of = np.zeros(len(launch["seq"]))
+    wait_of[rows] = waits
+    valid = launch["instance"] >= 0
+    whole = bool(valid.all())
+    waited = np.bincount(launch["column"] if whole else launch["column"][valid],
+                         weights=wait_of if whole else wait_of[valid], minlength=width)
     late = np.flatnonzero(skew >= IN_STEP_US)
     chain = {}
-    for who, here in (("straggler", at_straggler[late]), ("first", at_first[late])):
-        chain[f"{who}_prev_key"], chain[f"{who}_prev_end"] = previous_of(
-            launch, here if whole else at[here])
-        chain[f"{who}_start"] = arrived[here]
-    wait_of = None
-    if keep_launches:
-        wait_of = waits if whole else np.zeros(len(launch["seq"]))
-        if not whole:
-            wait_of[at] = waits
-    rows_straggler = at_straggler if whole else at[at_straggler]
+    for who, here in (("straggler", at_straggler[late]), ("first", first_rows[late])):
+        chain[f"{who}_prev_key"], chain[f"{who}_prev_end"] = previous_of(launch, here)
+        chain[f"{who}_start"] = launch["start_us"][here]
     return Figured(
         key=matched.key, last=last, skew=skew, straggler=straggler.astype(np.int32),
-        transfer=transfer, total=total, straggler_site=launch["site"][rows_straggler],
-        late=late, chain=chain, waited=waited,
-        bare=int(np.isnan(ended).sum()), reached=reached, cells=cells,
+        transfer=transfer, total=total, straggler_site=launch["site"][at_straggler],
+        late=late, chain=chain, waited=waited, bare=len(bare), reached=reached, cells=cells,
         launch=_kept(launch, matched.offsets, shift, wait_of) if keep_launches else None)
 
 
