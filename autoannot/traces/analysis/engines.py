@@ -21,9 +21,14 @@ from autoannot.traces.parallel import Progress
 _PLAN: Any = None  # a pool process's plan (set once per pass by the pool's initializer)
 
 
-def _set_plan(plan: Any) -> None:
+def _set_plan(blob: bytes) -> None:
+    """A pool process's plan, from its pickle (pickled once by the driver; unpickled by each
+    process as it starts, side by side: a plan handed as an object is unpickled while the
+    driver waits on each process's start in turn)."""
+    import pickle
+
     global _PLAN
-    _PLAN = plan
+    _PLAN = pickle.loads(blob)
 
 
 def _timed(function: Callable[..., Any], plan: Any, item: Any) -> tuple[float, Any]:
@@ -116,7 +121,10 @@ class Embedded:
             # arrays)
             context = multiprocessing.get_context("forkserver" if os.name == "posix"
                                                   else "spawn")
-            with pool(jobs, context, _set_plan, (plan,)) as workers:
+            import pickle
+
+            blob = pickle.dumps(plan, pickle.HIGHEST_PROTOCOL)
+            with pool(jobs, context, _set_plan, (blob,)) as workers:
                 futures = submit_all(workers, _call, items, function)
                 for future in futures:
                     timed.append(future.result())

@@ -222,6 +222,9 @@ class Analysis:
 
         f = self.figures()
         blamed = np.flatnonzero(f.blame > 0)
+        if len(blamed) > top > 0:  # (those that can be among the top: the top's least, ties)
+            least = np.partition(f.blame[blamed], len(blamed) - top)[len(blamed) - top]
+            blamed = blamed[f.blame[blamed] >= least]
         blamed = blamed[np.argsort(-f.blame[blamed], kind="stable")][:top]
         found = []
         for index in blamed.tolist():
