@@ -3,7 +3,7 @@ wall time and of the process tree's peak memory, this tree's ÷ the other's.
 
     git archive 9141d7a autoannot benchmarks | (mkdir -p /tmp/base && tar -x -C /tmp/base)
     python benchmarks/analysis_ab.py /tmp/base [--sizes 1024x2000,8192x2000] [--rounds 2]
-        [--commands skew,report] [-o OUT.json]
+        [--commands skew,report] [--rows FOLDER] [-o OUT.json]
 
 For each size (ranks x instances a rank) the rows are written once, by the base tree's own
 writer (``benchmarks/report_scale.py``'s job: an all-reduce of the default group and of an
@@ -52,8 +52,20 @@ def command_line(command: str, folder: Path, out: Path) -> list[str]:
     return [*cli, "report", str(folder), "-q", "-o", str(out / "report.html")]
 
 
+def warm(folder: Path) -> None:
+    """Every rows file read once: each command starts from the same page cache (at 8,192 x
+    20,000 the rows are 8.3 GB, near what this machine caches, and whatever ran before
+    leaves a different part of them on disk)."""
+    for path in sorted(folder.iterdir()):
+        with open(path, "rb") as handle:
+            while handle.read(1 << 24):
+                pass
+
+
 def run(tree: Path, command: str, folder: Path, scratch: Path) -> tuple[float, float, int]:
-    """Seconds, peak MiB and exit status of one command under ``tree``."""
+    """Seconds, peak MiB and exit status of one command under ``tree`` (the rows read once
+    before: ``warm``)."""
+    warm(folder)
     out = Path(tempfile.mkdtemp(dir=scratch))
     previous = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(tree)
@@ -76,8 +88,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--commands", default="skew,report")
     parser.add_argument("--dir", help="where to write the rows (default: a temporary folder)")
+    parser.add_argument("--rows", type=Path,
+                        help="rows the base's writer wrote before, of the one size given: read, "
+                             "not written (nor removed)")
     parser.add_argument("-o", "--output", help="also write the JSON here")
     args = parser.parse_args()
+    if args.rows and "," in args.sizes:
+        parser.error("--rows: give the one size they are (--sizes RANKSxINSTANCES)")
     base = args.base.resolve()
     trees = {"base": base, "this": THIS_TREE}
     commands = args.commands.split(",")
@@ -86,9 +103,14 @@ def main() -> int:
         os.chdir(tmp)  # (the commands' first sys.path entry: no autoannot found there)
         for size in args.sizes.split(","):
             ranks, instances = (int(x) for x in size.lower().split("x"))
-            folder = Path(tmp, f"rows_{ranks}x{instances}")
-            print(f"{size}: writing the rows (the base's writer) ...", file=sys.stderr)
-            write_rows(base, folder, ranks, instances)
+            if args.rows:
+                folder = args.rows.resolve()
+                if len(list(folder.glob("*.rows"))) != ranks:
+                    parser.error(f"--rows {folder}: not {ranks} ranks' rows files")
+            else:
+                folder = Path(tmp, f"rows_{ranks}x{instances}")
+                print(f"{size}: writing the rows (the base's writer) ...", file=sys.stderr)
+                write_rows(base, folder, ranks, instances)
             seen: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
             for round_ in range(args.rounds):
                 order = ["base", "this"] if round_ % 2 == 0 else ["this", "base"]
@@ -113,9 +135,10 @@ def main() -> int:
                                      for _, _, code in seen[(command, name)]}),
                     "runs": {name: [[round(s, 2), round(m)] for s, m, _ in seen[(command, name)]]
                              for name in trees}}
-            import shutil
+            if not args.rows:
+                import shutil
 
-            shutil.rmtree(folder)
+                shutil.rmtree(folder)
     print(f"{'rows':14} {'command':8} {'base s':>8} {'this s':>8} {'time x':>7} "
           f"{'base MiB':>9} {'this MiB':>9} {'memory x':>9}")
     for size, per_command in results.items():
