@@ -768,11 +768,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _CREATED.clear()
     if hasattr(args, "quiet"):  # a trace command: a long read shows a bar on a terminal
-        from autoannot.traces import files
+        from autoannot.traces import progress
 
         try:
-            files.show_progress(not args.quiet)
-        except files.TraceError as exc:
+            progress.show(not args.quiet)
+        except ValueError as exc:
             print(f"autoannot {args.subcommand}: {exc}", file=sys.stderr)
             return BAD_INPUT
     try:

@@ -10,10 +10,11 @@ import os
 import re
 import secrets
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from autoannot.traces.progress import Progress
 
 
 class TraceError(Exception):
@@ -133,61 +134,6 @@ def write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, data)
 
 
-class ReadingBar:
-    """A trace read for more than ``AFTER_S`` shows how far it got: a bar on stderr, rewritten
-    in place, only on a terminal and only where the command shows progress
-    (``show_progress``; ``-q`` turns it off)."""
-
-    AFTER_S = 2.0
-    enabled = False  # (the command line's choice: show_progress)
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.done, self.shown = path, 0, False
-        self.started = time.monotonic()
-        try:
-            self.total = max(1, path.stat().st_size)
-        except OSError:
-            self.total = 1
-        self.live = ReadingBar.enabled and sys.stderr.isatty()
-
-    def read(self, size: int) -> None:
-        self.done += size
-        if self.live and time.monotonic() - self.started > self.AFTER_S:
-            # (a .gz file: the bar counts what was decompressed against its size on disk)
-            fraction = min(self.done / self.total, 1.0)
-            filled = int(fraction * 30)
-            print(f"\r\033[K{self.path.name[:40]:40} [{'#' * filled}{'.' * (30 - filled)}]",
-                  end="", file=sys.stderr, flush=True)
-            self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-            self.shown = False
-
-
-#: Seconds of work before progress shows (default 2).
-PROGRESS_AFTER_VARIABLE = "AUTOANNOT_PROGRESS_AFTER_S"
-
-
-def show_progress(on: bool) -> None:
-    """Whether reading a trace may show a bar (the command line: not ``-q``), and after how
-    long work shows progress (``AUTOANNOT_PROGRESS_AFTER_S``, seconds)."""
-    from autoannot.traces import parallel
-
-    ReadingBar.enabled = on
-    after = os.environ.get(PROGRESS_AFTER_VARIABLE, "").strip()
-    if after:
-        try:
-            seconds = float(after)
-            if not seconds >= 0:
-                raise ValueError
-        except ValueError:
-            raise TraceError(f"{PROGRESS_AFTER_VARIABLE}={after!r}: not a number of seconds "
-                             "(>= 0)") from None
-        ReadingBar.AFTER_S = parallel.Progress.AFTER_S = seconds
-
-
 class Trace:
     """A trace read in two streaming passes when it has Kineto's layout (one event per
     ``"  {...}"`` block): the first parses only the events the caller wants, the second copies
@@ -239,7 +185,11 @@ class Trace:
         """The events' texts (without their braces), a few MiB at a time; then ``self.tail``
         is set."""
         assert self.head is not None
-        bar = ReadingBar(self.path)
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            size = 1
+        bar = Progress(size, self.path.name, bar=True)
         try:
             with self._open() as f:
                 f.read(len(self.head))
@@ -247,7 +197,7 @@ class Trace:
                 while not eof:
                     block = f.read(_BLOCK)
                     eof = not block
-                    bar.read(len(block))
+                    bar.step(amount=len(block))
                     parts = (pending + block).split(_SEPARATOR)
                     pending = parts.pop()
                     if parts:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from autoannot.traces.progress import Progress
+
 if TYPE_CHECKING:  # (imported where a pool is made: not by every command)
     from concurrent.futures import ProcessPoolExecutor
 
@@ -23,30 +25,6 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-class Progress:
-    """``[done/total] what`` on stderr, rewritten in place: only on a terminal (nothing in a
-    log), and only for work long enough to watch (more than one file, running over
-    ``AFTER_S``)."""
-
-    AFTER_S = 2.0
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.shown = total, 0, False
-        self.live = sys.stderr.isatty()
-        self.started = time.monotonic()
-
-    def step(self, what: object) -> None:
-        self.done += 1
-        if self.total < 2 or not self.live:
-            return
-        if not self.shown and time.monotonic() - self.started < self.AFTER_S:
-            return
-        self.shown = True
-        end = "\n" if self.done == self.total else ""
-        print(f"\r\033[K[{self.done}/{self.total}] {what}", end=end, file=sys.stderr,
-              flush=True)
 
 
 def _worker_start(command: int, initializer: Callable[..., Any] | None,

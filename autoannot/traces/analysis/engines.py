@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoannot.traces.analysis.partitions import IN_MEMORY_LAUNCHES
-from autoannot.traces.parallel import Progress
+from autoannot.traces.progress import Progress
 
 _PLAN: Any = None  # a pool process's plan (set once per pass by the pool's initializer)
 

@@ -135,7 +135,7 @@ def _events(trace: files.Trace, progress: bool) -> Iterable[dict[str, Any]]:
 
 
 def _chunks_with_progress(trace: files.Trace, progress: bool) -> Iterable[str]:
-    """The chunks the summary reads (a long read shows its bar: ``files.ReadingBar``)."""
+    """The chunks the summary reads (a long read shows its bar: ``progress.Progress``)."""
     from autoannot.traces.read.annotate import may_name_a_collective_kernel
 
     for block in trace._blocks():
