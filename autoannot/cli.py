@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -797,10 +798,13 @@ def run() -> None:
     from autoannot.traces import parallel
 
     parallel.LEAVE_AFTER_INTERRUPT_S = 10.0
-    parallel.preload_in_workers()
+    parallel.prepare_workers()
     status = main()
     if status == INTERRUPTED:
         parallel.leave_after_interrupt()
+    else:  # (done: a Ctrl-C now, while Python ends, would kill it by the signal, whose
+        # default Python puts back there, as though it had been interrupted)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(status)
 
 
