@@ -983,30 +983,31 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
     _apply_clocks(launch, shift)
     rows, offsets = launch["rows"], matched.offsets  # (the launches, instance by instance)
     starts, members = offsets[:-1], np.diff(offsets)
-    # each launch in instance order, then rank (``rows``): its arrival, end and rank
-    arrived, ended = launch["start_us"][rows], launch["end_us"][rows]
-    column = launch["column"][rows]
+    # each launch in instance order, then rank (``rows``): its arrival (its end and rank
+    # taken where used, each array let go once used: a partition's launch-long arrays are
+    # most of its memory)
+    arrived = launch["start_us"][rows]
     first = np.minimum.reduceat(arrived, starts)
     last = np.maximum.reduceat(arrived, starts)
-    place = np.arange(len(rows))
+    index = np.int32 if len(rows) < 1 << 31 else np.int64
     # the straggler: the highest rank of those that arrived last (ranks in order within an
     # instance: its last such place); the first: the lowest of those that arrived first
-    scratch = np.repeat(last, members)
-    at_last = np.maximum.reduceat(np.where(arrived == scratch, place, -1), starts)
+    place = np.where(arrived == np.repeat(last, members), np.arange(len(rows), dtype=index),
+                     index(-1))
+    at_last = np.clip(np.maximum.reduceat(place, starts), 0, len(rows) - 1)
     scratch = np.repeat(first, members)
-    at_first = np.minimum.reduceat(np.where(arrived == scratch, place, len(rows)), starts)
+    place = np.where(arrived == scratch, np.arange(len(rows), dtype=index), index(len(rows)))
+    at_first = np.clip(np.minimum.reduceat(place, starts), 0, len(rows) - 1)
     del place
-    at_last = np.clip(at_last, 0, len(rows) - 1)
-    at_first = np.clip(at_first, 0, len(rows) - 1)
-    straggler = column[at_last]
     at_straggler, first_rows = rows[at_last], rows[at_first]
+    straggler = launch["column"][at_straggler]
     skew = last - first
     transfer = launch["end_us"][at_straggler] - last
     group = (matched.key >> SEQ_BITS).astype(np.int64)
     seq = matched.key & ((1 << SEQ_BITS) - 1)
     pair = np.repeat(_narrow(group, int(group.max()) * width + width), members)  # (group, rank)
     pair *= width
-    pair += column
+    pair += launch["column"][rows]
     pairs, slot = _compact(pair)
     del pair
     reached = _furthest(pairs, slot, np.repeat(_narrow(seq, int(seq.max()) + 1), members),
@@ -1020,18 +1021,21 @@ def figure_partition(plan: Partitioning, matched: Matched, shift: Any, heat: dic
     lateness = np.subtract(arrived, scratch, out=scratch)  # (``scratch``: each one's first)
     cells = _most_per_cell(pairs, slot, np.repeat(_narrow(x, int(heat["span"])), members),
                            heat["span"], lateness)
-    del slot, lateness
+    del slot, lateness, scratch
     # each launch's wait (``waits_of``), in place: until the last arrival, never more than its
     # own time in the collective less the transfer, nor (by its entry alone) its next entry
+    ended = launch["end_us"][rows]
     waits = np.repeat(np.nan_to_num(transfer, nan=0.0), members)
     np.subtract(ended, waits, out=waits)
+    bare = np.flatnonzero(np.isnan(ended))
+    del ended
     np.fmin(np.repeat(last, members), waits, out=waits)
     waits -= arrived
-    bare = np.flatnonzero(np.isnan(ended))
     if len(bare):
         following = next_start_of(launch, rows[bare])
         waits[bare] = np.where(np.isnan(following), waits[bare],
                                np.fmin(waits[bare], following - arrived[bare]))
+    del arrived
     np.maximum(waits, 0.0, out=waits)
     total = np.add.reduceat(waits, starts)
     total += 0.0  # (as a sum from zero gives it: no -0.0)
