@@ -22,8 +22,9 @@ small results:
 2. ``match_partition`` then ``figure_partition`` (per partition, clocks applied): launches
    placed into instances (by arithmetic where a group's sequence is dense, else sorted),
    conflicts, the instances' facts; arrivals, straggler, skew, transfer, each launch's wait
-   and per-rank sums, what the cause chains need, heat-map cells — each a reduction into
-   per-instance arrays over the launches where they were read (none is moved).
+   and per-rank sums, what the cause chains need, heat-map cells — each a reduction over an
+   instance's consecutive launches (taken in instance order, ``reduceat``), or over the
+   launches in any order into per-pair tables.
 3. The driver (``driver``): cause chains and blame over all instances, per-rank figures.
 
 A job of up to ``IN_MEMORY_LAUNCHES`` launches that one process analyses is one partition,
