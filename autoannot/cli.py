@@ -431,38 +431,12 @@ def _skew(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autoannot.traces import files, paths
+    from autoannot.traces import files
     from autoannot.traces.analysis import sequences
-    from autoannot.traces.read import ledger
+    from autoannot.traces.read import inputs as input_files
 
-    inputs: list[Path] = []
     try:
-        for argument in args.inputs:
-            path = Path(argument)
-            if path.is_dir():
-                from autoannot.traces.read import flight_recorder
-
-                found = sorted(p for p in path.iterdir() if p.is_file() and (
-                    p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX, ".rows",
-                                     ".rows.parquet")) or p.suffix == ".jsonl"
-                    or flight_recorder.is_dump(p)))
-                if not found:
-                    try:
-                        found = paths.expand([argument], skip_outputs=False)
-                    except files.TraceError:
-                        return _bad_input("check", f"{argument}: a folder with no ledger "
-                                          "(*.autoannot), record file (*.jsonl) or trace")
-                inputs += found
-            elif not path.exists():
-                return _bad_input("check", f"{argument}: no such file or folder")
-            else:
-                inputs.append(path)
-        seen: dict[str, Path] = {}
-        for path in inputs:
-            key = os.path.realpath(path)
-            if key in seen:
-                return _bad_input("check", f"{path}: given twice (also as {seen[key]})")
-            seen[key] = path
+        inputs = input_files.to_check(args.inputs)
         missing: list[str] = []
         hang_lead: list[str] = []
         divergences, compared, ranks = sequences.check_files(inputs, args.run, missing,

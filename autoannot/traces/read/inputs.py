@@ -1,6 +1,6 @@
 """Which files a cross-rank command reads: the traces, record files and rows files named
 (files, or folders of them), each kind apart; a trace read through the rows written beside
-it; every file a command may read (never to be written over)."""
+it; what ``check`` compares; every file a command may read (never to be written over)."""
 
 from __future__ import annotations
 
@@ -104,4 +104,38 @@ def every_file(arguments: list[str]) -> list[Path]:
                           and own.get(e.name) in (None, "annotate")]
         else:
             found.append(path)
+    return found
+
+
+def to_check(arguments: list[str]) -> list[Path]:
+    """What ``check`` compares of the files and folders named: a folder's ledgers, record
+    files, rows and Flight Recorder dumps, or else its traces. TraceError for a folder with
+    none, a path that is not there, or a file given twice."""
+    from autoannot.traces import files
+    from autoannot.traces.read import ledger
+
+    found: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            here = sorted(p for p in path.iterdir() if p.is_file() and (
+                p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX, *ROWS_SUFFIXES))
+                or p.suffix == ".jsonl" or flight_recorder.is_dump(p)))
+            if not here:
+                try:
+                    here = paths.expand([argument], skip_outputs=False)
+                except files.TraceError:
+                    raise files.TraceError(f"{argument}: a folder with no ledger (*.autoannot), "
+                                           "record file (*.jsonl) or trace") from None
+            found += here
+        elif not path.exists():
+            raise files.TraceError(f"{argument}: no such file or folder")
+        else:
+            found.append(path)
+    seen: dict[str, Path] = {}
+    for path in found:
+        key = os.path.realpath(path)
+        if key in seen:
+            raise files.TraceError(f"{path}: given twice (also as {seen[key]})")
+        seen[key] = path
     return found
