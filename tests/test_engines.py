@@ -278,6 +278,22 @@ def test_launches_placed_by_their_sequence_are_in_the_order_a_sort_gives() -> No
     assert placed_any > 150
 
 
+def _write_rank(folder: Path, rank: int, run: str, start: Any, end: Any, size: Any) -> None:
+    """Rank ``rank``'s rows of a 3-rank default group's all-reduces, one an instance (seq 0
+    on), each a GPU kernel, with these times and sizes."""
+    import numpy as np
+
+    instances = len(start)
+    columns = {"group": np.zeros(instances, np.uint32), "seq": np.arange(instances),
+               "collective": np.zeros(instances, np.uint32), "size_bytes": size,
+               "start_us": start, "end_us": end,
+               "site": np.zeros(instances, np.int32), "kernel": np.ones(instances, np.uint8),
+               "step": np.full(instances, -1, np.int32), "dtype": np.zeros(instances, np.uint32)}
+    rows.write(rows.Rows(rank, columns, [{"name": "0", "desc": "default_pg", "size": 3}],
+                         ["allreduce"], ["/job/train.py:1"], run=run, dtypes=["Float"]),
+               folder / f"rank{rank}.rows")
+
+
 def test_a_clock_is_fitted_without_the_instances_another_rank_spoils(tmp_path: Path) -> None:
     """A rank's clock is the median of its kernels' ends less the first rank's over the
     instances no rank spoils. Planted: rank 1's ends are rank 0's plus known offsets, one of
@@ -301,15 +317,7 @@ def test_a_clock_is_fitted_without_the_instances_another_rank_spoils(tmp_path: P
         size = np.full(instances, 1 << 20, np.int64)
         if rank == 2:
             size[spoilt_at] = 1 << 10
-        columns = {"group": np.zeros(instances, np.uint32), "seq": np.arange(instances),
-                   "collective": np.zeros(instances, np.uint32), "size_bytes": size,
-                   "start_us": base + (planted if rank == 1 else 0.0), "end_us": end,
-                   "site": np.zeros(instances, np.int32), "kernel": np.ones(instances, np.uint8),
-                   "step": np.full(instances, -1, np.int32),
-                   "dtype": np.zeros(instances, np.uint32)}
-        rows.write(rows.Rows(rank, columns, [{"name": "0", "desc": "default_pg", "size": 3}],
-                             ["allreduce"], ["/job/train.py:1"], run="fit", dtypes=["Float"]),
-                   tmp_path / f"rank{rank}.rows")
+        _write_rank(tmp_path, rank, "fit", base + (planted if rank == 1 else 0.0), end, size)
     files = sorted(tmp_path.glob("*.rows"))
     for target in (None, 30):  # (one partition in memory; two partitions, pass 1 by rank)
         found = lineup.analyze_files([], [], rows=files, engine=engines.Embedded(1),
@@ -342,16 +350,7 @@ def test_a_rank_s_launches_either_side_of_a_partition_are_on_its_fitted_clock(
         if rank == 2:
             start, end = start + 7000.0, end + 7000.0
             end[seq % 7 == 3] = np.nan
-        columns = {"group": np.zeros(instances, np.uint32), "seq": seq,
-                   "collective": np.zeros(instances, np.uint32),
-                   "size_bytes": np.full(instances, 1 << 20, np.int64),
-                   "start_us": start, "end_us": end,
-                   "site": np.zeros(instances, np.int32), "kernel": np.ones(instances, np.uint8),
-                   "step": np.full(instances, -1, np.int32),
-                   "dtype": np.zeros(instances, np.uint32)}
-        rows.write(rows.Rows(rank, columns, [{"name": "0", "desc": "default_pg", "size": 3}],
-                             ["allreduce"], ["/job/train.py:1"], run="edges", dtypes=["Float"]),
-                   tmp_path / f"rank{rank}.rows")
+        _write_rank(tmp_path, rank, "edges", start, end, np.full(instances, 1 << 20, np.int64))
     files = sorted(tmp_path.glob("*.rows"))
     cut = lineup.analyze_files([], [], rows=files, target=6)
     assert cut.plan.partitions >= 10
