@@ -40,8 +40,15 @@ def _step(rank: int, step: int, t: dict[str, Any], sites: dict[str, str]) -> Non
     dist.all_reduce(t["grads"])
 
 
+def warm_up(t: dict[str, Any]) -> None:
+    """A model's first collectives."""
+    for _ in range(2):
+        dist.all_reduce(t["grads"])
+
+
 def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
-    """Warm-up collectives, then profiled steps of a broadcast and an all-reduce."""
+    """Warm-up collectives, then profiled steps of a broadcast and an all-reduce (the
+    unscheduled profiler starts after the warm-up, the scheduled one before it)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     import autoannot
@@ -49,9 +56,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
     assert autoannot.is_enabled(), "AUTOANNOT=1 must reach the ranks"
     t = {"weights": torch.zeros(1 << 10), "grads": torch.ones(1 << 12)}
     sites: dict[str, str] = {}
-    for _ in range(2):  # before the profiler: a model's first broadcasts
-        dist.all_reduce(t["grads"])
     if kind == "unscheduled":
+        warm_up(t)  # before the profiler: a model's first collectives
         time.sleep(rank * PROFILER_START_S)
         prof = profile(activities=[ProfilerActivity.CPU])
     else:
@@ -60,6 +66,12 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
             every_step = schedule(wait=0, warmup=0, active=STEPS, repeat=1)
         prof = profile(activities=[ProfilerActivity.CPU], schedule=every_step)
     with prof:
+        if kind != "unscheduled":
+            # In the profiler's first step. A profiler's start-up (hundreds of ms on a busy
+            # 2-core host, some ranks more than others) is real lateness at the next
+            # collective, and record files alone cannot tell it from a slow rank: here it
+            # lands on each group's first collective, warm-up by the tools' rule.
+            warm_up(t)
         for step in range(STEPS):
             _step(rank, step, t, sites)
             prof.step()
