@@ -8,7 +8,9 @@ answer comes from the plant, never from the tools.
   ranks 0 and 2 in the broadcast or in tp #6 — all on rank 3.
 * ``sleep``: the mesh, but rank 3 stays alive, asleep outside any collective (``SLEEP_S``)
   after step 5's tp all-reduce: the same answer while it sleeps (read from the files the
-  job is still writing), then the job finishes.
+  job is still writing), then the job finishes. With torch's Flight Recorder on, each rank
+  dumps its ring when asked (a ``DUMP_REQUEST`` file appears: as every rank of an NCCL job
+  dumps when one times out), the sleeper too.
 * ``mismatch``: rank 1 calls an all-gather where the others call an all-reduce, at step 2 of
   the default group: a mismatch, not an absence.
 * ``two``: pairs {0, 1} and {2, 3} only; rank 1 stops before step 3's pair all-reduce, rank 3
@@ -30,6 +32,7 @@ WORLD, STEPS, STOP_STEP, SLEEP_S = 4, 8, 5, 20.0
 MISMATCH_STEP, MISMATCH_RANK = 2, 1
 TWO_STOPS = {1: 3, 3: 4}  # rank -> the step it stops before
 FR_PREFIX = "nccl_trace_rank_"  # (torch's own dump files' names: TORCH_FR_DUMP_TEMP_FILE's)
+DUMP_REQUEST = "dump-now"
 
 
 def _here() -> int:
@@ -50,6 +53,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
     tp = [_group([0, 1], "tp"), _group([2, 3], "tp")]
     dp = [_group([0, 2], "dp"), _group([1, 3], "dp")]
     mine_tp, mine_dp = tp[rank // 2], dp[rank % 2]
+    if kind == "sleep" and os.environ.get("TORCH_FR_BUFFER_SIZE"):
+        _dump_when_asked(out, rank)
     x = torch.ones(64)
     sites: dict[str, str] = {}
     stuck = None
@@ -82,10 +87,30 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
         except RuntimeError as exc:  # a peer left, or timed out: gloo says so
             stuck = f"step {step}: {str(exc).splitlines()[0][:120]}"
             break
-    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # torch's Flight Recorder on: dump it, as a
-        dump = torch._C._distributed_c10d._dump_fr_trace()  # rank does after its timeout
-        Path(out, f"{FR_PREFIX}{rank}").write_bytes(dump)
+    if os.environ.get("TORCH_FR_BUFFER_SIZE") and kind != "sleep":  # torch's Flight
+        _dump(out, rank)  # Recorder on: dump it, as a rank does after its timeout
     return {"sites": sites, "stuck": stuck}
+
+
+def _dump(out: str, rank: int) -> None:
+    """This rank's Flight Recorder ring, in torch's pickle, written whole (then renamed)."""
+    dump = torch._C._distributed_c10d._dump_fr_trace()
+    part = Path(out, f".{FR_PREFIX}{rank}.part")
+    part.write_bytes(dump)
+    part.rename(Path(out, f"{FR_PREFIX}{rank}"))
+
+
+def _dump_when_asked(out: str, rank: int) -> None:
+    """A thread that dumps this rank's ring once ``DUMP_REQUEST`` appears in ``out`` (the
+    rank's main thread may be blocked in a collective, or asleep)."""
+    import threading
+
+    def wait() -> None:
+        while not Path(out, DUMP_REQUEST).exists():
+            time.sleep(0.05)
+        _dump(out, rank)
+
+    threading.Thread(target=wait, daemon=True, name="fr-dump").start()
 
 
 def dump_both(rank: int, world: int, out: str) -> str:

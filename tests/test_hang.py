@@ -106,34 +106,59 @@ def test_the_mesh_hang_names_rank_3_and_who_waits_on_it(hung, capsys, tmp_path: 
     assert page.index('id="hang"') == page.index("id=", first) and 'id="straggler"' not in page
 
 
-def test_a_rank_asleep_outside_any_collective_is_named_while_it_sleeps(capsys,
-                                                                      tmp_path: Path) -> None:
+def test_a_rank_asleep_outside_any_collective_is_named_while_it_sleeps(
+        capsys, tmp_path: Path, monkeypatch) -> None:
     """Rank 3 sleeps after step 5's tp all-reduce, alive: the commands read the files the job
-    is still writing and name it, as they name a rank that stopped; once it wakes and the
-    job ends, no hang is left to say."""
+    is still writing and name it, as they name a rank that stopped. While it sleeps every
+    rank dumps torch's Flight Recorder ring when asked: the dumps alone, and the dumps with
+    the record files, name it too. Once it wakes and the job ends, no hang is left to say."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    out = tmp_path / "job"
+    out.mkdir()
     ran: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: ran.update(
-        results=job.run("sleep", tmp_path, job.SLEEP_S + 30)))  # (the others wait it out)
+        results=job.run("sleep", out, job.SLEEP_S + 30)))  # (the others wait it out)
     worker.start()
+    taken = {way: tmp_path / f"asleep{way}" for way in WAYS_IN}
     try:
         lines: list[str] = []
         while worker.is_alive():  # (until the ranks wait on the sleeper: then read it)
             time.sleep(0.5)
-            if not any(tmp_path.glob("*.jsonl")):
+            if not any(out.glob("*.jsonl")):
                 continue
-            code, lines = _said(capsys, "skew", "-q", str(tmp_path))
+            code, lines = _said(capsys, "skew", "-q", str(out))
             if lines and lines[0].startswith("HANG") and any("rank 1 in" in x for x in lines):
                 break
         assert worker.is_alive(), "the job ended before the tools read it asleep"
-        code, checked = _said(capsys, "check", str(tmp_path))
+        checked_code, checked = _said(capsys, "check", str(out))
         assert worker.is_alive(), "the job ended before check read it asleep"
+        (out / job.DUMP_REQUEST).touch()  # every rank dumps its ring, the sleeper too
+        dumps = [out / f"{job.FR_PREFIX}{rank}" for rank in range(job.WORLD)]
+        deadline = time.monotonic() + 10
+        while not all(d.exists() for d in dumps) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(d.exists() for d in dumps), "a rank did not dump when asked"
+        for folder in taken.values():
+            folder.mkdir()
+        for path in out.glob("*.jsonl"):  # (what the files said while it slept)
+            for way in ("", "-records"):
+                shutil.copy(path, taken[way] / path.name)
+        for path in dumps:
+            shutil.copy(path, taken[""] / path.name)
+            path.rename(taken["-fr"] / path.name)
+        assert worker.is_alive(), "the job ended before its files were taken asleep"
     finally:
         worker.join(90)
     assert not worker.is_alive() and all(r["stuck"] is None for r in ran["results"])
-    _mesh_answers([line.strip() for line in lines], ran["results"][0]["sites"])
-    assert code == 1
-    _mesh_answers([line.strip() for line in checked], ran["results"][0]["sites"])
-    code, lines = _said(capsys, "skew", "-q", str(tmp_path))
+    sites = ran["results"][0]["sites"]
+    _mesh_answers([line.strip() for line in lines], sites)
+    assert code == 1 and checked_code == 1
+    _mesh_answers([line.strip() for line in checked], sites)
+    for way, folder in taken.items():
+        for name, (code, said) in _lead(capsys, tmp_path, folder).items():
+            assert code == 1, (way, name)
+            _mesh_answers([line.strip() for line in said], sites)
+    code, lines = _said(capsys, "skew", "-q", str(out))
     assert not any(line.startswith("HANG") for line in lines)
 
 
