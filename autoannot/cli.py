@@ -548,6 +548,46 @@ def _plot(args: argparse.Namespace) -> int:
     return DONE
 
 
+def _watch(args: argparse.Namespace) -> int:
+    """``autoannot watch FOLDER``: the rings' hang said while the job runs; ``--once``: what
+    they show now."""
+    from autoannot.traces import files, watch
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        return _bad_input("watch", f"{folder}: no such folder (give AUTOANNOT_RING's folder)")
+    if args.once:
+        try:
+            found = watch.verdict(folder)
+        except files.TraceError as exc:
+            return _bad_input("watch", str(exc))
+        for note in found.notes:
+            _say("watch", note)
+        if args.json:
+            print(json.dumps({"run": found.run, "ranks": sorted(found.counts),
+                              "launches": {str(r): n for r, n in sorted(found.counts.items())},
+                              "hang": found.lines, "notes": found.notes}, indent=1))
+        else:
+            print("\n".join(found.lines) if found.lines else
+                  f"no hang: {len(found.counts)} ranks' rings, no rank waits on another")
+        return 1 if found.lines or not found.counts else 0
+    watcher = watch.Watcher(folder, args.stall, lambda line: print(line, flush=True))
+    print(f"autoannot watch: {folder}, a look every {args.interval:g} s; a hang is said once "
+          f"no rank has launched for {args.stall:g} s (Ctrl-C ends)", flush=True)
+    watcher.run(args.interval)
+    return 0
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is no number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be more than 0")
+    return seconds
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from autoannot.agent import doctor
 
@@ -708,6 +748,22 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--json", action="store_true", help="print JSON on stdout instead of text")
     plot.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     plot.set_defaults(func=_plot)
+    watch_ = sub.add_parser(
+        "watch", help="name a live job's hang while it hangs (AUTOANNOT_RING's rings)",
+        description="Look at the rings a job writes (AUTOANNOT_RING=FOLDER) while it runs: "
+        "once no rank has launched a collective for --stall seconds, say the hang, as check "
+        "says it: the rank that holds the job up, its last launch and call site, and who waits "
+        "on it where. The rings must be on this host's disk. --once: what they show now "
+        "(exit 1 for a hang or no rings, 0 for none; 2 bad input).")
+    watch_.add_argument("folder", metavar="FOLDER", help="AUTOANNOT_RING's folder")
+    watch_.add_argument("--interval", type=_seconds, default=1.0, metavar="S",
+                        help="seconds between looks (default 1)")
+    watch_.add_argument("--stall", type=_seconds, default=5.0, metavar="S",
+                        help="seconds with no launch on any rank before a hang is said "
+                        "(default 5)")
+    watch_.add_argument("--once", action="store_true", help="look once, say it, and exit")
+    watch_.add_argument("--json", action="store_true", help="with --once: JSON on stdout")
+    watch_.set_defaults(func=_watch)
     doc = sub.add_parser("doctor", help="versions, the annotation path, what is missing",
                          description="What this machine has, which annotation path the agent "
                          "will take, what is missing for torch's toolsId path and how to get "

@@ -11,6 +11,11 @@ answer comes from the plant, never from the tools.
   job is still writing), then the job finishes. With torch's Flight Recorder on, each rank
   dumps its ring when asked (a ``DUMP_REQUEST`` file appears: as every rank of an NCCL job
   dumps when one times out), the sleeper too.
+* ``frozen``: the mesh, but rank 3 stops its own process (``SIGSTOP``, its pid in
+  ``FROZEN_PID``) after step 5's tp all-reduce, as a stuck host does: its connections stay
+  open, and the others wait (gloo would fail them at once were its process gone) until it is
+  continued (``SIGCONT``); then the job finishes.
+* ``clean``: the mesh with nothing planted.
 * ``mismatch``: rank 1 calls an all-gather where the others call an all-reduce, at step 2 of
   the default group: a mismatch, not an absence.
 * ``two``: pairs {0, 1} and {2, 3} only; rank 1 stops before step 3's pair all-reduce, rank 3
@@ -33,6 +38,7 @@ MISMATCH_STEP, MISMATCH_RANK = 2, 1
 TWO_STOPS = {1: 3, 3: 4}  # rank -> the step it stops before
 FR_PREFIX = "nccl_trace_rank_"  # (torch's own dump files' names: TORCH_FR_DUMP_TEMP_FILE's)
 DUMP_REQUEST = "dump-now"
+FROZEN_PID = "frozen.pid"
 
 
 def _here() -> int:
@@ -68,10 +74,16 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                 continue
             sites.setdefault("tp", f"{__file__}:{_here()}")
             dist.all_reduce(x, group=mine_tp)
-            if rank == 3 and step == STOP_STEP and kind in ("mesh", "sleep"):
+            if rank == 3 and step == STOP_STEP and kind in ("mesh", "sleep", "frozen"):
                 if kind == "mesh":
                     break  # this rank is gone
-                time.sleep(SLEEP_S)  # alive, outside any collective
+                if kind == "frozen":
+                    import signal
+
+                    Path(out, FROZEN_PID).write_text(str(os.getpid()))
+                    os.kill(os.getpid(), signal.SIGSTOP)  # until continued
+                else:
+                    time.sleep(SLEEP_S)  # alive, outside any collective
             sites.setdefault("dp", f"{__file__}:{_here()}")
             dist.all_reduce(x, group=mine_dp)
             if kind == "mismatch" and step == MISMATCH_STEP:

@@ -80,6 +80,51 @@ def record_template(env: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if env is None else env).get("AUTOANNOT_RECORD") or None
 
 
+def ring_folder(env: Mapping[str, str] | None = None) -> str | None:
+    """``AUTOANNOT_RING``: the folder of the always-on recorder's ring files (see
+    ``keep/ring.py``); None if unset."""
+    return (os.environ if env is None else env).get("AUTOANNOT_RING") or None
+
+
+def ring_launches(env: Mapping[str, str] | None = None) -> int:
+    """``AUTOANNOT_RING_LAUNCHES``: how many launches a rank's ring keeps (65,536 by default;
+    32 bytes each). ValueError for a value that is no positive whole number."""
+    value = (os.environ if env is None else env).get("AUTOANNOT_RING_LAUNCHES", "").strip()
+    if not value:
+        return 1 << 16
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{value!r} is no positive whole number")
+    return int(value)
+
+
+def watch_requested(env: Mapping[str, str] | None = None) -> bool:
+    """``AUTOANNOT_WATCH=1``: rank 0 watches the job's rings live (``traces/watch.py``)."""
+    return flag("AUTOANNOT_WATCH", False, env)
+
+
+def watch_interval(env: Mapping[str, str] | None = None) -> float:
+    """``AUTOANNOT_WATCH_INTERVAL``: seconds between a watcher's looks (1 by default); a hang is
+    said once no rank has launched for ``AUTOANNOT_WATCH_STALL`` (5 by default)."""
+    return _seconds("AUTOANNOT_WATCH_INTERVAL", 1.0, env)
+
+
+def watch_stall(env: Mapping[str, str] | None = None) -> float:
+    return _seconds("AUTOANNOT_WATCH_STALL", 5.0, env)
+
+
+def _seconds(name: str, default: float, env: Mapping[str, str] | None) -> float:
+    value = (os.environ if env is None else env).get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is no number of seconds") from None
+    if not seconds > 0:
+        raise ValueError(f"{name}={value!r}: must be more than 0")
+    return seconds
+
+
 def agent_requested(env: Mapping[str, str] | None = None) -> bool:
     """``AUTOANNOT``: turn the agent on at start-up."""
     return flag("AUTOANNOT", False, env)

@@ -81,6 +81,9 @@ def check_template(template: str) -> None:
 class Journal:
     """The ``AUTOANNOT_RECORD`` file of this process (see the module docstring)."""
 
+    #: (it writes each launch's entry alone: the sink does not tell it of returns)
+    finishes = False
+
     def __init__(self, template: str, inherited: bool = False) -> None:
         check_template(template)
         self.template = template

@@ -4,11 +4,12 @@ An observer hands the sink a ``LaunchEvent`` when the launch is entered, before 
 (``entered``), and once it was issued (``returned``; a launch that raised is not: ``failed``),
 or hands it the whole launch to run (``run``). The rule:
 
-* entered: the record file's line (``AUTOANNOT_RECORD``'s journals), so a collective that hangs
-  is in the file; in a capture where torch records its own annotations (``mark_kernels``), its
-  scope is entered around the launch;
-* returned: in a capture, its graph's ledger; the open ``record()`` recorders, those that asked
-  for the Python API's launches only leaving out a launch made below it.
+* entered: the record file's line (``AUTOANNOT_RECORD``'s journals) and the ring's record
+  (``AUTOANNOT_RING``), so a collective that hangs is in the files; in a capture where torch
+  records its own annotations (``mark_kernels``), its scope is entered around the launch;
+* returned (or failed): the ring's record of it ended; in a capture, its graph's ledger; the
+  open ``record()`` recorders, those that asked for the Python API's launches only leaving out
+  a launch made below it.
 
 The proxies' wrapper does the same inline, for speed (``observe.wrappers``; a test holds it to
 this rule, launch for launch).
@@ -89,6 +90,8 @@ class Sink:
         if scope is not None:
             scope.__exit__(None, None, None)
         state = self._state
+        if state.journals:
+            to_finishing(state, False)
         if state.captures and not event.noted:
             if event.call_site is None:
                 event.call_site = call_site(2)
@@ -102,6 +105,8 @@ class Sink:
         left with the exception."""
         if scope is not None:
             scope.__exit__(type(exc), exc, exc.__traceback__)
+        if self._state.journals:
+            to_finishing(self._state, True)
 
     def run(self, event: LaunchEvent, call: Callable[..., Any], *call_args: Any) -> Any:
         """One launch, from entry to return: ``call(*call_args)`` runs it, and returns or
@@ -145,6 +150,14 @@ def to_recorders(state: Any, entry: Record, python_api: bool = True) -> None:
     for recording in state.recorders:
         if python_api or not recording.python_api_only:
             recording.append(entry)
+
+
+def to_finishing(state: Any, failed: bool) -> None:
+    """Tell the journals that keep each launch's end (the ring) that this thread's launch
+    returned, or raised (``failed``)."""
+    for journal in state.journals:
+        if journal.finishes:
+            journal.returned(failed)
 
 
 def to_journals(state: Any, entry: Record) -> None:

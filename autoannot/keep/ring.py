@@ -1,0 +1,207 @@
+"""``AUTOANNOT_RING=FOLDER``: the always-on recorder. Each rank keeps its last N collective
+launches (``AUTOANNOT_RING_LAUNCHES``, default 65,536) in a file of fixed-size records mapped
+into its memory: a launch is written with no system call and no JSON, and what the rank last
+entered is in the file whatever ends the process (SIGKILL included: the pages are the
+kernel's), where a watcher on the same host reads it while the job runs.
+
+Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names.jsonl``:
+
+* ``.ring``: a 64-byte header, then ``capacity`` records of 32 bytes. The header: ``MAGIC``,
+  the record size and capacity (``<II``), and how many launches were entered so far
+  (``<Q`` at ``COUNT_AT``, written after each record). Launch ``i`` (0, 1, ...) is the
+  record at ``i % capacity``: its group's seq, its entry and return times
+  (``time.monotonic_ns()``; return 0 while it runs, ``FAILED`` where it raised), its kind and
+  its call site (ids into the names file): ``RECORD`` (``<qqqII``).
+* ``.names.jsonl``: one JSON line for the ring (``{"ring": 1, "rank", "pid", "host", "run",
+  "capacity", "record_bytes", "monotonic_ns", "wall_ns"}``: the two clocks read at one
+  moment), then a line for each kind and call site the first time one is seen
+  (``{"kind": K, "api", "group", "annotation", "param_comms"}``, ``{"site": S, "call_site"}``):
+  a ``write()`` for a launch of a kind or from a line not seen before, none after.
+
+A launch's return time is when the call returned: for a collective that blocks (gloo's, and
+any ``async_op=False`` call on the CPU) its completion; for one that returns a Work or runs on
+a GPU stream, when it was issued.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from _thread import get_ident
+
+from autoannot.base import locks
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+MAGIC = b"AARING01"
+HEADER = struct.Struct("<8sII")  # magic, record bytes, capacity
+COUNT = struct.Struct("<Q")
+COUNT_AT = 16
+HEADER_BYTES = 64
+RECORD = struct.Struct("<qqqII")  # seq, entered_ns, returned_ns, kind, site
+RETURNED_AT = 16  # the returned_ns field's offset in a record
+RETURNED = struct.Struct("<q")
+FAILED = -1  # returned_ns of a launch that raised
+DEFAULT_LAUNCHES = 1 << 16
+SUFFIX = ".ring"
+NAMES_SUFFIX = ".ring.names.jsonl"
+PG_NAME = "Process Group Name"  # vocabulary.PG_NAME
+
+
+def ring_bytes(capacity: int) -> int:
+    """The size of a ring file of ``capacity`` records."""
+    return HEADER_BYTES + capacity * RECORD.size
+
+
+class Ring:
+    """This process's ring (see the module docstring), opened at its first launch (the rank is
+    known then). Registered with the agent's state as a journal: the sink hands it every launch
+    as it is entered (``enter``) and as it returns (``returned``) or raises (``failed``)."""
+
+    #: The sink tells it of each launch's return (a record file's journal is not told).
+    finishes = True
+    #: (not a record file: ``export`` joins the rows of a trace with a record file's lines)
+    path = None
+
+    def __init__(self, folder: str, capacity: int = DEFAULT_LAUNCHES) -> None:
+        if capacity < 1:
+            raise ValueError(f"a ring of {capacity} launches")
+        self.folder = folder
+        self.capacity = capacity
+        self.ring_path: str | None = None  # once opened
+        self.rank: int | None = None
+        self._map: Any = None
+        self._names_fd: int | None = None
+        self._count = 0
+        self._seq: dict[str, int] = {}
+        self._kinds: dict[tuple[int, int], tuple[Any, Any, int]] = {}
+        self._sites: dict[str, int] = {}
+        self._running: dict[int, int] = {}  # thread -> offset of the record it runs
+        self._lock = locks.renewed(self, "_lock")
+        self._opened_by: int | None = None  # the process that opened it
+        self.on_open: list[Any] = []  # called with the ring once it is opened
+
+    def __repr__(self) -> str:
+        return f"Ring({self.ring_path or self.folder!r}, {self.capacity})"
+
+    def _open(self) -> None:
+        import json
+        import mmap
+        import socket
+
+        from autoannot.keep import journal
+
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            self.rank = dist.get_rank()
+        elif os.environ.get("RANK", "").isdigit():
+            self.rank = int(os.environ["RANK"])
+        os.makedirs(self.folder, exist_ok=True)
+        name = f"rank{self.rank}" if self.rank is not None else f"pid{os.getpid()}"
+        if self._opened_by is not None and self.rank is not None:  # a forked child's own
+            name += f".pid{os.getpid()}"
+        stem = os.path.join(self.folder, name)
+        size = ring_bytes(self.capacity)
+        fd = os.open(stem + SUFFIX, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        HEADER.pack_into(self._map, 0, MAGIC, RECORD.size, self.capacity)
+        self._names_fd = os.open(stem + NAMES_SUFFIX,
+                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        self._write_names({"ring": 1, "rank": self.rank, "pid": os.getpid(),
+                           "host": socket.gethostname(), "run": journal.run_identity(dist),
+                           "capacity": self.capacity, "record_bytes": RECORD.size,
+                           "monotonic_ns": time.monotonic_ns(), "wall_ns": time.time_ns()},
+                          json)
+        self.ring_path = stem + SUFFIX
+        self._opened_by = os.getpid()
+        for call in self.on_open:
+            call(self)
+
+    def _open_anew(self) -> None:
+        """Open the ring: at the first launch, or at a forked child's first (its own files,
+        its own sequence numbers; the parent's mapping is left to the parent)."""
+        if self._opened_by is not None:
+            self._count, self._seq, self._running = 0, {}, {}
+            self._kinds, self._sites = {}, {}
+        self._open()
+
+    def _write_names(self, line: dict[str, Any], json: Any = None) -> None:
+        if json is None:
+            import json
+        data = (json.dumps(line) + "\n").encode()
+        while data:
+            data = data[os.write(self._names_fd, data):]  # type: ignore[arg-type]
+
+    def enter(self, entry: Any) -> None:
+        """Write the record of a launch about to run (``entry``: a ``keep.records.Record``)."""
+        annotation = entry.annotation
+        group = annotation.get(PG_NAME, "")
+        with self._lock:
+            if self._map is None or self._opened_by != os.getpid():
+                self._open_anew()
+            kind = self._kind_of(entry, group)
+            site = self._sites.get(entry.call_site)
+            if site is None:
+                site = self._sites[entry.call_site] = len(self._sites)
+                self._write_names({"site": site, "call_site": entry.call_site})
+            seq = self._seq.get(group, 0)
+            self._seq[group] = seq + 1
+            count = self._count
+            at = HEADER_BYTES + (count % self.capacity) * RECORD.size
+            RECORD.pack_into(self._map, at, seq, time.monotonic_ns(), 0, kind, site)
+            self._count = count + 1
+            COUNT.pack_into(self._map, COUNT_AT, count + 1)
+            self._running[get_ident()] = at
+
+    def _kind_of(self, entry: Any, group: str) -> int:
+        annotation, cpu_only = entry.annotation, entry.cpu_only
+        key = (id(annotation), id(cpu_only))
+        known = self._kinds.get(key)
+        if known is None or known[0] is not annotation or known[1] is not cpu_only:
+            kind = len(self._kinds)
+            self._write_names({"kind": kind, "api": entry.api, "group": str(group),
+                               "annotation": annotation, "param_comms": entry.param_comms})
+            known = self._kinds[key] = (annotation, cpu_only, kind)
+        return known[2]
+
+    def returned(self, failed: bool = False) -> None:
+        """The launch this thread entered last returned (or raised: ``failed``)."""
+        at = self._running.pop(get_ident(), None)
+        if at is not None and self._map is not None:
+            RETURNED.pack_into(self._map, at + RETURNED_AT,
+                               FAILED if failed else time.monotonic_ns())
+
+    def close(self) -> None:
+        with self._lock:
+            ring, self._map = self._map, None
+            fd, self._names_fd = self._names_fd, None
+        if ring is not None:
+            ring.flush()
+            ring.close()
+        if fd is not None:
+            os.close(fd)
+
+
+def open_from_environment(state: Any) -> Ring | None:
+    """The ring ``AUTOANNOT_RING`` asks for, opened in ``state``; None if unset. A value that
+    cannot be used is said on stderr, once; the job runs without it."""
+    from autoannot.base import config
+
+    folder = config.ring_folder()
+    if folder is None:
+        return None
+    try:
+        ring = Ring(folder, config.ring_launches())
+    except ValueError as exc:
+        sys.stderr.write(f"autoannot: AUTOANNOT_RING_LAUNCHES: {exc}: no ring is kept\n")
+        return None
+    state.open_journal(ring)
+    return ring

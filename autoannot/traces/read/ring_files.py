@@ -1,0 +1,105 @@
+"""Ring files (``AUTOANNOT_RING``'s, see ``keep/ring.py``) as read by the tools: one rank's
+last launches in order, with what each launch and call site was. Read while the job writes
+them: a launch is counted in the header only once its record is whole, and a names line not
+yet ended is left for the next look."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoannot.keep import ring
+from autoannot.traces import files
+
+#: A record's columns, as ``ring.RECORD`` packs them.
+DTYPE = np.dtype([("seq", "<i8"), ("entered_ns", "<i8"), ("returned_ns", "<i8"),
+                  ("kind", "<u4"), ("site", "<u4")])
+assert DTYPE.itemsize == ring.RECORD.size
+
+
+@dataclass
+class RingRead:
+    """One rank's ring: its first names line (``meta``), its kinds and call sites by id, how
+    many launches it entered (``count``), and the last ``min(count, capacity)`` of them,
+    oldest first (``records``: ``DTYPE``)."""
+
+    path: Path
+    meta: dict[str, Any]
+    kinds: dict[int, dict[str, Any]]
+    sites: dict[int, str]
+    count: int
+    records: Any = field(repr=False)
+
+    @property
+    def rank(self) -> int | None:
+        return self.meta.get("rank")
+
+    def wall_ns(self, monotonic_ns: Any) -> Any:
+        """Times of the ring's monotonic clock on the wall clock (its anchor: the names file's
+        first line)."""
+        return self.meta["wall_ns"] + (monotonic_ns - self.meta["monotonic_ns"])
+
+
+def is_ring(path: str | os.PathLike[str]) -> bool:
+    return str(path).endswith(ring.SUFFIX)
+
+
+def names_of(path: Path) -> Path:
+    return path.with_name(path.name[:-len(ring.SUFFIX)] + ring.NAMES_SUFFIX)
+
+
+def read(path: Path) -> RingRead:
+    """One ring file and its names. TraceError for a file that is no ring or has no names."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(ring.HEADER_BYTES)
+            if len(head) < ring.HEADER_BYTES or head[:8] != ring.MAGIC:
+                raise files.TraceError(f"{path}: not an autoannot ring file")
+            _, record_bytes, capacity = ring.HEADER.unpack_from(head)
+            if record_bytes != ring.RECORD.size:
+                raise files.TraceError(f"{path}: records of {record_bytes} bytes (this "
+                                       f"autoannot reads {ring.RECORD.size})")
+            (count,) = ring.COUNT.unpack_from(head, ring.COUNT_AT)
+            kept = min(count, capacity)
+            body = f.read(capacity * record_bytes)
+    except OSError as exc:
+        raise files.TraceError(f"{path}: {exc.strerror or exc}") from None
+    slots = np.frombuffer(body, DTYPE, count=min(capacity, len(body) // DTYPE.itemsize))
+    if kept > len(slots):
+        raise files.TraceError(f"{path}: cut short ({len(slots)} of {kept} records)")
+    start = count % capacity if count > capacity else 0
+    records = np.concatenate([slots[start:kept], slots[:start]]) if start else slots[:kept]
+    meta, kinds, sites = _names(names_of(path))
+    return RingRead(path, meta, kinds, sites, count, records)
+
+
+def _names(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]], dict[int, str]]:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise files.TraceError(f"{path}: {exc.strerror or exc} (a ring's names)") from None
+    meta: dict[str, Any] | None = None
+    kinds: dict[int, dict[str, Any]] = {}
+    sites: dict[int, str] = {}
+    for line in text.split(b"\n")[:-1]:  # (the last: empty, or a line still being written)
+        entry = json.loads(line)
+        if "ring" in entry:
+            meta = entry
+        elif "kind" in entry:
+            kinds[int(entry["kind"])] = entry
+        elif "site" in entry:
+            sites[int(entry["site"])] = str(entry["call_site"])
+    if meta is None:
+        raise files.TraceError(f"{path}: names no ring")
+    return meta, kinds, sites
+
+
+def in_folder(folder: Path) -> list[Path]:
+    """The ring files in ``folder``, by name."""
+    with os.scandir(folder) as listing:
+        return sorted(Path(e.path) for e in listing if is_ring(e.name) and e.is_file())

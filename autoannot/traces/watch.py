@@ -1,0 +1,151 @@
+"""A live job's hang, named while it hangs: the culprit and who waits on it, from the ranks'
+rings (``AUTOANNOT_RING``) as the job writes them.
+
+A watcher looks at the rings' headers every ``interval`` seconds (64 bytes a rank: how many
+launches each entered). Once no rank has entered a launch for ``stall`` seconds it reads the
+rings whole and runs the hang analysis ``check`` runs (``sequences.hang_of``: who waits on
+whom, over each rank's last launches per group); a hang is said once, and that the job moves
+again once it does. A job that only pauses (every rank computing, no collective half-entered)
+has no rank waiting on another: nothing is said.
+
+Run by rank 0 of a job (``AUTOANNOT_WATCH=1``: ``keep/watch_thread.py``) or by
+``autoannot watch FOLDER``. The rings must be on the watcher's host (or a file system that
+shares writes to mapped files at once: a local disk, tmpfs; not NFS).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoannot.keep import ring
+from autoannot.traces import files
+from autoannot.traces.read import ring_files
+
+#: Each rank's last launches per group read to describe a hang (its last, and the few before).
+LAST_PER_GROUP = 4
+
+
+@dataclass
+class Verdict:
+    """What a look at the rings found: the hang's lead lines (empty: none), the ranks read
+    (by rank: launches entered so far), the run, and what could not be read."""
+
+    lines: list[str]
+    counts: dict[int, int]
+    run: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def counts_of(folder: Path) -> dict[Path, int]:
+    """How many launches each ring in ``folder`` entered so far (its header alone)."""
+    found = {}
+    for path in ring_files.in_folder(folder):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(ring.HEADER_BYTES)
+        except OSError:
+            continue
+        if len(head) == ring.HEADER_BYTES and head[:8] == ring.MAGIC:
+            found[path] = ring.COUNT.unpack_from(head, ring.COUNT_AT)[0]
+    return found
+
+
+def verdict(folder: Path) -> Verdict:
+    """The rings in ``folder`` read whole: the hang they show, if any (of the newest run
+    where the folder holds rings of several; the others said in ``notes``)."""
+    from autoannot.traces.analysis import sequences as S
+
+    reads, notes = [], []
+    for path in ring_files.in_folder(folder):
+        try:
+            reads.append(ring_files.read(path))
+        except (files.TraceError, ValueError) as exc:
+            notes.append(f"{path}: not read ({exc})")
+    if not reads:
+        return Verdict([], {}, None, notes or [f"{folder}: no ring files (*{ring.SUFFIX})"])
+    newest = max(reads, key=lambda r: r.meta.get("wall_ns", 0)).meta.get("run")
+    others = sorted({str(r.meta.get("run")) for r in reads if r.meta.get("run") != newest})
+    if others:
+        notes.append(f"rings of other runs left out ({', '.join(others)}): read run {newest}")
+    reads = [r for r in reads if r.meta.get("run") == newest and r.rank is not None]
+    members: S.Members = {}
+    by_seq: dict[str, dict[int, dict[int, S.Step]]] = {}
+    for one in reads:
+        _last_steps(one, by_seq, members)
+    return Verdict(S.hang_of({}, members, by_seq), {r.rank: r.count for r in reads},
+                   newest, notes)
+
+
+def _last_steps(one: ring_files.RingRead, by_seq: dict[str, dict[int, dict[int, Any]]],
+                members: Any) -> None:
+    """A ring's last ``LAST_PER_GROUP`` launches of each group, as ``check``'s steps."""
+    from autoannot.traces.analysis import sequences as S
+
+    records = one.records
+    seen: dict[str, int] = {}
+    wall = one.wall_ns(records["entered_ns"])
+    for i in range(len(records) - 1, -1, -1):
+        kind = one.kinds.get(int(records["kind"][i]))
+        if kind is None:
+            continue
+        group = kind["group"]
+        if seen.get(group, 0) >= LAST_PER_GROUP:
+            continue
+        seen[group] = seen.get(group, 0) + 1
+        annotation = kind["annotation"]
+        if group not in members:
+            S.note_members(members, group, annotation)
+        site = one.sites.get(int(records["site"][i]))
+        by_seq.setdefault(group, {}).setdefault(one.rank, {})[int(records["seq"][i])] = (
+            S.step_of(annotation, site, int(wall[i])))
+
+
+class Watcher:
+    """Looks at the rings of ``folder`` (``look``), and says (``say``) a hang once no rank has
+    launched for ``stall`` seconds, and that the job moves again once it does."""
+
+    def __init__(self, folder: Path, stall: float, say: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.folder = folder
+        self.stall = stall
+        self.say = say
+        self.clock = clock
+        self._counts: dict[Path, int] = {}
+        self._since = clock()  # when the counts last changed
+        self._said: list[str] | None = None  # the hang said, until the job moves
+
+    def look(self) -> list[str] | None:
+        """One look: the hang's lines where one is said now (None otherwise)."""
+        now = self.clock()
+        counts = counts_of(self.folder)
+        if counts != self._counts:
+            self._counts, self._since = counts, now
+            if self._said is not None:
+                self._said = None
+                self.say("autoannot watch: the job launches again")
+            return None
+        if self._said is not None or not counts or now - self._since < self.stall:
+            return None
+        found = verdict(self.folder)
+        self._said = found.lines
+        if found.lines:
+            self.say(f"autoannot watch: no rank has launched a collective for "
+                     f"{now - self._since:.1f} s ({len(found.counts)} ranks' rings in "
+                     f"{self.folder}):")
+            for line in found.lines:
+                self.say(line)
+            return found.lines
+        return None
+
+    def run(self, interval: float, stop: Any = None) -> None:
+        """Look every ``interval`` seconds until ``stop`` (a ``threading.Event``) is set."""
+        while stop is None or not stop.is_set():
+            self.look()
+            if stop is None:
+                time.sleep(interval)
+            else:
+                stop.wait(interval)

@@ -1,0 +1,180 @@
+"""Left on in production: the always-on ring (``AUTOANNOT_RING``) and the live watch
+(``AUTOANNOT_WATCH=1``, ``autoannot watch``), on real 4-rank gloo jobs hung at a known rank
+and collective (``hang_jobs``). The answers come from the plants, never from the tools."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import hang_jobs as job
+import pytest
+from test_hang import _mesh_answers
+
+from autoannot import cli
+from autoannot.keep import ring
+from autoannot.keep.records import new_record
+from autoannot.traces import files
+from autoannot.traces.read import ring_files
+
+INTERVAL_S, STALL_S = 0.5, 1.0
+#: The collectives' timeout in the live jobs: the watch must speak well before it.
+TIMEOUT_S = 60
+
+
+def _watched(monkeypatch, folder: Path) -> None:
+    monkeypatch.setenv("AUTOANNOT_RING", str(folder))
+    monkeypatch.setenv("AUTOANNOT_WATCH", "1")
+    monkeypatch.setenv("AUTOANNOT_WATCH_INTERVAL", str(INTERVAL_S))
+    monkeypatch.setenv("AUTOANNOT_WATCH_STALL", str(STALL_S))
+
+
+def _start(kind: str, out: Path) -> tuple[threading.Thread, dict[str, Any]]:
+    ran: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            ran["results"] = job.run(kind, out, TIMEOUT_S)
+        except BaseException as exc:  # (said by the test, not lost in the thread)
+            ran["error"] = exc
+
+    worker = threading.Thread(target=go)
+    worker.start()
+    return worker, ran
+
+
+def _watch_lines(err: str) -> list[str]:
+    """What the watcher said of the hang: the lines after its first 'no rank has launched'."""
+    lines = [line.strip() for line in err.splitlines()]
+    first = next(i for i, line in enumerate(lines) if "no rank has launched" in line)
+    return lines[first:]
+
+
+def _last_entry_s(folder: Path, rank: int) -> float:
+    """When ``rank`` entered its last launch (its ring's monotonic clock: this host's)."""
+    one = ring_files.read(folder / f"rank{rank}{ring.SUFFIX}")
+    return float(one.records["entered_ns"].max()) / 1e9
+
+
+@pytest.mark.parametrize("kind", ["frozen", "sleep"])
+def test_a_hang_is_named_live_by_rank_0_before_the_timeout(capfd, monkeypatch, tmp_path: Path,
+                                                           kind: str) -> None:
+    """Rank 3 stops after step 5's tp all-reduce (its process stopped; or asleep, alive):
+    rank 0's watcher says the mesh's answer in the job's log within ``STALL_S`` and two looks
+    of the last launch, while the others still wait (long before their timeout), once; the
+    job then finishes as it would unwatched."""
+    rings = tmp_path / "rings"
+    _watched(monkeypatch, rings)
+    worker, ran = _start(kind, tmp_path)
+    err, said_at = "", None
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while said_at is None and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capfd.readouterr().err
+            if "rank 1 in" in err:
+                said_at = time.monotonic()
+                latest = max(_last_entry_s(rings, r) for r in range(job.WORLD))
+        assert said_at is not None, err
+        assert worker.is_alive(), "the job ended before the watch said its hang"
+    finally:
+        if kind == "frozen" and (tmp_path / job.FROZEN_PID).exists():  # go on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((tmp_path / job.FROZEN_PID).read_text()), signal.SIGCONT)
+        worker.join(TIMEOUT_S + 30)
+    assert "error" not in ran, ran.get("error")
+    assert all(r["stuck"] is None for r in ran["results"])  # nobody timed out
+    err += capfd.readouterr().err
+    lines = _watch_lines(err)
+    _mesh_answers(lines[1:], ran["results"][0]["sites"])
+    assert err.count("no rank has launched") == 1  # said once, not at every look
+    waited = said_at - latest  # (the last launch of any rank: where the hang began)
+    assert waited < STALL_S + 2 * INTERVAL_S + 1.0, waited  # (+1 s: a busy 2-core host)
+    print(f"{kind}: said {waited:.2f} s after the last launch (stall {STALL_S} s, "
+          f"a look every {INTERVAL_S} s)")
+
+
+def test_watch_once_reads_the_rings_a_job_left(capsys, monkeypatch, tmp_path: Path) -> None:
+    """A job that left its rings (rank 3 stopped for good: its process gone): ``autoannot
+    watch --once`` names it from them, exit 1; a finished job's rings: no hang, exit 0."""
+    rings = tmp_path / "rings"
+    monkeypatch.setenv("AUTOANNOT_RING", str(rings))
+    results = job.run("mesh", tmp_path, 20)
+    code = cli.main(["watch", "--once", str(rings)])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    _mesh_answers([line.strip() for line in out], results[0]["sites"])
+    clean = tmp_path / "clean"
+    monkeypatch.setenv("AUTOANNOT_RING", str(clean))
+    job.run("clean", tmp_path, 20)
+    code = cli.main(["watch", "--once", str(clean)])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("no hang: 4 ranks"), out
+
+
+def test_watch_refuses_what_is_no_folder_of_rings(capsys, tmp_path: Path) -> None:
+    assert cli.main(["watch", "--once", str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert cli.main(["watch", "--once", str(tmp_path)]) == 1  # (no rings: never an all-clear)
+    assert "no ring files" in capsys.readouterr().err
+
+
+# --- the ring itself ---------------------------------------------------------------------------
+
+ANNOTATION = {"Collective name": "allreduce", "Process Group Name": "0", "Group size": 1,
+              "dtype": "Float", "In msg nelems": 8, "Out msg nelems": 8}
+
+
+def _entry(site: str) -> Any:
+    return new_record("all_reduce", ANNOTATION, site, {})
+
+
+def test_a_ring_keeps_the_last_launches_in_order_and_their_ends(tmp_path: Path) -> None:
+    """10 launches into a ring of 4: the last 4, oldest first, each with its seq, its call
+    site and an end after its entry (or failed); the file is 64 + 4 x 32 bytes."""
+    kept = ring.Ring(str(tmp_path), 4)
+    for i in range(10):
+        kept.enter(_entry(f"train.py:{i % 3}"))
+        kept.returned(failed=i == 9)
+    kept.close()
+    path = tmp_path / f"pid{os.getpid()}{ring.SUFFIX}"
+    assert path.stat().st_size == ring.ring_bytes(4) == 64 + 4 * 32
+    one = ring_files.read(path)
+    assert one.count == 10
+    assert list(one.records["seq"]) == [6, 7, 8, 9]
+    assert [one.sites[s] for s in one.records["site"]] == [f"train.py:{i % 3}"
+                                                            for i in range(6, 10)]
+    ends = one.records["returned_ns"]
+    assert all(ends[:3] >= one.records["entered_ns"][:3]) and ends[3] == ring.FAILED
+    assert one.kinds[0]["annotation"] == ANNOTATION
+
+
+def test_a_ring_read_while_a_launch_runs_has_it_unended(tmp_path: Path) -> None:
+    kept = ring.Ring(str(tmp_path), 8)
+    kept.enter(_entry("a.py:1"))
+    one = ring_files.read(tmp_path / f"pid{os.getpid()}{ring.SUFFIX}")
+    assert one.count == 1 and one.records["returned_ns"][0] == 0
+    kept.close()
+
+
+def test_what_is_no_ring_is_refused_by_name(tmp_path: Path) -> None:
+    bad = tmp_path / f"x{ring.SUFFIX}"
+    bad.write_bytes(b"not a ring at all" * 8)
+    with pytest.raises(files.TraceError, match="not an autoannot ring file"):
+        ring_files.read(bad)
+
+
+def test_a_ring_of_no_launches_is_refused_at_start_up(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOANNOT": "1", "AUTOANNOT_RING": str(tmp_path),
+           "AUTOANNOT_RING_LAUNCHES": "0"}
+    done = subprocess.run([sys.executable, "-c", "import autoannot._startup"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert "AUTOANNOT_RING_LAUNCHES" in done.stderr and "no ring is kept" in done.stderr
