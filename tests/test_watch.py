@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 
 import hang_jobs as job
 import pytest
-from test_hang import _mesh_answers
+from test_hang import _lead, _mesh_answers
 
 from autoannot import cli
 from autoannot.keep import ring
@@ -101,16 +102,26 @@ def test_a_hang_is_named_live_by_rank_0_before_the_timeout(capfd, monkeypatch, t
           f"a look every {INTERVAL_S} s)")
 
 
-def test_watch_once_reads_the_rings_a_job_left(capsys, monkeypatch, tmp_path: Path) -> None:
+def test_the_rings_a_hung_job_left_name_its_culprit(capsys, monkeypatch, tmp_path: Path) -> None:
     """A job that left its rings (rank 3 stopped for good: its process gone): ``autoannot
-    watch --once`` names it from them, exit 1; a finished job's rings: no hang, exit 0."""
+    watch --once``, ``skew``, ``check`` and ``report`` name it from the rings alone, and from
+    the rings with the record files, exit 1; a finished job's rings: no hang, exit 0."""
     rings = tmp_path / "rings"
     monkeypatch.setenv("AUTOANNOT_RING", str(rings))
     results = job.run("mesh", tmp_path, 20)
     code = cli.main(["watch", "--once", str(rings)])
     out = capsys.readouterr().out.splitlines()
     assert code == 1
-    _mesh_answers([line.strip() for line in out], results[0]["sites"])
+    sites = results[0]["sites"]
+    _mesh_answers([line.strip() for line in out], sites)
+    both = tmp_path / "both"
+    both.mkdir()
+    for path in [*rings.iterdir(), *tmp_path.glob("*.jsonl")]:
+        shutil.copy(path, both / path.name)
+    for folder in (rings, both):
+        for name, (code, lines) in _lead(capsys, tmp_path, folder).items():
+            assert code == 1, (folder, name)
+            _mesh_answers([line.strip() for line in lines], sites)
     clean = tmp_path / "clean"
     monkeypatch.setenv("AUTOANNOT_RING", str(clean))
     job.run("clean", tmp_path, 20)

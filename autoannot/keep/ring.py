@@ -4,7 +4,7 @@ into its memory: a launch is written with no system call and no JSON, and what t
 entered is in the file whatever ends the process (SIGKILL included: the pages are the
 kernel's), where a watcher on the same host reads it while the job runs.
 
-Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names.jsonl``:
+Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names``:
 
 * ``.ring``: a 64-byte header, then ``capacity`` records of 32 bytes. The header: ``MAGIC``,
   the record size and capacity (``<II``), and how many launches were entered so far
@@ -12,7 +12,7 @@ Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names.jsonl``:
   record at ``i % capacity``: its group's seq, its entry and return times
   (``time.monotonic_ns()``; return 0 while it runs, ``FAILED`` where it raised), its kind and
   its call site (ids into the names file): ``RECORD`` (``<qqqII``).
-* ``.names.jsonl``: one JSON line for the ring (``{"ring": 1, "rank", "pid", "host", "run",
+* ``.ring.names``: one JSON line for the ring (``{"ring": 1, "rank", "pid", "host", "run",
   "capacity", "record_bytes", "monotonic_ns", "wall_ns"}``: the two clocks read at one
   moment), then a line for each kind and call site the first time one is seen
   (``{"kind": K, "api", "group", "annotation", "param_comms"}``, ``{"site": S, "call_site"}``):
@@ -48,7 +48,7 @@ RETURNED = struct.Struct("<q")
 FAILED = -1  # returned_ns of a launch that raised
 DEFAULT_LAUNCHES = 1 << 16
 SUFFIX = ".ring"
-NAMES_SUFFIX = ".ring.names.jsonl"
+NAMES_SUFFIX = ".ring.names"
 PG_NAME = "Process Group Name"  # vocabulary.PG_NAME
 
 

@@ -204,7 +204,7 @@ def rank_figures(g: Gathered, blame: Any, counted: Any, ranks: list[int]) -> lis
 
 
 #: Said where some launches are known by their entry times alone.
-BARE = ("{bare} launches are known by their entry times alone (record files): there is no "
+BARE = ("{bare} launches are known by their entry times alone (record files, rings): there is no "
         "transfer time for them, and their waits are bounded by the rank's next entry only "
         "(upper bounds)")
 

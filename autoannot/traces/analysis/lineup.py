@@ -16,6 +16,7 @@ from typing import Any
 
 from autoannot.traces import files
 from autoannot.traces.analysis.matching import Analysis, rank_list
+from autoannot.traces.read import ring_files
 from autoannot.traces.read.rank_files import (
     gloo_needs_records,
     join,
@@ -41,8 +42,9 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     from autoannot.traces import parallel
 
     traces, records, rows = list(traces), list(records), list(rows)
-    dumps = [p for p in rows if not is_rows_name(Path(p))]  # (torch's Flight Recorder's)
-    rows = [p for p in rows if is_rows_name(Path(p))]
+    rings = [p for p in rows if ring_files.is_ring(p)]  # (AUTOANNOT_RING's)
+    dumps = [p for p in rows if not is_rows_name(Path(p)) and p not in rings]  # (torch's
+    rows = [p for p in rows if is_rows_name(Path(p))]  # Flight Recorder's)
     cut_notes: list[str] = []
     read_records = [(path, *part) for path in records
                     for part in record_launches(path, cut_notes)]
@@ -50,9 +52,14 @@ def analyze_files(traces: Iterable[Path], records: Iterable[Path], jobs: int | N
     for path, _, by_run, _ in read_records:
         for name in by_run:
             found.setdefault(name, []).append(path)
-    # one run of the job, of the rows and the record files together (runs.choose)
+    ringed = ring_files.rows_of(rings)
+    for path, one in zip(rings, ringed, strict=True):
+        found.setdefault(one.run or "", []).append(path)
+    # one run of the job, of the rows, the record files and the rings together (runs.choose)
     rows_of, chosen = read_rows_files(rows, run, heads_only=not traces and not records,
                                       others=found)
+    if ringed:
+        _add_rings(ringed, rows_of, {rank for _, rank, _, _ in read_records}, chosen)
     if dumps:
         cut_notes += _add_dumps(dumps, rows_of, {rank for _, rank, _, _ in read_records},
                                 bool(traces))
@@ -176,6 +183,24 @@ def _one_time_base(per_rank: dict[int, list[Launch]],
                 launch.start_us += shift
                 if launch.end_us is not None:
                     launch.end_us += shift
+
+
+def _add_rings(ringed: list[Any], rows_of: dict[int, Any], recorded: set[Any],
+               chosen: str | None) -> None:
+    """The rings' rows (``read.ring_files``) of the chosen run into ``rows_of``, for the ranks
+    no rows or record file of these inputs covers (a record file holds every launch; a ring
+    the last N). Two rings of one rank refused."""
+    by_rank: dict[int, Any] = {}
+    for one in ringed:
+        if (one.run or "") != (chosen or ""):
+            continue
+        if one.rank in by_rank:
+            raise files.TraceError(f"{by_rank[one.rank].source} and {one.source} are both rank "
+                                   f"{one.rank}'s ring: give one per rank of one job")
+        by_rank[one.rank] = one
+    for rank, one in by_rank.items():
+        if rank not in rows_of and rank not in recorded:
+            rows_of[rank] = one
 
 
 def _add_dumps(dumps: list[Path], rows_of: dict[int, Any], recorded: set[Any],

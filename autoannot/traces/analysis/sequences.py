@@ -265,15 +265,19 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
     Returns the divergences, the sequences compared and the ranks read; the groups' missing
     ranks go into ``missing``; a hang's culprit and blocked ranks (``hang``) into
     ``hang_lead``, and then a rank's sequence that only ends early is no divergence."""
-    from autoannot.traces.read import flight_recorder, ledger, record_files, runs
+    from autoannot.traces.read import flight_recorder, ledger, record_files, ring_files, runs
     from autoannot.traces.table import rows
 
+    rings = [p for p in paths if ring_files.is_ring(p)]
     dumps = [p for p in paths if not rows.is_rows_name(p) and p.suffix != ".jsonl"
              and not p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX))
-             and flight_recorder.is_dump(p)]
-    paths = [p for p in paths if p not in dumps]
+             and p not in rings and flight_recorder.is_dump(p)]
+    paths = [p for p in paths if p not in dumps and p not in rings]
+    ringed = ring_files.rows_of(rings)
     rows_files = [p for p in paths if rows.is_rows_name(p)]
     found = record_files.runs_in([p for p in paths if p.suffix == ".jsonl"], rows_files)
+    for path, one in zip(rings, ringed, strict=True):
+        found.setdefault(one.run or runs.NO_RUN, []).append(path)
     run_of_rows = {p: rows.read_head(p)[0].run or runs.NO_RUN for p in rows_files}
     if found:
         run = runs.choose(found, run)
@@ -302,6 +306,9 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
             if beside is not None and os.path.realpath(beside) not in given:
                 given.add(os.path.realpath(beside))
                 from_ledger(beside, sequences)
+    for one in ringed:  # (the rings: for the ranks no record file or rows hold)
+        if (one.run or runs.NO_RUN) == run and one.rank not in ranks:
+            ranks.add(steps_of_rows(one, rows_by_seq, members))
     if dumps:  # (torch's Flight Recorder's: for the ranks no other input holds)
         for one in flight_recorder.read(dumps):
             if one.rank not in ranks:

@@ -1,4 +1,5 @@
-"""Which files a cross-rank command reads: the traces, record files and rows files named
+"""Which files a cross-rank command reads: the traces, record files, rows files, rings
+(``AUTOANNOT_RING``'s) and Flight Recorder dumps named
 (files, or folders of them), each kind apart; a trace read through the rows written beside
 it; what ``check`` compares; every file a command may read (never to be written over)."""
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autoannot.traces import outputs, paths
-from autoannot.traces.read import flight_recorder
+from autoannot.traces.read import flight_recorder, ring_files
 from autoannot.traces.table.rows import PARQUET_SUFFIX, SUFFIX, is_rows, is_rows_name, rows_beside
 
 ROWS_SUFFIXES = (SUFFIX, PARQUET_SUFFIX)
@@ -31,7 +32,8 @@ def split(arguments: list[str], rows: list[Path] | None = None,
             with os.scandir(path) as listing:  # (one listing: thousands of ranks' files)
                 entries = sorted(listing, key=lambda entry: entry.name)
             dumps = {e.path for e in entries if rows is not None and not e.name.endswith(
-                (".jsonl", *ROWS_SUFFIXES)) and e.is_file() and flight_recorder.is_dump(e.path)}
+                (".jsonl", *ROWS_SUFFIXES)) and e.is_file() and (
+                    ring_files.is_ring(e.name) or flight_recorder.is_dump(e.path))}
             if rows is not None:  # (torch's Flight Recorder dumps: read as a rank's rows)
                 rows += [Path(e.path) for e in entries if e.path in dumps]
             found = [e for e in entries if e.name.endswith((".jsonl", *ROWS_SUFFIXES))]
@@ -55,7 +57,7 @@ def split(arguments: list[str], rows: list[Path] | None = None,
             if not path.exists():
                 raise FileNotFoundError(argument)
             rows.append(path)
-        elif rows is not None and flight_recorder.is_dump(path):
+        elif rows is not None and (ring_files.is_ring(path) or flight_recorder.is_dump(path)):
             rows.append(path)
         else:
             traces.append(argument)
@@ -120,7 +122,7 @@ def to_check(arguments: list[str]) -> list[Path]:
         if path.is_dir():
             here = sorted(p for p in path.iterdir() if p.is_file() and (
                 p.name.endswith((ledger.SUFFIX, ledger.LEGACY_SUFFIX, *ROWS_SUFFIXES))
-                or p.suffix == ".jsonl" or flight_recorder.is_dump(p)))
+                or p.suffix == ".jsonl" or ring_files.is_ring(p) or flight_recorder.is_dump(p)))
             if not here:
                 try:
                     here = paths.expand([argument], skip_outputs=False)

@@ -103,3 +103,55 @@ def in_folder(folder: Path) -> list[Path]:
     """The ring files in ``folder``, by name."""
     with os.scandir(folder) as listing:
         return sorted(Path(e.path) for e in listing if is_ring(e.name) and e.is_file())
+
+
+def launches_of(one: RingRead) -> list[Any]:
+    """A ring's collectives as launches (``table.launch.Launch``), entered on the wall clock
+    (the ring's anchor). Known by their entry alone: a return is a completion only for a call
+    that blocks (the ring does not say which did)."""
+    from autoannot.describe import vocabulary as V
+    from autoannot.traces.read import record_files
+    from autoannot.traces.read.rank_files import group_ranks
+    from autoannot.traces.table.launch import Launch
+
+    rank = -1 if one.rank is None else int(one.rank)
+    records = one.records
+    wall_us = one.wall_ns(records["entered_ns"]) / 1e3
+    made: dict[int, tuple[Any, ...] | None] = {}
+    found = []
+    for i in range(len(records)):
+        k = int(records["kind"][i])
+        facts = made.get(k, ())
+        if facts == ():
+            kind = one.kinds.get(k)
+            annotation = kind["annotation"] if kind else {}
+            facts = made[k] = None if V.COLLECTIVE_NAME not in annotation else (
+                kind["group"], str(annotation[V.COLLECTIVE_NAME]),
+                record_files.size_of(annotation)[2], int(annotation.get(V.GROUP_SIZE, 1)),
+                str(annotation.get(V.PG_DESC, "")), group_ranks(annotation),
+                str(annotation.get(V.DTYPE, "")))
+        if facts is None:
+            continue  # (a point-to-point block: no collective instance)
+        group, name, size, group_size, desc, ranks, dtype = facts
+        at = float(wall_us[i])
+        found.append(Launch(rank, group, int(records["seq"][i]), name, size, group_size, at,
+                            None, one.sites.get(int(records["site"][i])), desc,
+                            wall_us=at, group_ranks=ranks, dtype=dtype))
+    return found
+
+
+def rows_of(paths: list[Path]) -> list[Any]:
+    """Each ring's rows (``rows.Rows``, in memory), with its run; ``extra`` says how many
+    launches the ring keeps and how many the rank entered."""
+    from autoannot.traces.table import rows
+
+    made = []
+    for path in paths:
+        one = read(path)
+        if one.rank is None:
+            raise files.TraceError(f"{path}: a ring of a process with no rank")
+        made.append(rows.from_launches(
+            launches_of(one), int(one.rank), clock="wall", source=path.name,
+            run=one.meta.get("run"), host=one.meta.get("host"),
+            extra={"ring_capacity": one.meta.get("capacity"), "ring_entered": one.count}))
+    return made
