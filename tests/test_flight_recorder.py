@@ -64,10 +64,14 @@ def test_a_json_dump_reads_as_its_pickle_does(tmp_path: Path, monkeypatch) -> No
 
     sys.path.insert(0, str(Path(__file__).parent))
     import hang_jobs
+    import torch
     from harness import run_ranks
 
     from autoannot.traces import files
 
+    if not hasattr(torch._C._distributed_c10d, "_dump_fr_trace"):
+        pytest.skip("this torch's Flight Recorder dumps no gloo group's ring (torch._C."
+                    "_distributed_c10d has no _dump_fr_trace)")
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")
     sites = run_ranks(hang_jobs.dump_both, 2, "gloo", (str(tmp_path),))
     pickled = flight_recorder.read(sorted(tmp_path.glob("nccl_trace_rank_*")))
