@@ -6,7 +6,8 @@ repeatable where a shared machine's timings are not.
 Each mode below runs N calls of ``dist.all_reduce`` on a fake group of 2 ranks (no
 communication: the pure overhead) between callgrind's start and stop requests; the same loop
 with the unwrapped call is the baseline. Modes: a bare wrapt pass-through (any wrapt proxy's
-floor), the agent on with nothing to do (the fast path), annotating (a recorder open), the
+floor), the agent on with nothing to do (the fast path), annotating (a recorder open), a record file
+open (``AUTOANNOT_RECORD``: a JSON line a launch), the ring open (``AUTOANNOT_RING``), the
 tutorial's hand-written helper around the call, in a stand-in capture (as this install
 annotates there: handed to the native observer where it is built) and through the Python
 wrappers; ``pg.allreduce`` (a launch no proxy sees, as DDP's reducer's) with the agent off, on
@@ -120,6 +121,15 @@ def child(folder: str, calls: int) -> None:
     count("fast path", lambda: proxy(tensor, group=group))
     with autoannot.record():
         count("annotating", lambda: proxy(tensor, group=group))
+    from autoannot.keep.journal import Journal
+    from autoannot.keep.ring import Ring
+
+    for name, kept in (("record file line", Journal(f"{folder}/record.jsonl")),
+                       ("ring record", Ring(f"{folder}/ring", 4096))):
+        AGENT.state.open_journal(kept)
+        count(name, lambda: proxy(tensor, group=group))
+        AGENT.state.close_journal(kept)
+        kept.close()
     for name, test_capture in (("in capture", 1), ("in capture, Python", 0)):
         with testing.stand_in(test_capture):
             count(name, lambda: proxy(tensor, group=group))
@@ -217,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         totals = _totals(folder)
         native = Path(folder, "native").read_text()
         pg_noted = int(Path(folder, "pg_noted").read_text())
-    order = ["unwrapped", "wrapt floor", "fast path", "annotating", "tutorial helper",
+    order = ["unwrapped", "wrapt floor", "fast path", "annotating", "record file line",
+             "ring record", "tutorial helper",
              "in capture", "in capture, Python", "replay, agent off", "replay, agent on"]
     pg_modes = ["pg call, agent off", "pg call, agent idle", "pg call, in capture"]
     per_call = {mode: totals[mode] / args.calls for mode in order}
