@@ -15,7 +15,8 @@ answer comes from the plant, never from the tools.
   ``FROZEN_PID``) after step 5's tp all-reduce, as a stuck host does: its connections stay
   open, and the others wait (gloo would fail them at once were its process gone) until it is
   continued (``SIGCONT``); then the job finishes.
-* ``clean``: the mesh with nothing planted.
+* ``clean``: the mesh with nothing planted (each step after ``CLEAN_STEP_S`` of "compute", for
+  a watcher to look at it running).
 * ``mismatch``: rank 1 calls an all-gather where the others call an all-reduce, at step 2 of
   the default group: a mismatch, not an absence.
 * ``two``: pairs {0, 1} and {2, 3} only; rank 1 stops before step 3's pair all-reduce, rank 3
@@ -39,6 +40,7 @@ TWO_STOPS = {1: 3, 3: 4}  # rank -> the step it stops before
 FR_PREFIX = "nccl_trace_rank_"  # (torch's own dump files' names: TORCH_FR_DUMP_TEMP_FILE's)
 DUMP_REQUEST = "dump-now"
 FROZEN_PID = "frozen.pid"
+CLEAN_STEP_S = 0.1
 
 
 def _here() -> int:
@@ -72,6 +74,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                 sites.setdefault("pair", f"{__file__}:{_here()}")
                 dist.all_reduce(x, group=mine_tp)
                 continue
+            if kind == "clean":
+                time.sleep(CLEAN_STEP_S)  # (a step's compute)
             sites.setdefault("tp", f"{__file__}:{_here()}")
             dist.all_reduce(x, group=mine_tp)
             if rank == 3 and step == STOP_STEP and kind in ("mesh", "sleep", "frozen"):
@@ -101,7 +105,7 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
             break
     if os.environ.get("TORCH_FR_BUFFER_SIZE") and kind != "sleep":  # torch's Flight
         _dump(out, rank)  # Recorder on: dump it, as a rank does after its timeout
-    return {"sites": sites, "stuck": stuck}
+    return {"sites": sites, "stuck": stuck, "values": x.tolist()}
 
 
 def _dump(out: str, rank: int) -> None:

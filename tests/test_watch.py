@@ -189,3 +189,38 @@ def test_a_ring_of_no_launches_is_refused_at_start_up(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0
     assert "AUTOANNOT_RING_LAUNCHES" in done.stderr and "no ring is kept" in done.stderr
+
+
+# --- the watch never changes the job ----------------------------------------------------------
+
+def test_a_watcher_killed_or_failing_mid_run_leaves_the_job_as_it_was(capfd, monkeypatch,
+                                                                        tmp_path: Path) -> None:
+    """The clean mesh job, unwatched; then with ``autoannot watch`` attached to its rings and
+    killed (SIGKILL) mid-run, and rank 0's own watcher failing mid-run (its folder taken away
+    under it): the job finishes, every rank's values bit-identical to the unwatched run's; the
+    failure said once, the job not stopped."""
+    (tmp_path / "plain").mkdir()
+    plain = job.run("clean", tmp_path / "plain", 20)
+    rings = tmp_path / "rings"
+    _watched(monkeypatch, rings)
+    monkeypatch.setenv("AUTOANNOT_WATCH_INTERVAL", "0.05")
+    out = tmp_path / "watched"
+    out.mkdir()
+    worker, ran = _start("clean", out)
+    while not rings.is_dir() or not list(rings.glob(f"*{ring.SUFFIX}")):
+        time.sleep(0.02)
+    attached = subprocess.Popen([sys.executable, "-m", "autoannot", "watch", "--interval",
+                                 "0.05", str(rings)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    attached.kill()  # the watcher, mid-run
+    attached.wait(30)
+    shutil.rmtree(rings)  # rank 0's watcher's folder, gone mid-run (the rings stay mapped)
+    worker.join(TIMEOUT_S + 30)
+    assert not worker.is_alive() and "error" not in ran, ran.get("error")
+    assert attached.returncode == -signal.SIGKILL
+    assert [r["values"] for r in ran["results"]] == [r["values"] for r in plain]
+    assert all(r["stuck"] is None for r in ran["results"])
+    err = capfd.readouterr().err
+    assert err.count("AUTOANNOT_WATCH stopped") == 1, err
+    assert "the job goes on unwatched" in err
