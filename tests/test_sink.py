@@ -19,9 +19,11 @@ from autoannot import testing
 from autoannot.agent import patching
 from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
 from autoannot.describe.kinds import Kind
+from autoannot.keep import ring
 from autoannot.keep.journal import Journal
 from autoannot.keep.sink import LaunchEvent
 from autoannot.observe import wrappers
+from autoannot.traces.read import ring_files
 
 #: What differs between two runs of one workload in a record file's lines: the times, and the
 #: run's name (which holds the time its file was opened).
@@ -69,6 +71,39 @@ def _run(tmp_path: Path, name: str, inline: bool, monkeypatch: pytest.MonkeyPatc
              for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
     return {"records": list(everything), "api_only": list(api_only), "lines": lines,
             "ledger": ledger.entries}
+
+
+def _ring_run(tmp_path: Path, name: str, inline: bool, monkeypatch: pytest.MonkeyPatch
+              ) -> list[tuple[Any, ...]]:
+    """The workload with a ring alone open (the wrappers then write it inline): each record
+    kept, as (seq, api, annotation, call site, failed)."""
+    monkeypatch.setattr(wrappers, "INLINE", inline)
+    monkeypatch.setattr(AGENT, "proxies", patching.ProxyCache())
+    autoannot.enable()
+    kept = ring.Ring(str(tmp_path / name), 64)
+    AGENT.state.open_journal(kept)
+    try:
+        _workload()
+    finally:
+        AGENT.state.close_journal(kept)
+        kept.close()
+        autoannot.disable()
+    one = ring_files.read(next((tmp_path / name).glob(f"*{ring.SUFFIX}")))
+    return [(int(r["seq"]), one.kinds[int(r["kind"])]["api"],
+             one.kinds[int(r["kind"])]["annotation"], one.sites[int(r["site"])],
+             int(r["returned_ns"]) == ring.FAILED) for r in one.records]
+
+
+def test_a_ring_gets_from_the_inline_path_what_the_sink_gives_it(
+        fake_world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ring alone open: the wrappers write it inline; record for record what the sink
+    writes (the launch that raised: entered, and marked failed)."""
+    inline = _ring_run(tmp_path, "inline", True, monkeypatch)
+    through_sink = _ring_run(tmp_path, "sink", False, monkeypatch)
+    assert inline == through_sink
+    assert [failed for *_, failed in inline].count(True) == 1
+    assert all(Path(site).name.startswith("test_sink.py:") for _, _, _, site, _ in inline)
+    assert len(inline) >= 9
 
 
 def test_the_inline_path_gives_what_the_sink_gives_launch_for_launch(

@@ -38,7 +38,8 @@ def _forget_other_threads(inside: dict[int, int]) -> None:
 
 class State:
     __slots__ = ("__weakref__", "_listeners", "_lock", "before_launch", "blocks", "calls",
-                 "captures", "demand", "exclusion", "inside", "journals", "live", "recorders")
+                 "captures", "demand", "exclusion", "inside", "journals", "live", "recorders",
+                 "rings")
 
     def __init__(self) -> None:
         self._lock = locks.renewed(self, "_lock")
@@ -46,6 +47,9 @@ class State:
         #: Written to as each launch is entered, before it runs (``AUTOANNOT_RECORD``'s file):
         #: objects with ``enter(record)``; copy-on-write too.
         self.journals: tuple[Any, ...] = ()
+        #: The journals, where every one is a ring (``keep.ring``: a wrapper hands it its
+        #: launches inline, ``enter_kind``/``returned``); None otherwise.
+        self.rings: tuple[Any, ...] | None = None
         self.captures = 0  # CUDA-graph captures in progress, in this process
         self.live = False  # the agent is enabled: proxies annotate
         self.demand = False  # live, and a recorder or journal is open or a capture in progress
@@ -72,6 +76,8 @@ class State:
         self.demand = self.live and (bool(self.recorders) or bool(self.journals)
                                      or self.captures > 0)
         self.before_launch = self.blocks > 0 or self.captures > 0 or bool(self.journals)
+        self.rings = (self.journals if self.journals and all(
+            getattr(j, "inline", False) for j in self.journals) else None)
         for listener in self._listeners:
             listener(self)
 

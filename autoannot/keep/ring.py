@@ -66,6 +66,9 @@ class Ring:
     finishes = True
     #: (not a record file: ``export`` joins the rows of a trace with a record file's lines)
     path = None
+    #: The proxies' wrappers hand it their launches inline (``enter_kind``), not through the
+    #: sink's ``run``.
+    inline = True
 
     def __init__(self, folder: str, capacity: int = DEFAULT_LAUNCHES) -> None:
         if capacity < 1:
@@ -83,7 +86,11 @@ class Ring:
         self._running: dict[int, int] = {}  # thread -> offset of the record it runs
         self._lock = locks.renewed(self, "_lock")
         self._opened_by: int | None = None  # the process that opened it
+        self._by_kind: dict[int, tuple[Any, int, str]] = {}  # id(Kind) -> (it, its id, group)
         self.on_open: list[Any] = []  # called with the ring once it is opened
+        self._closed = False
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
 
     def __repr__(self) -> str:
         return f"Ring({self.ring_path or self.folder!r}, {self.capacity})"
@@ -130,7 +137,7 @@ class Ring:
         its own sequence numbers; the parent's mapping is left to the parent)."""
         if self._opened_by is not None:
             self._count, self._seq, self._running = 0, {}, {}
-            self._kinds, self._sites = {}, {}
+            self._kinds, self._sites, self._by_kind = {}, {}, {}
         self._open()
 
     def _write_names(self, line: dict[str, Any], json: Any = None) -> None:
@@ -140,26 +147,55 @@ class Ring:
         while data:
             data = data[os.write(self._names_fd, data):]  # type: ignore[arg-type]
 
+    def _forked(self) -> None:
+        """(In a forked child) its first launch opens a ring of its own."""
+        self._map = None
+
     def enter(self, entry: Any) -> None:
         """Write the record of a launch about to run (``entry``: a ``keep.records.Record``)."""
-        annotation = entry.annotation
-        group = annotation.get(PG_NAME, "")
+        group = entry.annotation.get(PG_NAME, "")
         with self._lock:
-            if self._map is None or self._opened_by != os.getpid():
+            if self._map is None:
+                if self._closed:
+                    return
                 self._open_anew()
-            kind = self._kind_of(entry, group)
-            site = self._sites.get(entry.call_site)
-            if site is None:
-                site = self._sites[entry.call_site] = len(self._sites)
-                self._write_names({"site": site, "call_site": entry.call_site})
-            seq = self._seq.get(group, 0)
-            self._seq[group] = seq + 1
-            count = self._count
-            at = HEADER_BYTES + (count % self.capacity) * RECORD.size
-            RECORD.pack_into(self._map, at, seq, time.monotonic_ns(), 0, kind, site)
-            self._count = count + 1
-            COUNT.pack_into(self._map, COUNT_AT, count + 1)
-            self._running[get_ident()] = at
+            self._write(self._kind_of(entry, group), entry.call_site, group)
+
+    def enter_kind(self, kind: Any, site: str) -> None:
+        """``enter`` of a launch of ``kind`` (``describe.kinds.Kind``) called from ``site``:
+        the proxies' wrappers' inline path (no ``Record`` made but for a kind not seen
+        before)."""
+        known = self._by_kind.get(id(kind))
+        with self._lock:
+            if self._map is None:
+                if self._closed:
+                    return
+                self._open_anew()
+                known = None
+            if known is None or known[0] is not kind:
+                from autoannot.keep.records import new_record
+
+                entry = new_record(kind[0], kind[1], site, kind[2])
+                group = kind[1].get(PG_NAME, "")
+                if len(self._by_kind) >= 4096:
+                    self._by_kind.clear()
+                known = self._by_kind[id(kind)] = (kind, self._kind_of(entry, group), group)
+            self._write(known[1], site, known[2])
+
+    def _write(self, kind: int, site_text: str, group: str) -> None:
+        """(Under the lock) the record of a launch entered now."""
+        site = self._sites.get(site_text)
+        if site is None:
+            site = self._sites[site_text] = len(self._sites)
+            self._write_names({"site": site, "call_site": site_text})
+        seq = self._seq.get(group, 0)
+        self._seq[group] = seq + 1
+        count = self._count
+        at = HEADER_BYTES + (count % self.capacity) * RECORD.size
+        RECORD.pack_into(self._map, at, seq, time.monotonic_ns(), 0, kind, site)
+        self._count = count + 1
+        COUNT.pack_into(self._map, COUNT_AT, count + 1)
+        self._running[get_ident()] = at
 
     def _kind_of(self, entry: Any, group: str) -> int:
         annotation, cpu_only = entry.annotation, entry.cpu_only
@@ -180,7 +216,9 @@ class Ring:
                                FAILED if failed else time.monotonic_ns())
 
     def close(self) -> None:
+        """Unmap the ring (its file stays); no launch is written after."""
         with self._lock:
+            self._closed = True
             ring, self._map = self._map, None
             fd, self._names_fd = self._names_fd, None
         if ring is not None:

@@ -156,7 +156,7 @@ def to_finishing(state: Any, failed: bool) -> None:
     """Tell the journals that keep each launch's end (the ring) that this thread's launch
     returned, or raised (``failed``)."""
     for journal in state.journals:
-        if journal.finishes:
+        if getattr(journal, "finishes", False):
             journal.returned(failed)
 
 

@@ -86,6 +86,25 @@ def _run_unannotated(
     return result
 
 
+def _site_of(call_sites: dict[int, Any], frame: Any) -> str:
+    """The call site of a launch whose wrapper's caller is ``frame``: that line, where it is
+    the user's (mostly: looked up in ``sites.SITES``), else found (``sites.site_from``)."""
+    code = frame.f_code
+    known_sites = call_sites.get(id(code))
+    lines = known_sites[1] if known_sites and known_sites[0] is code else None
+    site = lines.get(frame.f_lasti) if lines else None
+    return site if site is not None else site_from(frame)
+
+
+def _rings_returned(rings: tuple[Any, ...], failed: bool) -> None:
+    """Tell the rings the launch returned (or raised); a failure of theirs is said once."""
+    try:
+        for ring in rings:
+            ring.returned(failed)
+    except Exception as exc:
+        warn_once("ring", "writing the launch's end to the ring", exc)
+
+
 #: The wrappers made from now on annotate inline, as below (True), or hand every launch to the
 #: sink to run (False: the test that holds the inline path to the sink's rule, launch for
 #: launch, compares the two).
@@ -161,42 +180,62 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 return call_as_one_launch(state, wrapped, args, kwargs)
             return _run_unannotated(state, label, why, wrapped, args, kwargs)
         in_capture = False
+        rings = None
+        site = None
         if state.before_launch:  # a block, capture or journal open (one test for the three)
             if state.blocks and calls.blocks:  # in a _coalescing_manager block: the launch
                 calls.blocks[-1].launches.append(kind.facts)
                 return call_as_one_launch(state, wrapped, args, kwargs)
-            if state.journals or (  # (the record file's line is written before the call)
-                    state.captures and agent.captures.torch_marks is not None):
+            marks = state.captures and agent.captures.torch_marks is not None
+            if state.journals:  # (the record file's line is written before the call)
+                rings = state.rings  # (rings alone: entered inline, below)
+                if rings is None or marks:
+                    return sink.run(LaunchEvent(kind, call_site(2), python_api),
+                                    call_as_one_launch, state, wrapped, args, kwargs)
+                site = _site_of(call_sites, _getframe(1))
+                try:
+                    for ring in rings:
+                        ring.enter_kind(kind, site)
+                except Exception as exc:
+                    warn_once(label, "writing the launch to the ring", exc)
+                    rings = None
+            elif marks:
                 return sink.run(LaunchEvent(kind, call_site(2), python_api),
                                 call_as_one_launch, state, wrapped, args, kwargs)
             in_capture = state.captures > 0  # the capture's ledger, noted below
         # call_as_one_launch, inlined (see there): this is the path that annotates
         inside[ident] = 1
         exclusion = state.exclusion if excludes else None
-        if exclusion is None:
-            try:
-                result = wrapped(*args, **kwargs)
-            finally:
-                del inside[ident]
-        else:
-            # (an Exclusion's callables are read as attributes, then called: called as its
-            # methods they would be looked up as methods, ~80 instructions more)
-            claimed = exclusion.call
-            if claimed is not None:  # the native observer's one call
-                try:
-                    result = claimed(wrapped, args, kwargs)
-                finally:
-                    del inside[ident]
-            else:
-                set_excluded, dispatch_key = exclusion.set_excluded, exclusion.key
-                set_excluded(dispatch_key, True)
+        try:
+            if exclusion is None:
                 try:
                     result = wrapped(*args, **kwargs)
                 finally:
-                    set_excluded(dispatch_key, False)
                     del inside[ident]
+            else:
+                # (an Exclusion's callables are read as attributes, then called: called as its
+                # methods they would be looked up as methods, ~80 instructions more)
+                claimed = exclusion.call
+                if claimed is not None:  # the native observer's one call
+                    try:
+                        result = claimed(wrapped, args, kwargs)
+                    finally:
+                        del inside[ident]
+                else:
+                    set_excluded, dispatch_key = exclusion.set_excluded, exclusion.key
+                    set_excluded(dispatch_key, True)
+                    try:
+                        result = wrapped(*args, **kwargs)
+                    finally:
+                        set_excluded(dispatch_key, False)
+                        del inside[ident]
+        except BaseException:
+            if rings is not None:  # (the ring's record of it: failed)
+                _rings_returned(rings, True)
+            raise
+        if rings is not None:
+            _rings_returned(rings, False)
         # after the call: a launch that raised is in no ledger and no record
-        site = None
         if in_capture:  # into its graph's ledger (a failure is said once; the launch stands)
             site = site_from(_getframe(1))
             try:
@@ -206,13 +245,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         recorders = state.recorders
         if recorders:
             if site is None:  # our caller's line, where it is the user's (mostly), else found
-                frame = _getframe(1)
-                code = frame.f_code
-                known_sites = call_sites.get(id(code))  # (see sites.SITES)
-                lines = known_sites[1] if known_sites and known_sites[0] is code else None
-                site = lines.get(frame.f_lasti) if lines else None
-                if site is None:
-                    site = call_site(2)
+                site = _site_of(call_sites, _getframe(1))
             # (by position: on a tuple subclass the cheapest read; 1, 2: its annotation and
             # CPU-only keys, as Kind names them)
             entry = new_tuple(Record, (label, kind[1], site, kind[2]))
