@@ -15,6 +15,10 @@ answer comes from the plant, never from the tools.
   ``FROZEN_PID``) after step 5's tp all-reduce, as a stuck host does: its connections stay
   open, and the others wait (gloo would fail them at once were its process gone) until it is
   continued (``SIGCONT``); then the job finishes.
+* ``late``: the mesh, ``LONG_STEPS`` steps, where rank 2 sleeps ``LATE_S`` before each step's
+  broadcast: a straggler.
+* ``steady``: the mesh, ``LONG_STEPS`` steps of ``STEADY_STEP_S`` of "compute" each, nothing
+  planted: no straggler.
 * ``clean``: the mesh with nothing planted (each step after ``CLEAN_STEP_S`` of "compute", for
   a watcher to look at it running).
 * ``mismatch``: rank 1 calls an all-gather where the others call an all-reduce, at step 2 of
@@ -41,6 +45,7 @@ FR_PREFIX = "nccl_trace_rank_"  # (torch's own dump files' names: TORCH_FR_DUMP_
 DUMP_REQUEST = "dump-now"
 FROZEN_PID = "frozen.pid"
 CLEAN_STEP_S = 0.1
+LONG_STEPS, LATE_RANK, LATE_S, STEADY_STEP_S = 200, 2, 0.02, 0.005
 
 
 def _here() -> int:
@@ -66,7 +71,7 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
     x = torch.ones(64)
     sites: dict[str, str] = {}
     stuck = None
-    for step in range(STEPS):
+    for step in range(LONG_STEPS if kind in ("late", "steady") else STEPS):
         try:
             if kind == "two":
                 if TWO_STOPS.get(rank) == step:
@@ -74,8 +79,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                 sites.setdefault("pair", f"{__file__}:{_here()}")
                 dist.all_reduce(x, group=mine_tp)
                 continue
-            if kind == "clean":
-                time.sleep(CLEAN_STEP_S)  # (a step's compute)
+            if kind in ("clean", "steady"):  # (a step's compute)
+                time.sleep(CLEAN_STEP_S if kind == "clean" else STEADY_STEP_S)
             sites.setdefault("tp", f"{__file__}:{_here()}")
             dist.all_reduce(x, group=mine_tp)
             if rank == 3 and step == STOP_STEP and kind in ("mesh", "sleep", "frozen"):
@@ -98,6 +103,8 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                     sites.setdefault("even", f"{__file__}:{_here()}")
                     dist.all_reduce(x)
                 continue
+            if kind == "late" and rank == LATE_RANK:
+                time.sleep(LATE_S)
             sites.setdefault("broadcast", f"{__file__}:{_here()}")
             dist.broadcast(x, src=0)
         except RuntimeError as exc:  # a peer left, or timed out: gloo says so

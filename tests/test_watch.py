@@ -224,3 +224,40 @@ def test_a_watcher_killed_or_failing_mid_run_leaves_the_job_as_it_was(capfd, mon
     err = capfd.readouterr().err
     assert err.count("AUTOANNOT_WATCH stopped") == 1, err
     assert "the job goes on unwatched" in err
+
+
+# --- stragglers, live -------------------------------------------------------------------------
+
+def _watch_run(kind: str, monkeypatch, tmp_path: Path, capfd) -> tuple[list[dict], list[str]]:
+    rings = tmp_path / "rings"
+    _watched(monkeypatch, rings)
+    monkeypatch.setenv("AUTOANNOT_WATCH_INTERVAL", "0.2")
+    results = job.run(kind, tmp_path, TIMEOUT_S)
+    said = [line.strip() for line in capfd.readouterr().err.splitlines()
+            if line.startswith("autoannot watch:")]
+    return results, said
+
+
+def test_a_rank_late_every_step_is_named_a_straggler_within_50_steps(capfd, monkeypatch,
+                                                                     tmp_path: Path) -> None:
+    """Rank 2 sleeps 20 ms before each step's broadcast (200 steps): rank 0's watcher names
+    it once, at the broadcast's call site, late by the plant, from instances before step 50;
+    rank 0, held in that broadcast and so last at its next tp all-reduce, is not named."""
+    results, said = _watch_run("late", monkeypatch, tmp_path, capfd)
+    named = [line for line in said if "STRAGGLER" in line]
+    assert len(named) == 1, said
+    line = named[0]
+    assert line.startswith(f"autoannot watch: STRAGGLER: rank {job.LATE_RANK} arrived last "), line
+    assert "of group 0 (default_pg)'s last" in line, line
+    assert line.endswith(f"its call site {results[job.LATE_RANK]['sites']['broadcast']}"), line
+    last_seen = int(line.split(" collectives (#")[1].split("-#")[1].split(")")[0])
+    assert last_seen < 50, line  # (group 0's #k: step k's broadcast)
+    waited_ms = float(line.split("the others waiting ")[1].split(" ms")[0])
+    assert abs(waited_ms - job.LATE_S * 1e3) <= 0.25 * job.LATE_S * 1e3, line
+
+
+def test_a_job_with_nothing_planted_names_no_straggler(capfd, monkeypatch,
+                                                        tmp_path: Path) -> None:
+    """200 steps, nothing planted: the watcher names no rank."""
+    _, said = _watch_run("steady", monkeypatch, tmp_path, capfd)
+    assert not any("STRAGGLER" in line for line in said), said

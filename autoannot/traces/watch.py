@@ -104,6 +104,62 @@ def _last_steps(one: ring_files.RingRead, by_seq: dict[str, dict[int, dict[int, 
             S.step_of(annotation, site, int(wall[i])))
 
 
+#: The launches of each ring read to look for stragglers (the tail: 32 bytes each).
+TAIL = 4096
+
+
+def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], str]:
+    """The ranks that stand out as stragglers in the rings of ``folder`` (their last ``tail``
+    launches; ``analysis.stragglers``): (rank, group) -> the line that says it."""
+    import numpy as np
+
+    from autoannot.traces.analysis import stragglers
+    from autoannot.traces.read.rank_files import group_ranks
+
+    reads = []
+    for path in ring_files.in_folder(folder):
+        try:
+            reads.append(ring_files.read(path, tail))
+        except (files.TraceError, ValueError):
+            continue
+    if not reads:
+        return {}
+    newest = max(reads, key=lambda r: r.meta.get("wall_ns", 0)).meta.get("run")
+    entered: dict[str, dict[int, dict[int, float]]] = {}
+    gaps: dict[str, dict[int, dict[int, float]]] = {}  # (its time outside collectives before)
+    members: dict[str, tuple[int, ...]] = {}
+    named: dict[str, str] = {}
+    sites: dict[tuple[str, int], str] = {}  # (group, rank) -> its last call site there
+    for one in reads:
+        if one.meta.get("run") != newest or one.rank is None:
+            continue
+        records = one.records
+        at_us = records["entered_ns"] / 1e3
+        ended = records["returned_ns"].astype(float)
+        ended[ended <= 0] = np.nan  # (still running, or raised)
+        outside_us = np.full(len(records), np.nan)
+        outside_us[1:] = (records["entered_ns"][1:] - ended[:-1]) / 1e3
+        for k, kind in one.kinds.items():
+            annotation = kind.get("annotation") or {}
+            group = kind["group"]
+            if group not in members and (ranks := group_ranks(annotation)) is not None:
+                members[group] = ranks
+                desc = annotation.get("Process Group Description")
+                named[group] = f"{group} ({desc})" if desc else group
+            mine = records["kind"] == k
+            if mine.any():
+                seqs = records["seq"][mine].tolist()
+                entered.setdefault(group, {}).setdefault(one.rank, {}).update(
+                    zip(seqs, at_us[mine].tolist(), strict=True))
+                gaps.setdefault(group, {}).setdefault(one.rank, {}).update(
+                    zip(seqs, outside_us[mine].tolist(), strict=True))
+                site = one.sites.get(int(records["site"][mine][-1]))
+                if site:
+                    sites[(group, one.rank)] = site
+    return {(s.rank, s.group): s.line(named.get(s.group, s.group), sites.get((s.group, s.rank)))
+            for s in stragglers.stragglers(entered, members, gaps=gaps)}
+
+
 class Watcher:
     """Looks at the rings of ``folder`` (``look``), and says (``say``) a hang once no rank has
     launched for ``stall`` seconds, and that the job moves again once it does."""
@@ -117,6 +173,7 @@ class Watcher:
         self._counts: dict[Path, int] = {}
         self._since = clock()  # when the counts last changed
         self._said: list[str] | None = None  # the hang said, until the job moves
+        self._stragglers: dict[tuple[int, str], str] = {}  # (rank, group) -> its line
 
     def look(self) -> list[str] | None:
         """One look: the hang's lines where one is said now (None otherwise)."""
@@ -127,6 +184,7 @@ class Watcher:
             if self._said is not None:
                 self._said = None
                 self.say("autoannot watch: the job launches again")
+            self._look_for_stragglers()
             return None
         if self._said is not None or not counts or now - self._since < self.stall:
             return None
@@ -140,6 +198,17 @@ class Watcher:
                 self.say(line)
             return found.lines
         return None
+
+    def _look_for_stragglers(self) -> None:
+        """Say each rank that now stands out as a straggler (once), and each that no longer
+        does."""
+        now = stragglers_of(self.folder)
+        for key, line in now.items():
+            if key not in self._stragglers:
+                self.say(f"autoannot watch: {line}")
+        for rank, group in sorted(self._stragglers.keys() - now.keys()):
+            self.say(f"autoannot watch: rank {rank} no longer stands out in group {group}")
+        self._stragglers = now
 
     def run(self, interval: float, stop: Any = None) -> None:
         """Look every ``interval`` seconds until ``stop`` (a ``threading.Event``) is set."""

@@ -53,11 +53,13 @@ def names_of(path: Path) -> Path:
     return path.with_name(path.name[:-len(ring.SUFFIX)] + ring.NAMES_SUFFIX)
 
 
-def read(path: Path) -> RingRead:
-    """One ring file and its names. TraceError for a file that is no ring or has no names."""
+def read(path: Path, last: int | None = None) -> RingRead:
+    """One ring file and its names (``last``: its last launches alone, at most that many).
+    TraceError for a file that is no ring or has no names."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(ring.HEADER_BYTES)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            head = os.pread(fd, ring.HEADER_BYTES, 0)
             if len(head) < ring.HEADER_BYTES or head[:8] != ring.MAGIC:
                 raise files.TraceError(f"{path}: not an autoannot ring file")
             _, record_bytes, capacity = ring.HEADER.unpack_from(head)
@@ -65,15 +67,23 @@ def read(path: Path) -> RingRead:
                 raise files.TraceError(f"{path}: records of {record_bytes} bytes (this "
                                        f"autoannot reads {ring.RECORD.size})")
             (count,) = ring.COUNT.unpack_from(head, ring.COUNT_AT)
-            kept = min(count, capacity)
-            body = f.read(capacity * record_bytes)
+            kept = min(count, capacity, capacity if last is None else last)
+            parts = []  # (launch count-kept .. count-1: at most two runs of slots)
+            first = count - kept
+            while first < count:
+                slot = first % capacity
+                n = min(count - first, capacity - slot)
+                data = os.pread(fd, n * record_bytes, ring.HEADER_BYTES + slot * record_bytes)
+                if len(data) < n * record_bytes:
+                    raise files.TraceError(f"{path}: cut short (a ring of {capacity} records)")
+                parts.append(np.frombuffer(data, DTYPE))
+                first += n
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise files.TraceError(f"{path}: {exc.strerror or exc}") from None
-    slots = np.frombuffer(body, DTYPE, count=min(capacity, len(body) // DTYPE.itemsize))
-    if kept > len(slots):
-        raise files.TraceError(f"{path}: cut short ({len(slots)} of {kept} records)")
-    start = count % capacity if count > capacity else 0
-    records = np.concatenate([slots[start:kept], slots[:start]]) if start else slots[:kept]
+    records = (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts
+               else np.zeros(0, DTYPE))
     meta, kinds, sites = _names(names_of(path))
     return RingRead(path, meta, kinds, sites, count, records)
 
