@@ -571,7 +571,22 @@ def _watch(args: argparse.Namespace) -> int:
             print("\n".join(found.lines) if found.lines else
                   f"no hang: {len(found.counts)} ranks' rings, no rank waits on another")
         return 1 if found.lines or not found.counts else 0
-    watcher = watch.Watcher(folder, args.stall, lambda line: print(line, flush=True))
+    metrics = None
+    if args.prometheus is not None:
+        from autoannot.traces.metrics import JobMetrics
+
+        try:
+            metrics = JobMetrics(lambda line: print(line, flush=True))
+            metrics.serve(args.prometheus)
+        except ImportError:
+            return _bad_input("watch", "--prometheus needs prometheus-client (pip install "
+                              "'autoannot[watch]')")
+        except OSError as exc:
+            return _bad_input("watch", f"--prometheus {args.prometheus}: {exc.strerror or exc}")
+        print(f"autoannot watch: Prometheus metrics on port {args.prometheus} (/metrics)",
+              flush=True)
+    watcher = watch.Watcher(folder, args.stall, lambda line: print(line, flush=True),
+                            metrics=metrics)
     print(f"autoannot watch: {folder}, a look every {args.interval:g} s; a hang is said once "
           f"no rank has launched for {args.stall:g} s (Ctrl-C ends)", flush=True)
     watcher.run(args.interval)
@@ -762,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds with no launch on any rank before a hang is said "
                         "(default 5)")
     watch_.add_argument("--once", action="store_true", help="look once, say it, and exit")
+    watch_.add_argument("--prometheus", type=int, metavar="PORT",
+                        help="serve the job's metrics for Prometheus on PORT (/metrics)")
     watch_.add_argument("--json", action="store_true", help="with --once: JSON on stdout")
     watch_.set_defaults(func=_watch)
     doc = sub.add_parser("doctor", help="versions, the annotation path, what is missing",

@@ -261,3 +261,81 @@ def test_a_job_with_nothing_planted_names_no_straggler(capfd, monkeypatch,
     """200 steps, nothing planted: the watcher names no rank."""
     _, said = _watch_run("steady", monkeypatch, tmp_path, capfd)
     assert not any("STRAGGLER" in line for line in said), said
+
+
+# --- Prometheus -------------------------------------------------------------------------------
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The endpoint's samples as Prometheus reads them (its own text parser)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_metrics_of_a_late_job_are_its_launches_its_time_and_its_straggler(
+        capsys, monkeypatch, tmp_path: Path) -> None:
+    """The late job's rings, watched once with metrics served: every rank's launches of each
+    group as the job made them, time in collectives, rank 2's straggler wait (the plant)
+    alone, no hang."""
+    from harness import free_port
+
+    from autoannot.traces.metrics import JobMetrics
+    from autoannot.traces.watch import Watcher
+
+    rings = tmp_path / "rings"
+    monkeypatch.setenv("AUTOANNOT_RING", str(rings))
+    job.run("late", tmp_path, TIMEOUT_S)
+    metrics = JobMetrics()
+    server = metrics.serve(port := free_port(), "127.0.0.1")
+    try:
+        Watcher(rings, STALL_S, lambda line: None, metrics=metrics).look()
+        got = _scrape(port)
+    finally:
+        if isinstance(server, tuple):
+            server[0].shutdown()
+    steps = job.LONG_STEPS
+    for rank in range(job.WORLD):
+        for group, collective in (("0", "broadcast"), (str(1 + rank // 2), "allreduce"),
+                                  (str(3 + rank % 2), "allreduce")):
+            key = ("autoannot_collectives_total", (("collective", collective),
+                                                   ("group", group), ("rank", str(rank))))
+            assert got.get(key) == steps, (key, got.get(key))
+        assert got[("autoannot_collective_seconds_total",
+                    (("group", "0"), ("rank", str(rank))))] > 0
+    late = {k: v for k, v in got.items() if k[0] == "autoannot_straggler_wait_seconds"}
+    assert list(late) == [("autoannot_straggler_wait_seconds",
+                           (("group", "0"), ("rank", str(job.LATE_RANK))))], late
+    assert abs(next(iter(late.values())) - job.LATE_S) <= 0.25 * job.LATE_S
+    assert got[("autoannot_hang_culprit_rank", ())] == -1
+
+
+def test_a_live_hang_shows_on_rank_0s_endpoint(capfd, monkeypatch, tmp_path: Path) -> None:
+    """``AUTOANNOT_WATCH_PROMETHEUS``: while rank 3 is stopped, rank 0's endpoint says it is
+    the hang's culprit; the job then finishes as it would unwatched."""
+    from harness import free_port
+
+    rings = tmp_path / "rings"
+    _watched(monkeypatch, rings)
+    monkeypatch.setenv("AUTOANNOT_WATCH_PROMETHEUS", str(port := free_port()))
+    worker, ran = _start("frozen", tmp_path)
+    culprit = None
+    try:
+        deadline = time.monotonic() + TIMEOUT_S / 2
+        while culprit in (None, -1) and worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                culprit = _scrape(port).get(("autoannot_hang_culprit_rank", ()))
+            except OSError:  # (not serving yet)
+                continue
+    finally:
+        if (tmp_path / job.FROZEN_PID).exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((tmp_path / job.FROZEN_PID).read_text()), signal.SIGCONT)
+        worker.join(TIMEOUT_S + 30)
+    assert culprit == 3
+    assert "error" not in ran and all(r["stuck"] is None for r in ran["results"])

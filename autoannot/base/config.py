@@ -108,6 +108,17 @@ def watch_interval(env: Mapping[str, str] | None = None) -> float:
     return _seconds("AUTOANNOT_WATCH_INTERVAL", 1.0, env)
 
 
+def watch_prometheus(env: Mapping[str, str] | None = None) -> int | None:
+    """``AUTOANNOT_WATCH_PROMETHEUS``: the port rank 0's watcher serves Prometheus metrics on
+    (None: unset). ValueError for a value that is no port."""
+    value = (os.environ if env is None else env).get("AUTOANNOT_WATCH_PROMETHEUS", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ValueError(f"AUTOANNOT_WATCH_PROMETHEUS={value!r} is no port")
+    return int(value)
+
+
 def watch_stall(env: Mapping[str, str] | None = None) -> float:
     return _seconds("AUTOANNOT_WATCH_STALL", 5.0, env)
 

@@ -1,6 +1,7 @@
 """``AUTOANNOT_WATCH=1``: rank 0 of the job watches the rings of ``AUTOANNOT_RING``'s folder in
 a thread of its own and says a hang in the job's log (stderr) while it hangs
-(``traces/watch.py``). The thread is a daemon: it never keeps the job from ending, and a
+(``traces/watch.py``); with ``AUTOANNOT_WATCH_PROMETHEUS=PORT`` it serves the job's metrics
+there (``traces/metrics.py``). The thread is a daemon: it never keeps the job from ending, and a
 failure of its own ends it, said once; the job goes on as it was."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def start_on_rank_0(ring: Any) -> None:
 
     try:
         interval, stall = config.watch_interval(), config.watch_stall()
+        port = config.watch_prometheus()
     except ValueError as exc:
         sys.stderr.write(f"autoannot: {exc}: AUTOANNOT_WATCH is off\n")
         return
@@ -28,13 +30,13 @@ def start_on_rank_0(ring: Any) -> None:
             return
         import threading
 
-        threading.Thread(target=_watch, args=(one.folder, interval, stall), daemon=True,
-                         name="autoannot-watch").start()
+        threading.Thread(target=_watch, args=(one.folder, interval, stall, port),
+                         daemon=True, name="autoannot-watch").start()
 
     ring.on_open.append(opened)
 
 
-def _watch(folder: str, interval: float, stall: float) -> None:
+def _watch(folder: str, interval: float, stall: float, port: int | None) -> None:
     try:
         from pathlib import Path
 
@@ -44,7 +46,20 @@ def _watch(folder: str, interval: float, stall: float) -> None:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
-        Watcher(Path(folder), stall, say).run(interval)
+        metrics = None
+        if port is not None:
+            from autoannot.traces.metrics import JobMetrics
+
+            try:
+                metrics = JobMetrics(say)
+                metrics.serve(port)
+                say(f"autoannot watch: Prometheus metrics on port {port} (/metrics)")
+            except (ImportError, OSError) as exc:  # (watched all the same, without them)
+                metrics = None
+                say(f"autoannot: AUTOANNOT_WATCH_PROMETHEUS={port}: no metrics served "
+                    f"({type(exc).__name__}: {exc}; prometheus-client: pip install "
+                    "'autoannot[watch]')")
+        Watcher(Path(folder), stall, say, metrics=metrics).run(interval)
     except Exception as exc:  # never the job's: said once, the watch ends
         sys.stderr.write(f"autoannot: AUTOANNOT_WATCH stopped ({type(exc).__name__}: {exc}); "
                          "the job goes on unwatched\n")

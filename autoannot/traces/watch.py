@@ -108,9 +108,9 @@ def _last_steps(one: ring_files.RingRead, by_seq: dict[str, dict[int, dict[int, 
 TAIL = 4096
 
 
-def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], str]:
+def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple[Any, str]]:
     """The ranks that stand out as stragglers in the rings of ``folder`` (their last ``tail``
-    launches; ``analysis.stragglers``): (rank, group) -> the line that says it."""
+    launches; ``analysis.stragglers``): (rank, group) -> (the ``Straggler``, its line)."""
     import numpy as np
 
     from autoannot.traces.analysis import stragglers
@@ -156,8 +156,19 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], str]:
                 site = one.sites.get(int(records["site"][mine][-1]))
                 if site:
                     sites[(group, one.rank)] = site
-    return {(s.rank, s.group): s.line(named.get(s.group, s.group), sites.get((s.group, s.rank)))
+    return {(s.rank, s.group): (s, s.line(named.get(s.group, s.group),
+                                          sites.get((s.group, s.rank))))
             for s in stragglers.stragglers(entered, members, gaps=gaps)}
+
+
+def culprit_of(lines: list[str]) -> int | None:
+    """The first culprit a hang's lead names (``HANG: rank N holds the job up``), or None."""
+    for line in lines:
+        if line.startswith("HANG: rank "):
+            word = line[len("HANG: rank "):].split()[0]
+            if word.isdigit():
+                return int(word)
+    return None
 
 
 class Watcher:
@@ -165,8 +176,9 @@ class Watcher:
     launched for ``stall`` seconds, and that the job moves again once it does."""
 
     def __init__(self, folder: Path, stall: float, say: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, metrics: Any = None) -> None:
         self.folder = folder
+        self.metrics = metrics  # (``traces.metrics.JobMetrics``, updated at each look)
         self.stall = stall
         self.say = say
         self.clock = clock
@@ -179,17 +191,23 @@ class Watcher:
         """One look: the hang's lines where one is said now (None otherwise)."""
         now = self.clock()
         counts = counts_of(self.folder)
+        if self.metrics is not None:
+            self.metrics.update(self.folder)
         if counts != self._counts:
             self._counts, self._since = counts, now
             if self._said is not None:
                 self._said = None
                 self.say("autoannot watch: the job launches again")
+                if self.metrics is not None:
+                    self.metrics.hang(None)
             self._look_for_stragglers()
             return None
         if self._said is not None or not counts or now - self._since < self.stall:
             return None
         found = verdict(self.folder)
         self._said = found.lines
+        if self.metrics is not None:
+            self.metrics.hang(culprit_of(found.lines))
         if found.lines:
             self.say(f"autoannot watch: no rank has launched a collective for "
                      f"{now - self._since:.1f} s ({len(found.counts)} ranks' rings in "
@@ -203,7 +221,9 @@ class Watcher:
         """Say each rank that now stands out as a straggler (once), and each that no longer
         does."""
         now = stragglers_of(self.folder)
-        for key, line in now.items():
+        if self.metrics is not None:
+            self.metrics.stragglers({key: found for key, (found, _) in now.items()})
+        for key, (_, line) in now.items():
             if key not in self._stragglers:
                 self.say(f"autoannot watch: {line}")
         for rank, group in sorted(self._stragglers.keys() - now.keys()):
