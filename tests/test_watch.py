@@ -339,3 +339,33 @@ def test_a_live_hang_shows_on_rank_0s_endpoint(capfd, monkeypatch, tmp_path: Pat
         worker.join(TIMEOUT_S + 30)
     assert culprit == 3
     assert "error" not in ran and all(r["stuck"] is None for r in ran["results"])
+
+
+# --- rows at export, named by the ring --------------------------------------------------------
+
+def test_gloo_rows_are_written_from_the_ring_alone(capsys, monkeypatch, tmp_path: Path) -> None:
+    """A gloo job profiled on a schedule with ``AUTOANNOT_RING`` and no record file: each rank
+    writes its rows beside its trace (gloo's ranges named by the ring's launches): a row for
+    every collective it profiled, and ``skew`` on them leads with the plant (rank 2 late at its
+    broadcast)."""
+    import json
+
+    import user_jobs
+
+    from autoannot.traces.table import rows
+
+    monkeypatch.setenv("AUTOANNOT_RING", str(tmp_path / "rings"))
+    results = user_jobs.run("shared", tmp_path, record=None)
+    assert not list(tmp_path.glob("*.jsonl"))
+    made = sorted(tmp_path.glob("trace_rank?.rows*"))
+    assert len(made) == user_jobs.WORLD, sorted(p.name for p in tmp_path.iterdir())
+    for path in made:
+        one = rows.read(path)
+        assert len(one) == 2 * user_jobs.STEPS + 2  # (each step's 2, and the 2 warm-ups)
+        assert all(site >= 0 for site in one.columns["site"])  # (every one named)
+    code = cli.main(["skew", "-q", "--json", *map(str, made)])
+    said = json.loads(capsys.readouterr().out)
+    assert code == 0, said["problems"]
+    top = said["origins"][0]
+    site = results[user_jobs.PLANTED_RANK]["sites"]["broadcast"]
+    assert (top["rank"], top["call_site"]) == (user_jobs.PLANTED_RANK, site), top

@@ -73,7 +73,8 @@ class Exported:
 
 def write_rows(trace_path: str, agent: Any, exported: Exported | None = None) -> str | None:
     """The rows of the trace this rank just exported (``traces.rows``), beside it, joined
-    with this process's record file (its run): call sites, and gloo's groups and sizes. A
+    with this process's record file (its run), or else with its ring's launches: call sites,
+    and gloo's groups and sizes. A
     graphed trace's kernels are read as ``annotate`` annotates them, in memory (``exported``:
     the trace as read already). None where the trace holds no collective."""
     import socket
@@ -84,10 +85,17 @@ def write_rows(trace_path: str, agent: Any, exported: Exported | None = None) ->
 
     journal = next((j for j in agent.state.journals if j.path is not None), None)
     exported = exported or Exported(trace_path)
+    run, kept = None if journal is None else journal.run, None
+    ring = next((j for j in agent.state.journals if getattr(j, "ring_path", None)), None)
+    if journal is None and ring is not None:  # (the ring's launches name gloo's, as a
+        from autoannot.traces.read import ring_files  # record file's lines do)
+
+        held = ring_files.read(Path(ring.ring_path))
+        run, kept = held.meta.get("run"), (held.rank, ring_files.launches_of(held))
     made = rank_files.rows_of_trace(exported.path, None if journal is None else Path(journal.path),
-                              run=None if journal is None else journal.run,
-                              host=socket.gethostname(),
-                              scanned=(exported.trace, exported.scan, exported.patches))
+                              run=run, host=socket.gethostname(),
+                              scanned=(exported.trace, exported.scan, exported.patches),
+                              kept=kept)
     if made is None:
         return None
     made.source = Path(trace_path).name

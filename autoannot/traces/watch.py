@@ -105,7 +105,7 @@ def _last_steps(one: ring_files.RingRead, by_seq: dict[str, dict[int, dict[int, 
 
 
 #: The launches of each ring read to look for stragglers (the tail: 32 bytes each).
-TAIL = 4096
+TAIL = 1024
 
 
 def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple[Any, str]]:

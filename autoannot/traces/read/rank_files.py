@@ -392,11 +392,14 @@ def _alignment(kernels: list[Launch], records: list[Launch]) -> int | None:
 
 
 def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | None = None,
-                  host: str | None = None, scanned: tuple[Any, Any, Any] | None = None) -> Any:
+                  host: str | None = None, scanned: tuple[Any, Any, Any] | None = None,
+                  kept: tuple[int | None, list[Any]] | None = None) -> Any:
     """One rank's rows from its exported trace (annotated or eager NCCL kernels, gloo's ranges)
     joined with its record file's lines of ``run`` (call sites; gloo's groups and sizes); None
     where the trace holds no collective to make a row of. ``scanned``: the trace as the job
-    holds it already, (``files.Trace``, ``annotate.Scan``, ``annotate.Patches`` or None)."""
+    holds it already, (``files.Trace``, ``annotate.Scan``, ``annotate.Patches`` or None);
+    ``kept``: where no record file is given, the rank and launches its ring kept
+    (``read.ring_files.launches_of``), joined as a record file's."""
     import os
 
     from autoannot.traces.table import rows
@@ -414,6 +417,9 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
         recorded = by_run.get(run, []) if run is not None else []
         rank = rank if rank is not None else record_rank
         host = host or record_host
+    elif kept is not None:
+        rank = rank if rank is not None else kept[0]
+        recorded = list(kept[1])
     if rank is None:
         return None
     for launch in launches:
@@ -425,7 +431,7 @@ def rows_of_trace(trace_path: Path, record_path: Path | None = None, run: str | 
     if not joined:  # collectives there, but none could be made a row of: say why
         raise files.TraceError("; ".join(problems) or f"{trace_path}: its {len(gloo)} gloo "
                                "collectives have no record file lines to name them (run with "
-                               "AUTOANNOT_RECORD)")
+                               "AUTOANNOT_RING or AUTOANNOT_RECORD)")
     base = trace.metadata().get("baseTimeNanoseconds")
     return rows.from_launches(joined, rank, run=run, host=host, clock="trace",
                          base_ns=base if isinstance(base, int) else None,
