@@ -369,3 +369,24 @@ def test_gloo_rows_are_written_from_the_ring_alone(capsys, monkeypatch, tmp_path
     top = said["origins"][0]
     site = results[user_jobs.PLANTED_RANK]["sites"]["broadcast"]
     assert (top["rank"], top["call_site"]) == (user_jobs.PLANTED_RANK, site), top
+
+
+def test_a_ring_that_cannot_be_kept_is_said_once_and_the_launches_go_on(tmp_path: Path) -> None:
+    """``AUTOANNOT_RING`` naming a path under a file: the job's collectives run and return what
+    they do without the agent, one line says why no ring is kept."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    script = ("import torch, torch.distributed as dist\n"
+              "from torch.testing._internal.distributed.fake_pg import FakeStore\n"
+              "dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=2)\n"
+              "t = torch.ones(4)\n"
+              "print([dist.all_reduce(t) for _ in range(3)], float(t.sum()))\n")
+    env = {**os.environ, "AUTOANNOT": "1", "AUTOANNOT_RING": str(blocker / "rings")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    plain = subprocess.run([sys.executable, "-c", script], env={
+        k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")},
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 == plain.returncode, done.stderr
+    assert done.stdout == plain.stdout
+    assert done.stderr.count("no ring is kept") == 1, done.stderr

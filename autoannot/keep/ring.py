@@ -138,7 +138,12 @@ class Ring:
         if self._opened_by is not None:
             self._count, self._seq, self._running = 0, {}, {}
             self._kinds, self._sites, self._by_kind = {}, {}, {}
-        self._open()
+        try:
+            self._open()
+        except OSError as exc:  # (no ring, said once; the launches go on, never retried)
+            self._closed, self._map = True, None
+            sys.stderr.write(f"autoannot: AUTOANNOT_RING: cannot keep a ring in {self.folder} "
+                             f"({exc.strerror or exc}): no ring is kept\n")
 
     def _write_names(self, line: dict[str, Any], json: Any = None) -> None:
         if json is None:
@@ -159,6 +164,8 @@ class Ring:
                 if self._closed:
                     return
                 self._open_anew()
+                if self._map is None:
+                    return
             self._write(self._kind_of(entry, group), entry.call_site, group)
 
     def enter_kind(self, kind: Any, site: str) -> None:
@@ -171,6 +178,8 @@ class Ring:
                 if self._closed:
                     return
                 self._open_anew()
+                if self._map is None:
+                    return
                 known = None
             if known is None or known[0] is not kind:
                 from autoannot.keep.records import new_record
