@@ -551,7 +551,8 @@ def _plot(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     """``autoannot watch FOLDER``: the rings' hang said while the job runs; ``--once``: what
     they show now."""
-    from autoannot.traces import files, watch
+    from autoannot.traces import files
+    from autoannot.traces.render import watch
 
     folder = Path(args.folder)
     if not folder.is_dir():
@@ -573,7 +574,7 @@ def _watch(args: argparse.Namespace) -> int:
         return 1 if found.lines or not found.counts else 0
     metrics = None
     if args.prometheus is not None:
-        from autoannot.traces.metrics import JobMetrics
+        from autoannot.traces.render.metrics import JobMetrics
 
         try:
             metrics = JobMetrics(lambda line: print(line, flush=True))

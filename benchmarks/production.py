@@ -6,11 +6,11 @@ record file (``AUTOANNOT_RECORD``) — alternated in one run, in one pair of pro
     python benchmarks/production.py [--rounds R] [--steps S] [--width W] [-o OUT.json]
 
 Each round runs S steps in every mode, the modes in a rotated order each round (no mode is
-always first after another), each after a few untimed steps (``--settle``: turning the agent on
-and off costs the first steps after it); a mode's figure is the median of its steps over all rounds, on
-rank 0 (both ranks wait for each other every step). Memory of the ring: its file's size
-(mapped: the pages the kernel keeps). Prints a table, then one line of JSON. A benchmark, not
-a test: it never fails on a figure.
+always first after another), each after a few untimed steps (``--settle``: turning the agent
+on and off costs the first steps after it); a mode's figure is the median of its steps over
+all rounds, on rank 0 (both ranks wait for each other every step). Memory of the ring: its
+file's size (mapped: the pages the kernel keeps). Prints a table, then one line of JSON. A
+benchmark, not a test: it never fails on a figure.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
     from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
     from autoannot.keep.journal import Journal
     from autoannot.keep.ring import Ring
-    from autoannot.traces.watch import Watcher
+    from autoannot.traces.render.watch import Watcher
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

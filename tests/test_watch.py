@@ -284,8 +284,8 @@ def test_the_metrics_of_a_late_job_are_its_launches_its_time_and_its_straggler(
     alone, no hang."""
     from harness import free_port
 
-    from autoannot.traces.metrics import JobMetrics
-    from autoannot.traces.watch import Watcher
+    from autoannot.traces.render.metrics import JobMetrics
+    from autoannot.traces.render.watch import Watcher
 
     rings = tmp_path / "rings"
     monkeypatch.setenv("AUTOANNOT_RING", str(rings))

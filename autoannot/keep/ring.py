@@ -26,35 +26,32 @@ a GPU stream, when it was issued.
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import time
 from _thread import get_ident
 
 from autoannot.base import locks
+from autoannot.base.ring_format import (
+    COUNT,
+    COUNT_AT,
+    DEFAULT_LAUNCHES,
+    FAILED,
+    HEADER,
+    HEADER_BYTES,
+    MAGIC,
+    NAMES_SUFFIX,
+    RECORD,
+    RETURNED,
+    RETURNED_AT,
+    SUFFIX,
+    ring_bytes,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MAGIC = b"AARING01"
-HEADER = struct.Struct("<8sII")  # magic, record bytes, capacity
-COUNT = struct.Struct("<Q")
-COUNT_AT = 16
-HEADER_BYTES = 64
-RECORD = struct.Struct("<qqqII")  # seq, entered_ns, returned_ns, kind, site
-RETURNED_AT = 16  # the returned_ns field's offset in a record
-RETURNED = struct.Struct("<q")
-FAILED = -1  # returned_ns of a launch that raised
-DEFAULT_LAUNCHES = 1 << 16
-SUFFIX = ".ring"
-NAMES_SUFFIX = ".ring.names"
 PG_NAME = "Process Group Name"  # vocabulary.PG_NAME
-
-
-def ring_bytes(capacity: int) -> int:
-    """The size of a ring file of ``capacity`` records."""
-    return HEADER_BYTES + capacity * RECORD.size
 
 
 class Ring:

@@ -1,8 +1,8 @@
 """``AUTOANNOT_WATCH=1``: rank 0 of the job watches the rings of ``AUTOANNOT_RING``'s folder in
-a thread of its own and says a hang in the job's log (stderr) while it hangs
-(``traces/watch.py``); with ``AUTOANNOT_WATCH_PROMETHEUS=PORT`` it serves the job's metrics
-there (``traces/metrics.py``). The thread is a daemon: it never keeps the job from ending, and a
-failure of its own ends it, said once; the job goes on as it was."""
+a thread of its own and says a hang or a straggler in the job's log (stderr) while it lasts
+(``traces/render/watch.py``); with ``AUTOANNOT_WATCH_PROMETHEUS=PORT`` it serves the job's
+metrics there (``traces/render/metrics.py``). The thread is a daemon: it never keeps the job
+from ending, and a failure of its own ends it, said once; the job goes on as it was."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _watch(folder: str, interval: float, stall: float, port: int | None) -> None
     try:
         from pathlib import Path
 
-        from autoannot.traces.watch import Watcher
+        from autoannot.traces.render.watch import Watcher
 
         def say(line: str) -> None:
             sys.stderr.write(line + "\n")
@@ -48,7 +48,7 @@ def _watch(folder: str, interval: float, stall: float, port: int | None) -> None
 
         metrics = None
         if port is not None:
-            from autoannot.traces.metrics import JobMetrics
+            from autoannot.traces.render.metrics import JobMetrics
 
             try:
                 metrics = JobMetrics(say)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoannot.keep import ring
+from autoannot.base import ring_format as ring
 from autoannot.traces import files
 
 #: A record's columns, as ``ring.RECORD`` packs them.

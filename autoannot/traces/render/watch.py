@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoannot.keep import ring
+from autoannot.base import ring_format as ring
 from autoannot.traces import files
 from autoannot.traces.read import ring_files
 

@@ -1,6 +1,6 @@
 """A watched job's figures for the dashboards people already run: Prometheus metrics
 (prometheus-client, ``pip install 'autoannot[watch]'``), updated at each of the watcher's
-looks from the rings (``traces/watch.py``):
+looks from the rings (``traces/render/watch.py``):
 
 * ``autoannot_collectives_total{rank, group, collective}``: launches entered;
 * ``autoannot_collective_seconds_total{rank, group}``: time from each launch's entry to its
