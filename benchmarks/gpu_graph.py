@@ -11,7 +11,9 @@ does that once), then one is timed (wall clock, synchronized), then REPLAYS repl
 alone (kernels registered, cold caches). First captures of a process, agent off and on, are
 measured in processes of their own (``gpu_first_capture.py``: one GPU, a 1-rank group, 100
 all-reduces), alternating FIRST_ROUNDS times, before the ranks start.
-Prints a table and a final JSON line (rank 0's medians); writes the JSON to OUT.json.
+``GRAPH_RING=FOLDER``: "agent on" keeps the always-on ring too (its captures write it; a
+replay launches no Python collective). Prints a table and a final JSON line (rank 0's
+medians); writes the JSON to OUT.json.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ import torch
 import torch.distributed as dist
 
 import autoannot
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep.ring import Ring
 
 COLLECTIVES, ROUNDS, REPLAYS = 100, 7, 200
+#: ``GRAPH_RING=FOLDER``: "agent on" also keeps the ring (``AUTOANNOT_RING``) there.
+RING_DIR = os.environ.get("GRAPH_RING", "")
 FIRST_ROUNDS = int(os.environ.get("FIRST_ROUNDS", "3"))
 
 
@@ -77,9 +83,20 @@ def worker(rank: int, world: int, port: int, out_path: str | None,
     samples: dict[str, dict[str, list[float]]] = {m: {"capture_ms": [], "replay_us": []}
                                                    for m in ("agent off", "agent on")}
     first_on: list[float] = []
+    ring = None
     for _ in range(ROUNDS):
         for mode in ("agent off", "agent on"):
-            (autoannot.enable if mode == "agent on" else autoannot.disable)()
+            if mode == "agent on":
+                if RING_DIR:  # (opened before enable(), as AUTOANNOT_RING opens it)
+                    ring = Ring(f"{RING_DIR}/run", 1 << 16)
+                    AGENT.state.open_journal(ring)
+                autoannot.enable()
+            else:
+                autoannot.disable()
+                if ring is not None:
+                    AGENT.state.close_journal(ring)
+                    ring.close()
+                    ring = None
             for warm_up in (True, False):  # the first capture after enable() registers kernels
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.synchronize()

@@ -147,6 +147,14 @@ def _entry(site: str) -> Any:
     return new_record("all_reduce", ANNOTATION, site, {})
 
 
+def _only_ring(folder: Path) -> Path:
+    """The one ring in ``folder`` (``rank{R}.ring`` where this process has a rank, else
+    ``pid{P}.ring``)."""
+    found = list(folder.glob(f"*{ring.SUFFIX}"))
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_a_ring_keeps_the_last_launches_in_order_and_their_ends(tmp_path: Path) -> None:
     """10 launches into a ring of 4: the last 4, oldest first, each with its seq, its call
     site and an end after its entry (or failed); the file is 64 + 4 x 32 bytes."""
@@ -155,7 +163,7 @@ def test_a_ring_keeps_the_last_launches_in_order_and_their_ends(tmp_path: Path) 
         kept.enter(_entry(f"train.py:{i % 3}"))
         kept.returned(failed=i == 9)
     kept.close()
-    path = tmp_path / f"pid{os.getpid()}{ring.SUFFIX}"
+    path = _only_ring(tmp_path)
     assert path.stat().st_size == ring.ring_bytes(4) == 64 + 4 * 32
     one = ring_files.read(path)
     assert one.count == 10
@@ -170,7 +178,7 @@ def test_a_ring_keeps_the_last_launches_in_order_and_their_ends(tmp_path: Path) 
 def test_a_ring_read_while_a_launch_runs_has_it_unended(tmp_path: Path) -> None:
     kept = ring.Ring(str(tmp_path), 8)
     kept.enter(_entry("a.py:1"))
-    one = ring_files.read(tmp_path / f"pid{os.getpid()}{ring.SUFFIX}")
+    one = ring_files.read(_only_ring(tmp_path))
     assert one.count == 1 and one.records["returned_ns"][0] == 0
     kept.close()
 
