@@ -52,9 +52,10 @@ def _start(kind: str, out: Path) -> tuple[threading.Thread, dict[str, Any]]:
 
 
 def _watch_lines(err: str) -> list[str]:
-    """What the watcher said of the hang: the lines after its first 'no rank has launched'."""
+    """What the watcher said of the hang: from its first 'no rank has launched a collective'."""
     lines = [line.strip() for line in err.splitlines()]
-    first = next(i for i, line in enumerate(lines) if "no rank has launched" in line)
+    first = next(i for i, line in enumerate(lines)
+                 if "no rank has launched a collective for" in line)
     return lines[first:]
 
 
@@ -398,3 +399,38 @@ def test_a_ring_that_cannot_be_kept_is_said_once_and_the_launches_go_on(tmp_path
     assert done.returncode == 0 == plain.returncode, done.stderr
     assert done.stdout == plain.stdout
     assert done.stderr.count("no ring is kept") == 1, done.stderr
+
+
+def test_autoannot_watch_attached_says_a_live_hang(monkeypatch, tmp_path: Path) -> None:
+    """``autoannot watch DIR`` from outside the job, attached while it runs: the frozen mesh's
+    answer on its stdout while rank 3 is stopped; Ctrl-C (SIGINT) ends it, exit 130."""
+    rings = tmp_path / "rings"
+    monkeypatch.setenv("AUTOANNOT_RING", str(rings))
+    worker, ran = _start("frozen", tmp_path)
+    watcher = None
+    out = tmp_path / "watch.out"
+    try:
+        while not (tmp_path / job.FROZEN_PID).exists() and worker.is_alive():
+            time.sleep(0.05)
+        with out.open("w") as sink:
+            watcher = subprocess.Popen(
+                [sys.executable, "-m", "autoannot", "watch", "--interval", "0.1", "--stall",
+                 "0.5", str(rings)], stdout=sink, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while "rank 1 in" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert worker.is_alive(), "the job ended before the watch said its hang"
+        watcher.send_signal(signal.SIGINT)
+        code = watcher.wait(30)
+    finally:
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+        if (tmp_path / job.FROZEN_PID).exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((tmp_path / job.FROZEN_PID).read_text()), signal.SIGCONT)
+        worker.join(TIMEOUT_S + 30)
+    said = out.read_text()
+    assert code == 130, said
+    assert "Traceback" not in said, said
+    _mesh_answers(_watch_lines(said)[1:], ran["results"][0]["sites"])
+    assert "interrupted" in said
