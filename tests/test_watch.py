@@ -250,11 +250,14 @@ def _watch_run(kind: str, monkeypatch, tmp_path: Path, capfd) -> tuple[list[dict
 def test_a_rank_late_every_step_is_named_a_straggler_within_50_steps(capfd, monkeypatch,
                                                                      tmp_path: Path) -> None:
     """Rank 2 sleeps 20 ms before each step's broadcast (200 steps): rank 0's watcher names
-    it once, at the broadcast's call site, late by the plant, from instances before step 50;
-    rank 0, held in that broadcast and so last at its next tp all-reduce, is not named."""
+    it, and no other rank, at the broadcast's call site, late by the plant, from instances
+    before step 50; rank 0, held in that broadcast and so last at its next tp all-reduce, is
+    not named."""
     results, said = _watch_run("late", monkeypatch, tmp_path, capfd)
     named = [line for line in said if "STRAGGLER" in line]
-    assert len(named) == 1, said
+    assert named, said
+    assert all(f"STRAGGLER: rank {job.LATE_RANK} " in n and "group 0 (default_pg)" in n
+               for n in named), said  # (said again only after "no longer stands out")
     line = named[0]
     assert line.startswith(f"autoannot watch: STRAGGLER: rank {job.LATE_RANK} arrived last "), line
     assert "of group 0 (default_pg)'s last" in line, line
