@@ -118,10 +118,7 @@ class Journal:
         import socket
 
         dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            self._rank = dist.get_rank()
-        elif os.environ.get("RANK", "").isdigit():
-            self._rank = int(os.environ["RANK"])
+        self._rank = process_rank(dist)
         path = self.template.format(rank="" if self._rank is None else self._rank,
                                     pid=os.getpid(), host=socket.gethostname())
         world = _world_size(dist)
@@ -216,6 +213,15 @@ def own_path(path: str, rank: object) -> str:
     stem, dot, suffix = name.rpartition(".")
     name = f"{stem}.{mark}.{suffix}" if dot and stem else f"{name}.{mark}"
     return os.path.join(folder, name)
+
+
+def process_rank(dist: Any) -> int | None:
+    """This process's rank: torch.distributed's where it is initialized, else ``RANK``, else
+    None."""
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
 
 
 def _world_size(dist: Any) -> int:

@@ -100,10 +100,7 @@ class Ring:
         from autoannot.keep import journal
 
         dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            self.rank = dist.get_rank()
-        elif os.environ.get("RANK", "").isdigit():
-            self.rank = int(os.environ["RANK"])
+        self.rank = journal.process_rank(dist)
         os.makedirs(self.folder, exist_ok=True)
         name = f"rank{self.rank}" if self.rank is not None else f"pid{os.getpid()}"
         if self._opened_by is not None and self.rank is not None:  # a forked child's own
@@ -149,6 +146,13 @@ class Ring:
         while data:
             data = data[os.write(self._names_fd, data):]  # type: ignore[arg-type]
 
+    def _opened(self) -> bool:
+        """(Under the lock, with no ring mapped) open it, unless it was closed; whether it is
+        mapped now."""
+        if not self._closed:
+            self._open_anew()
+        return self._map is not None
+
     def _forked(self) -> None:
         """(In a forked child) its first launch opens a ring of its own."""
         self._map = None
@@ -157,12 +161,8 @@ class Ring:
         """Write the record of a launch about to run (``entry``: a ``keep.records.Record``)."""
         group = entry.annotation.get(PG_NAME, "")
         with self._lock:
-            if self._map is None:
-                if self._closed:
-                    return
-                self._open_anew()
-                if self._map is None:
-                    return
+            if self._map is None and not self._opened():
+                return
             self._write(self._kind_of(entry, group), entry.call_site, group)
 
     def enter_kind(self, kind: Any, site: str) -> None:
@@ -172,10 +172,7 @@ class Ring:
         known = self._by_kind.get(id(kind))
         with self._lock:
             if self._map is None:
-                if self._closed:
-                    return
-                self._open_anew()
-                if self._map is None:
+                if not self._opened():
                     return
                 known = None
             if known is None or known[0] is not kind:
