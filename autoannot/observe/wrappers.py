@@ -237,7 +237,8 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
             _rings_returned(rings, False)
         # after the call: a launch that raised is in no ledger and no record
         if in_capture:  # into its graph's ledger (a failure is said once; the launch stands)
-            site = site_from(_getframe(1))
+            if site is None:  # (the ring's, where one is open)
+                site = site_from(_getframe(1))
             try:
                 note_in_ledger(label, kind.annotation, kind.kernels, site)
             except Exception as exc:
@@ -245,7 +246,14 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         recorders = state.recorders
         if recorders:
             if site is None:  # our caller's line, where it is the user's (mostly), else found
-                site = _site_of(call_sites, _getframe(1))
+                # (``_site_of``, inlined: a call costs ~400 instructions a recorded launch)
+                frame = _getframe(1)
+                code = frame.f_code
+                known_sites = call_sites.get(id(code))  # (see sites.SITES)
+                lines = known_sites[1] if known_sites and known_sites[0] is code else None
+                site = lines.get(frame.f_lasti) if lines else None
+                if site is None:
+                    site = call_site(2)
             # (by position: on a tuple subclass the cheapest read; 1, 2: its annotation and
             # CPU-only keys, as Kind names them)
             entry = new_tuple(Record, (label, kind[1], site, kind[2]))
