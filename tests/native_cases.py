@@ -12,6 +12,7 @@ records itself as ProcessGroupNCCL does.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import agent_hooks as hooks
@@ -305,9 +306,26 @@ def ddp_steps(rank: int, world: int) -> dict[str, Any]:
         step()
     before = module.noted()
     noted = _captured(11, step)
+    import tempfile
+
+    from autoannot.keep.ring import Ring
+    from autoannot.traces.read import ring_files
+
+    with tempfile.TemporaryDirectory() as folder:  # a ring (as on a GPU host: a record file
+        hooks.AGENT.observer._needs_operators = False  # there would ask for no operator)
+        module.set_capture_inputs(False)  # (no capture here: as a job's observer)
+        ring = Ring(folder, 64)
+        hooks.AGENT.state.open_journal(ring)
+        try:
+            step()
+        finally:
+            hooks.AGENT.state.close_journal(ring)
+            ring.close()
+        kept = ring_files.read(Path(ring.ring_path)) if ring.ring_path else None
+    ringed = [] if kept is None else [kept.kinds[int(k)]["api"] for k in kept.records["kind"]]
     return {"recorded": _records(records), "python_only": len(python_only),
             "noted": noted, "noted_count": module.noted() - before,
-            "parameters": sum(p.numel() for p in model.parameters())}
+            "parameters": sum(p.numel() for p in model.parameters()), "ringed": ringed}
 
 
 def no_python_caller(rank: int, world: int) -> dict[str, Any]:

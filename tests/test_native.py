@@ -138,6 +138,8 @@ def test_ddp_buckets_are_recorded_and_captured() -> None:
         noted = [e for e in result["noted"] if e["api"] == "c10d.allreduce_"]
         assert result["noted_count"] == len(noted) == len(buckets)
         assert _without_sites(noted) == _without_sites(buckets)
+        # the ring keeps every bucket's launch, where a record file would ask for none
+        assert result["ringed"].count("c10d.allreduce_") == len(buckets), result["ringed"]
 
 
 def test_a_launch_from_a_thread_with_no_python_frame_is_recorded() -> None:

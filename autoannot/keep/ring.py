@@ -6,12 +6,13 @@ kernel's), where a watcher on the same host reads it while the job runs.
 
 Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names``:
 
-* ``.ring``: a 64-byte header, then ``capacity`` records of 32 bytes. The header: ``MAGIC``,
+* ``.ring``: a 64-byte header, then ``capacity`` records of 48 bytes. The header: ``MAGIC``,
   the record size and capacity (``<II``), and how many launches were entered so far
   (``<Q`` at ``COUNT_AT``, written after each record). Launch ``i`` (0, 1, ...) is the
-  record at ``i % capacity``: its group's seq, its entry and return times
-  (``time.monotonic_ns()``; return 0 while it runs, ``FAILED`` where it raised), its kind and
-  its call site (ids into the names file): ``RECORD`` (``<qqqII``).
+  record at ``i % capacity``: its group's seq, its entry, return and completion times
+  (``time.monotonic_ns()``; return 0 while it runs, ``FAILED`` where it raised; completion
+  0 where unknown), its kind and its call site (ids into the names file), and the thread its
+  completion was told on (0 where unknown): ``RECORD`` (``<qqqqIII4x``).
 * ``.ring.names``: one JSON line for the ring (``{"ring": 1, "rank", "pid", "host", "run",
   "capacity", "record_bytes", "monotonic_ns", "wall_ns"}``: the two clocks read at one
   moment), then a line for each kind and call site the first time one is seen
@@ -20,7 +21,16 @@ Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names``:
 
 A launch's return time is when the call returned: for a collective that blocks (gloo's, and
 any ``async_op=False`` call on the CPU) its completion; for one that returns a Work or runs on
-a GPU stream, when it was issued.
+a GPU stream, when it was issued. Its completion time is written for a launch that returned a
+Work whose result lies on the CPU (gloo's ``async_op=True``), by a ring that asks for it
+(``completions``: a profiler's window, not the always-on ring: a callback costs ~50 us a
+launch): when the Work's future ran its callbacks (``Future.add_done_callback``, torch's
+public way to be told), with the thread that ran them: gloo completes a Work on the worker
+thread that ran it, the thread the profiler shows its range on, which is what tells two async
+launches of a group apart when gloo's two worker threads ran them out of order.
+
+``Ring(None)``: a ring held in memory alone (no files; ``held()`` reads it): what the agent
+keeps of a profiler's window (``keep.window``).
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from _thread import get_ident
+from _thread import get_ident, get_native_id
 
 from autoannot.base import locks
 from autoannot.base.ring_format import (
@@ -36,6 +46,9 @@ from autoannot.base.ring_format import (
     COUNT_AT,
     DEFAULT_LAUNCHES,
     FAILED,
+    FINISHED,
+    FINISHED_AT,
+    FINISHED_THREAD_AT,
     HEADER,
     HEADER_BYTES,
     MAGIC,
@@ -44,6 +57,7 @@ from autoannot.base.ring_format import (
     RETURNED,
     RETURNED_AT,
     SUFFIX,
+    THREAD,
     ring_bytes,
 )
 
@@ -66,8 +80,12 @@ class Ring:
     #: The proxies' wrappers hand it their launches inline (``enter_kind``), not through the
     #: sink's ``run``.
     inline = True
+    #: It keeps every launch, those made from C++ too (the native observer then watches the
+    #: operators, as for a recorder: on a GPU host a record file asks for NCCL's own records
+    #: alone, and DDP's gloo launches would go unwritten).
+    every_launch = True
 
-    def __init__(self, folder: str, capacity: int = DEFAULT_LAUNCHES) -> None:
+    def __init__(self, folder: str | None, capacity: int = DEFAULT_LAUNCHES) -> None:
         if capacity < 1:
             raise ValueError(f"a ring of {capacity} launches")
         self.folder = folder
@@ -86,11 +104,21 @@ class Ring:
         self._by_kind: dict[int, tuple[Any, int, str]] = {}  # id(Kind) -> (it, its id, group)
         self.on_open: list[Any] = []  # called with the ring once it is opened
         self._closed = False
+        self.names: list[dict[str, Any]] | None = [] if folder is None else None  # (in memory)
+        #: Whether it asks each Work for its completion (a callback on gloo's worker thread:
+        #: ~50 us an async launch, the GIL handed over twice): a profiler's window does (its
+        #: rows pair gloo's ranges by it); the always-on ring does not.
+        self.completions = folder is None
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
 
     def __repr__(self) -> str:
         return f"Ring({self.ring_path or self.folder!r}, {self.capacity})"
+
+    @property
+    def count(self) -> int:
+        """How many launches it entered so far."""
+        return self._count
 
     def _open(self) -> None:
         import json
@@ -101,12 +129,22 @@ class Ring:
 
         dist = sys.modules.get("torch.distributed")
         self.rank = journal.process_rank(dist)
+        size = ring_bytes(self.capacity)
+        meta = {"ring": 1, "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+                "run": journal.run_identity(dist), "capacity": self.capacity,
+                "record_bytes": RECORD.size}
+        if self.folder is None:  # held in memory alone
+            self._map = mmap.mmap(-1, size)
+            HEADER.pack_into(self._map, 0, MAGIC, RECORD.size, self.capacity)
+            self.names = [{**meta, "monotonic_ns": time.monotonic_ns(),
+                           "wall_ns": time.time_ns()}]
+            self._opened_by = os.getpid()
+            return
         os.makedirs(self.folder, exist_ok=True)
         name = f"rank{self.rank}" if self.rank is not None else f"pid{os.getpid()}"
         if self._opened_by is not None and self.rank is not None:  # a forked child's own
             name += f".pid{os.getpid()}"
         stem = os.path.join(self.folder, name)
-        size = ring_bytes(self.capacity)
         fd = os.open(stem + SUFFIX, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             os.ftruncate(fd, size)
@@ -116,11 +154,8 @@ class Ring:
         HEADER.pack_into(self._map, 0, MAGIC, RECORD.size, self.capacity)
         self._names_fd = os.open(stem + NAMES_SUFFIX,
                                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
-        self._write_names({"ring": 1, "rank": self.rank, "pid": os.getpid(),
-                           "host": socket.gethostname(), "run": journal.run_identity(dist),
-                           "capacity": self.capacity, "record_bytes": RECORD.size,
-                           "monotonic_ns": time.monotonic_ns(), "wall_ns": time.time_ns()},
-                          json)
+        self._write_names({**meta, "monotonic_ns": time.monotonic_ns(),
+                           "wall_ns": time.time_ns()}, json)
         self.ring_path = stem + SUFFIX
         self._opened_by = os.getpid()
         for call in self.on_open:
@@ -140,6 +175,9 @@ class Ring:
                              f"({exc.strerror or exc}): no ring is kept\n")
 
     def _write_names(self, line: dict[str, Any], json: Any = None) -> None:
+        if self.names is not None:  # (held in memory)
+            self.names.append(line)
+            return
         if json is None:
             import json
         data = (json.dumps(line) + "\n").encode()
@@ -195,10 +233,10 @@ class Ring:
         self._seq[group] = seq + 1
         count = self._count
         at = HEADER_BYTES + (count % self.capacity) * RECORD.size
-        RECORD.pack_into(self._map, at, seq, time.monotonic_ns(), 0, kind, site)
+        RECORD.pack_into(self._map, at, seq, time.monotonic_ns(), 0, 0, kind, site, 0)
         self._count = count + 1
         COUNT.pack_into(self._map, COUNT_AT, count + 1)
-        self._running[get_ident()] = at
+        self._running[get_ident()] = (at, count)
 
     def _kind_of(self, entry: Any, group: str) -> int:
         annotation, cpu_only = entry.annotation, entry.cpu_only
@@ -211,12 +249,35 @@ class Ring:
             known = self._kinds[key] = (annotation, cpu_only, kind)
         return known[2]
 
-    def returned(self, failed: bool = False) -> None:
-        """The launch this thread entered last returned (or raised: ``failed``)."""
-        at = self._running.pop(get_ident(), None)
-        if at is not None and self._map is not None:
-            RETURNED.pack_into(self._map, at + RETURNED_AT,
-                               FAILED if failed else time.monotonic_ns())
+    def returned(self, failed: bool = False, result: Any = None) -> None:
+        """The launch this thread entered last returned ``result`` (or raised: ``failed``).
+        A Work's completion is written when its future runs its callbacks, if its result lies
+        on the CPU."""
+        running = self._running.pop(get_ident(), None)
+        if running is None or self._map is None:
+            return
+        at = running[0]
+        RETURNED.pack_into(self._map, at + RETURNED_AT, FAILED if failed else time.monotonic_ns())
+        if (self.completions and result is not None and not failed
+                and result.__class__ is _work_type()):
+            result.get_future().add_done_callback(_Finished(self, running))
+
+    def finished(self, running: tuple[int, int]) -> None:
+        """The launch entered as ``running`` (its record's offset, its count) completed now,
+        told on this thread, unless its record was written over since."""
+        at, count = running
+        ring = self._map
+        if ring is not None and self._count - count < self.capacity:
+            THREAD.pack_into(ring, at + FINISHED_THREAD_AT, get_native_id())
+            FINISHED.pack_into(ring, at + FINISHED_AT, time.monotonic_ns())
+
+    def held(self) -> tuple[bytes, list[dict[str, Any]]] | None:
+        """(A ring held in memory) its bytes and names, as a reader reads a ring's files;
+        None before its first launch."""
+        with self._lock:
+            if self._map is None or self.names is None:
+                return None
+            return bytes(self._map), list(self.names)
 
     def close(self) -> None:
         """Unmap the ring (its file stays); no launch is written after."""
@@ -229,6 +290,36 @@ class Ring:
             ring.close()
         if fd is not None:
             os.close(fd)
+
+
+_WORK: list[Any] = []
+
+
+def _work_type() -> Any:
+    """torch's ``Work`` class (what an ``async_op=True`` collective returns)."""
+    if not _WORK:
+        dist = sys.modules.get("torch.distributed")
+        _WORK.append(getattr(dist, "Work", None))
+    return _WORK[0]
+
+
+class _Finished:
+    """A Work's future's callback: the ring's record of its launch completed, if the Work's
+    result lies on the CPU (a GPU's future completes as its work is queued: no completion)."""
+
+    __slots__ = ("ring", "running")
+
+    def __init__(self, ring: Ring, running: tuple[int, int]) -> None:
+        self.ring, self.running = ring, running
+
+    def __call__(self, future: Any) -> None:
+        try:
+            value = future.value()
+            first = value[0] if isinstance(value, list) and value else value
+            if getattr(first, "is_cpu", False):
+                self.ring.finished(self.running)
+        except Exception:  # (a Work that failed, or a result of no tensor: no completion)
+            pass
 
 
 def open_from_environment(state: Any) -> Ring | None:

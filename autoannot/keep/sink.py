@@ -84,14 +84,14 @@ class Sink:
             to_journals(state, event.record())
         return scope
 
-    def returned(self, event: LaunchEvent, scope: Any = None) -> None:
-        """The launch was issued: torch's scope left; its graph's ledger (in a capture), the
-        recorders."""
+    def returned(self, event: LaunchEvent, scope: Any = None, result: Any = None) -> None:
+        """The launch was issued (and returned ``result``): torch's scope left; the ring's
+        record ended; its graph's ledger (in a capture), the recorders."""
         if scope is not None:
             scope.__exit__(None, None, None)
         state = self._state
         if state.journals:
-            to_finishing(state, False)
+            to_finishing(state, False, result)
         if state.captures and not event.noted:
             if event.call_site is None:
                 event.call_site = call_site(2)
@@ -137,7 +137,7 @@ class Sink:
                 warn_once(label, "leaving the annotation context", own)
             raise
         try:
-            self.returned(event, scope)
+            self.returned(event, scope, result)
         except Exception as exc:
             warn_once(label, "leaving the annotation context", exc)
         return result
@@ -152,12 +152,12 @@ def to_recorders(state: Any, entry: Record, python_api: bool = True) -> None:
             recording.append(entry)
 
 
-def to_finishing(state: Any, failed: bool) -> None:
+def to_finishing(state: Any, failed: bool, result: Any = None) -> None:
     """Tell the journals that keep each launch's end (the ring) that this thread's launch
-    returned, or raised (``failed``)."""
+    returned ``result``, or raised (``failed``)."""
     for journal in state.journals:
         if getattr(journal, "finishes", False):
-            journal.returned(failed)
+            journal.returned(failed, result)
 
 
 def to_journals(state: Any, entry: Record) -> None:

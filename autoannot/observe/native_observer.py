@@ -64,13 +64,15 @@ class NativeObserver:
 
     def demand_changed(self, state: Any) -> None:
         """(``State`` listener, under its lock) Register the callback while a capture, a
-        recorder that wants launches no proxy sees, or a journal is open; hand the proxies'
-        captured launches to it while captures are the only demand."""
+        recorder that wants launches no proxy sees, or a journal is open (the operators too
+        for a ring, which keeps every launch: a hang's culprit may be in DDP's reducer); hand
+        the proxies' captured launches to it while captures are the only demand."""
         live = state.live
         capturing = live and state.captures > 0
         journaling = live and bool(state.journals)
         recording = live and (any(not r.python_api_only for r in state.recorders)
-                              or (journaling and self._journal_needs_operators()))
+                              or (journaling and (self._journal_needs_operators() or any(
+                                  getattr(j, "every_launch", False) for j in state.journals))))
         self.module.set_demand(capturing, recording, journaling)
         self.module.set_handoff(
             capturing and not state.recorders and not state.journals and not state.blocks

@@ -96,11 +96,12 @@ def _site_of(call_sites: dict[int, Any], frame: Any) -> str:
     return site if site is not None else site_from(frame)
 
 
-def _rings_returned(rings: tuple[Any, ...], failed: bool) -> None:
-    """Tell the rings the launch returned (or raised); a failure of theirs is said once."""
+def _rings_returned(rings: tuple[Any, ...], failed: bool, result: Any = None) -> None:
+    """Tell the rings the launch returned ``result`` (or raised); a failure of theirs is said
+    once."""
     try:
         for ring in rings:
-            ring.returned(failed)
+            ring.returned(failed, result)
     except Exception as exc:
         warn_once("ring", "writing the launch's end to the ring", exc)
 
@@ -234,7 +235,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 _rings_returned(rings, True)
             raise
         if rings is not None:
-            _rings_returned(rings, False)
+            _rings_returned(rings, False, result)
         # after the call: a launch that raised is in no ledger and no record
         if in_capture:  # into its graph's ledger (a failure is said once; the launch stands)
             if site is None:  # (the ring's, where one is open)

@@ -119,8 +119,9 @@ def gloo_needs_records(traces: list[Path], ranges: int) -> files.TraceError:
     return files.TraceError(
         f"{shown}: {len(traces)} gloo trace{'s' if len(traces) != 1 else ''} with {ranges} gloo "
         "collectives and nothing to line them up by (gloo's profiler ranges name no process "
-        "group or sequence): run the job with AUTOANNOT_RECORD='DIR/rank{rank}.jsonl' too and "
-        "give its record files (with the traces, or alone)")
+        "group or sequence): give the rows the job wrote beside them (AUTOANNOT=1 writes them "
+        "at export), or run it with AUTOANNOT_RECORD='DIR/rank{rank}.jsonl' too and give its "
+        "record files (with the traces, or alone)")
 
 
 #: Bytes of an element, by the profiler's "Input type" (c10's names).
@@ -340,8 +341,10 @@ _SAME_SIZE = frozenset({"allreduce", "broadcast", "reduce"})
 def _pair_gloo(gloo: list[GlooRange], records: list[Launch]) -> list[int] | None:
     """Each record's range (an index into ``gloo``, in start order), by identity: the first
     range not yet taken, among the next ``PAIR_WINDOW``, whose collective fits the record's,
-    whose input's size is the record's (where the profiler recorded shapes), and that ran on
-    a thread of the record's group (a gloo worker thread serves one group; preferred, not
+    whose input's size is the record's (where the profiler recorded shapes), on the thread
+    its Work completed on (where the record knows it: a ring's async launch; two launches
+    gloo ran out of order are told apart so, shapes recorded or not), and that ran on a
+    thread of the record's group (a gloo worker thread serves one group; preferred, not
     required). None where a record has no such range."""
     taken = [False] * len(gloo)
     thread_group: dict[Any, str] = {}
@@ -351,12 +354,19 @@ def _pair_gloo(gloo: list[GlooRange], records: list[Launch]) -> list[int] | None
         while first_free < len(gloo) and taken[first_free]:
             first_free += 1
         chosen = fallback = None
+        ran_on = record.finished_thread  # (where known: the thread gloo ran it on)
+        if ran_on is not None and not any(
+                gloo[j].thread == ran_on and not taken[j]
+                for j in range(first_free, min(len(gloo), first_free + PAIR_WINDOW))):
+            ran_on = None  # (told on another thread: it completed before it was asked)
         for j in range(first_free, min(len(gloo), first_free + PAIR_WINDOW)):
             one = gloo[j]
             if taken[j] or not _fits_gloo(one.name, record.collective):
                 continue
             if (one.size_bytes is not None and record.collective in _SAME_SIZE
                     and one.size_bytes != record.size_bytes):
+                continue
+            if ran_on is not None and one.thread != ran_on:
                 continue
             if thread_group.get(one.thread, record.group) == record.group:
                 chosen = j

@@ -18,7 +18,8 @@ from autoannot.traces import files
 
 #: A record's columns, as ``ring.RECORD`` packs them.
 DTYPE = np.dtype([("seq", "<i8"), ("entered_ns", "<i8"), ("returned_ns", "<i8"),
-                  ("kind", "<u4"), ("site", "<u4")])
+                  ("finished_ns", "<i8"), ("kind", "<u4"), ("site", "<u4"),
+                  ("finished_thread", "<u4"), ("pad", "V4")])
 assert DTYPE.itemsize == ring.RECORD.size
 
 
@@ -59,33 +60,49 @@ def read(path: Path, last: int | None = None) -> RingRead:
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            head = os.pread(fd, ring.HEADER_BYTES, 0)
-            if len(head) < ring.HEADER_BYTES or head[:8] != ring.MAGIC:
-                raise files.TraceError(f"{path}: not an autoannot ring file")
-            _, record_bytes, capacity = ring.HEADER.unpack_from(head)
-            if record_bytes != ring.RECORD.size:
-                raise files.TraceError(f"{path}: records of {record_bytes} bytes (this "
-                                       f"autoannot reads {ring.RECORD.size})")
-            (count,) = ring.COUNT.unpack_from(head, ring.COUNT_AT)
-            kept = min(count, capacity, capacity if last is None else last)
-            parts = []  # (launch count-kept .. count-1: at most two runs of slots)
-            first = count - kept
-            while first < count:
-                slot = first % capacity
-                n = min(count - first, capacity - slot)
-                data = os.pread(fd, n * record_bytes, ring.HEADER_BYTES + slot * record_bytes)
-                if len(data) < n * record_bytes:
-                    raise files.TraceError(f"{path}: cut short (a ring of {capacity} records)")
-                parts.append(np.frombuffer(data, DTYPE))
-                first += n
+            count, records = _records(path, lambda n, at: os.pread(fd, n, at), last)
         finally:
             os.close(fd)
     except OSError as exc:
         raise files.TraceError(f"{path}: {exc.strerror or exc}") from None
-    records = (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts
-               else np.zeros(0, DTYPE))
     meta, kinds, sites = _names(names_of(path))
     return RingRead(path, meta, kinds, sites, count, records)
+
+
+def read_held(data: bytes, names: list[dict[str, Any]], label: str) -> RingRead:
+    """A ring held in memory (``keep.ring.Ring(None).held()``: its bytes and its names'
+    lines), read as its files would be; ``label`` stands for its path in messages."""
+    path = Path(label)
+    count, records = _records(path, lambda n, at: data[at:at + n], None)
+    meta, kinds, sites = _names_of_lines(path, names)
+    return RingRead(path, meta, kinds, sites, count, records)
+
+
+def _records(path: Path, read_at: Any, last: int | None) -> tuple[int, Any]:
+    """A ring's count and its last launches, oldest first (``read_at(n, offset)``: its bytes
+    there)."""
+    head = read_at(ring.HEADER_BYTES, 0)
+    if len(head) < ring.HEADER_BYTES or head[:8] != ring.MAGIC:
+        raise files.TraceError(f"{path}: not an autoannot ring file of this version")
+    _, record_bytes, capacity = ring.HEADER.unpack_from(head)
+    if record_bytes != ring.RECORD.size:
+        raise files.TraceError(f"{path}: records of {record_bytes} bytes (this "
+                               f"autoannot reads {ring.RECORD.size})")
+    (count,) = ring.COUNT.unpack_from(head, ring.COUNT_AT)
+    kept = min(count, capacity, capacity if last is None else last)
+    parts = []  # (launch count-kept .. count-1: at most two runs of slots)
+    first = count - kept
+    while first < count:
+        slot = first % capacity
+        n = min(count - first, capacity - slot)
+        data = read_at(n * record_bytes, ring.HEADER_BYTES + slot * record_bytes)
+        if len(data) < n * record_bytes:
+            raise files.TraceError(f"{path}: cut short (a ring of {capacity} records)")
+        parts.append(np.frombuffer(data, DTYPE))
+        first += n
+    records = (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts
+               else np.zeros(0, DTYPE))
+    return count, records
 
 
 def _names(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]], dict[int, str]]:
@@ -93,11 +110,16 @@ def _names(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]], dict[
         text = path.read_bytes()
     except OSError as exc:
         raise files.TraceError(f"{path}: {exc.strerror or exc} (a ring's names)") from None
+    # (the last line: empty, or one still being written)
+    return _names_of_lines(path, [json.loads(line) for line in text.split(b"\n")[:-1]])
+
+
+def _names_of_lines(path: Path, lines: list[dict[str, Any]]
+                    ) -> tuple[dict[str, Any], dict[int, dict[str, Any]], dict[int, str]]:
     meta: dict[str, Any] | None = None
     kinds: dict[int, dict[str, Any]] = {}
     sites: dict[int, str] = {}
-    for line in text.split(b"\n")[:-1]:  # (the last: empty, or a line still being written)
-        entry = json.loads(line)
+    for entry in lines:
         if "ring" in entry:
             meta = entry
         elif "kind" in entry:
@@ -117,8 +139,10 @@ def in_folder(folder: Path) -> list[Path]:
 
 def launches_of(one: RingRead) -> list[Any]:
     """A ring's collectives as launches (``table.launch.Launch``), entered on the wall clock
-    (the ring's anchor). Known by their entry alone: a return is a completion only for a call
-    that blocks (the ring does not say which did)."""
+    (the ring's anchor). Known by their entry (a return is a completion only for a call that
+    blocks: the ring does not say which did), and by their completion where the ring has it
+    (an async launch on the CPU: ``finished_wall_us``, and ``finished_thread``: the thread
+    that told it, where gloo ran it)."""
     from autoannot.describe import vocabulary as V
     from autoannot.traces.read import record_files
     from autoannot.traces.read.rank_files import group_ranks
@@ -127,6 +151,9 @@ def launches_of(one: RingRead) -> list[Any]:
     rank = -1 if one.rank is None else int(one.rank)
     records = one.records
     wall_us = one.wall_ns(records["entered_ns"]) / 1e3
+    finished = records["finished_ns"]
+    finished_us = one.wall_ns(finished) / 1e3
+    threads = records["finished_thread"]
     made: dict[int, tuple[Any, ...] | None] = {}
     found = []
     for i in range(len(records)):
@@ -146,7 +173,9 @@ def launches_of(one: RingRead) -> list[Any]:
         at = float(wall_us[i])
         found.append(Launch(rank, group, int(records["seq"][i]), name, size, group_size, at,
                             None, one.sites.get(int(records["site"][i])), desc,
-                            wall_us=at, group_ranks=ranks, dtype=dtype))
+                            wall_us=at, group_ranks=ranks, dtype=dtype,
+                            finished_wall_us=float(finished_us[i]) if finished[i] else None,
+                            finished_thread=int(threads[i]) or None))
     return found
 
 

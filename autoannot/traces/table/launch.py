@@ -31,3 +31,9 @@ class Launch:
     group_ranks: tuple[int, ...] | None = None
     #: Its "dtype" ("Float", "BFloat16", ...); "" where unknown.
     dtype: str = ""
+    #: When it completed on the wall clock (us since the epoch), where its journal knew (a
+    #: ring's async launch on the CPU): what tells apart two launches run out of order.
+    finished_wall_us: float | None = None
+    #: The thread that was told it completed (its Work's future's callback), where known: for
+    #: gloo, the worker thread that ran it (a trace's range's ``tid``).
+    finished_thread: int | None = None
