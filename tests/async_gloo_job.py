@@ -21,28 +21,47 @@ WORLD = 2
 SMALL, LARGE = 1000, 200_000  # elements of the two all-reduces of a step
 
 
-def train(rank: int, world: int, out: str, steps: int) -> dict[str, Any]:
-    """``steps`` steps of two async all-reduces, every step profiled; the trace exported."""
+def train(rank: int, world: int, out: str, steps: int, shapes: bool = True) -> dict[str, Any]:
+    """``steps`` steps of two async all-reduces, every step profiled; the trace exported.
+    The truth of each step: the thread each Work completed on (the thread its future ran the
+    user's own callback on: gloo's worker thread that ran it, or this thread where it had
+    completed before the callback was added), in ``completions_rank{R}.json``: per step,
+    size in bytes -> thread id; and this thread's id."""
+    import json
+    import threading
+
     from torch.profiler import ProfilerActivity, profile
 
     import autoannot
 
     assert autoannot.is_enabled(), "AUTOANNOT=1 must reach the ranks"
     small, large = torch.ones(SMALL), torch.ones(LARGE)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    completed: list[dict[int, int]] = []
+
+    def told(threads: dict[int, int], size: int) -> Any:
+        return lambda _: threads.__setitem__(size, threading.get_native_id())
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
         for _ in range(steps):
+            threads: dict[int, int] = {}
             first = dist.all_reduce(small, async_op=True)
             second = dist.all_reduce(large, async_op=True)
+            first.get_future().add_done_callback(told(threads, SMALL * 4))
+            second.get_future().add_done_callback(told(threads, LARGE * 4))
             first.wait()
             second.wait()
+            completed.append(threads)
     prof.export_chrome_trace(f"{out}/trace_rank{rank}.json")
+    Path(f"{out}/completions_rank{rank}.json").write_text(json.dumps(
+        {"main": threading.get_native_id(), "steps": completed}))
     return {"rank": rank}
 
 
-def run(out: Path, steps: int = 100) -> list[dict[str, Any]]:
+def run(out: Path, steps: int = 100, shapes: bool = True,
+        record: str | None = "rank{rank}.jsonl") -> list[dict[str, Any]]:
     from harness import run_job
 
-    return run_job(train, WORLD, out, (str(out), steps))
+    return run_job(train, WORLD, out, (str(out), steps, shapes), record=record)
 
 
 def swaps(trace: Path) -> int:

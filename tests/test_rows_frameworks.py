@@ -57,3 +57,21 @@ def test_fsdp2_reduce_scatters_on_gloo_become_rows(tmp_path: Path, capsys) -> No
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def test_fsdp2_with_the_agent_alone_writes_a_row_for_every_collective(tmp_path: Path) -> None:
+    """Issue 50: ``AUTOANNOT=1`` alone (no record file, no ring) and a profiler: the rows
+    written at export name every collective the profiled steps launched (the launches held in
+    the profiler's window), counted by the job's own profiler ranges of gloo (before, "no
+    rows written": nothing named them)."""
+    results = run_job(fsdp2_steps, 2, tmp_path, (str(tmp_path),), record=None)
+    skip_if_torch_cannot(results)
+    assert not list(tmp_path.glob("*.jsonl"))
+    for rank in range(2):
+        trace = tmp_path / f"trace_rank{rank}.json"
+        ranges = [e for e in json.loads(trace.read_text())["traceEvents"]
+                  if str(e.get("name", "")).startswith("gloo:")]
+        made = rows.read(rows.rows_beside(trace))
+        names = [made.collectives[c] for c in made.columns["collective"]]
+        assert len(names) == len(ranges) >= 8
+        assert {"_allgather_base", "_reduce_scatter_base"} <= set(names)

@@ -39,6 +39,7 @@ class Instrumentation:
         self.hooks: Any = None
         self._captures: Any = None
         self._sink: Any = None
+        self._windows: Any = None
         self._layer: Any = _UNSET  # the Python layer (``python_layer.DispatcherLayer``), once made
         self._native_module: Any = _UNSET
 
@@ -68,6 +69,19 @@ class Instrumentation:
 
             sink = self._sink = Sink(self)
         return sink
+
+    @property
+    def windows(self) -> Any:
+        """``keep.window.Windows``: the launches of the profilers' windows, held in memory."""
+        windows = self._windows
+        if windows is None:
+            from autoannot.keep.window import Windows
+
+            with self._lock:
+                if self._windows is None:
+                    self._windows = Windows(self)
+                windows = self._windows
+        return windows
 
     @property
     def layer(self) -> Any:
@@ -140,6 +154,8 @@ class Instrumentation:
             for patch in reversed(self.patches):
                 _guarded(patch.undo, "restoring", patch)
             self.patches.clear()
+            if self._windows is not None:
+                _guarded(self._windows.close_all, "closing", "the profilers' windows")
             _guarded(lambda: patching.unbind_proxies_everywhere(self.proxies),
                      "restoring module bindings", "disable")
             layer = self.layer
@@ -222,12 +238,17 @@ def _install_graphs(agent: Instrumentation, module: ModuleType) -> list[patching
 
 
 def _install_export(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
-    """Ledger and rows files beside each exported trace."""
-    from autoannot.keep import export
+    """Ledger and rows files beside each exported trace; the launches of each profiler's
+    window held for its rows."""
+    from autoannot.keep import export, window
 
-    return patching.wrap_attribute(getattr(module, "_KinetoProfile", None),
-                                   "export_chrome_trace", export.after_export(agent),
-                                   agent.proxies)
+    profiler = getattr(module, "_KinetoProfile", None)
+    return [*patching.wrap_attribute(profiler, "export_chrome_trace", export.after_export(agent),
+                                     agent.proxies),
+            *patching.wrap_attribute(profiler, "start_trace", window.start_wrapper(agent),
+                                     agent.proxies),
+            *patching.wrap_attribute(profiler, "stop_trace", window.stop_wrapper(agent),
+                                     agent.proxies)]
 
 
 #: Modules whose import instruments something, and what: ``install(agent, module)`` -> the

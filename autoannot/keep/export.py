@@ -71,27 +71,30 @@ class Exported:
         return True
 
 
-def write_rows(trace_path: str, agent: Any, exported: Exported | None = None) -> str | None:
+def write_rows(trace_path: str, agent: Any, exported: Exported | None = None,
+               profiler: Any = None) -> str | None:
     """The rows of the trace this rank just exported (``traces.rows``), beside it, joined
-    with this process's record file (its run), or else with its ring's launches: call sites,
-    and gloo's groups and sizes. A
-    graphed trace's kernels are read as ``annotate`` annotates them, in memory (``exported``:
-    the trace as read already). None where the trace holds no collective."""
+    with this process's record file (its run), or else with the launches ``profiler``'s
+    window held (``keep.window``: with async launches' completions), or else with its ring's:
+    call sites, gloo's groups and sizes. A graphed trace's kernels are read as ``annotate``
+    annotates them, in memory (``exported``: the trace as read already). None where the trace
+    holds no collective."""
     import socket
     from pathlib import Path
 
-    from autoannot.traces.read import rank_files
+    from autoannot.traces.read import rank_files, ring_files
     from autoannot.traces.table import rows
 
     journal = next((j for j in agent.state.journals if j.path is not None), None)
     exported = exported or Exported(trace_path)
     run, kept = None if journal is None else journal.run, None
-    ring = next((j for j in agent.state.journals if getattr(j, "ring_path", None)), None)
-    if journal is None and ring is not None:  # (the ring's launches name gloo's, as a
-        from autoannot.traces.read import ring_files  # record file's lines do)
-
-        held = ring_files.read(Path(ring.ring_path))
-        run, kept = held.meta.get("run"), (held.rank, ring_files.launches_of(held))
+    if journal is None:  # (the window's launches, with their completions, or else the
+        held = agent.windows.held(profiler) if profiler is not None else None  # ring's, name
+        ring = next((j for j in agent.state.journals if getattr(j, "ring_path", None)), None)
+        if held is None and ring is not None:  # gloo's as a record file's lines do)
+            held = ring_files.read(Path(ring.ring_path))
+        if held is not None:
+            run, kept = held.meta.get("run"), (held.rank, ring_files.launches_of(held))
     made = rank_files.rows_of_trace(exported.path, None if journal is None else Path(journal.path),
                               run=run, host=socket.gethostname(),
                               scanned=(exported.trace, exported.scan, exported.patches),
@@ -138,7 +141,7 @@ def after_export(agent: Any) -> Any:
             return result
         if settings.rows_on_export and exported is not None:
             try:
-                write_rows(path, agent, exported)
+                write_rows(path, agent, exported, profiler)
             except TraceError as exc:  # the trace's collectives could not be made rows
                 diagnostics.say_once(f"rows:{exc}", f"autoannot: no rows written beside {path}: "
                                      f"{exc}")
