@@ -17,6 +17,9 @@ GROUP_SIZE = "Group size"
 DTYPE = "dtype"
 IN_SPLIT = "In split size"
 OUT_SPLIT = "Out split size"
+#: What must agree across the ranks of one collective (sequences compare them; a rank's
+#: published progress names its launches by them).
+SEQUENCE_FIELDS = (COLLECTIVE_NAME, IN_NELEMS, OUT_NELEMS, DTYPE, IN_SPLIT, OUT_SPLIT)
 PG_NAME = "Process Group Name"
 PG_DESC = "Process Group Description"
 PG_RANKS = "Process Group Ranks"

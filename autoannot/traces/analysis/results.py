@@ -9,6 +9,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+#: A rank stands out of the job's own noise (``Analysis.standing_out``) where it was this many
+#: times later than the others, and at least ``STAND_OUT_FLOOR_US`` late; steadily where it
+#: was last at ``STEADY_SHARE`` of at least ``STEADY_LEAST`` instances of a group.
+STAND_OUT_FACTOR = 3.0
+STAND_OUT_FLOOR_US = 10.0
+STEADY_SHARE = 0.75
+STEADY_LEAST = 4
 #: Below this, arrivals count as simultaneous: no straggler is named.
 IN_STEP_US = 2.0
 #: Problems listed one by one up to this many; the rest counted.
@@ -237,6 +244,46 @@ class Analysis:
                           "blamed_us": round(float(f.blame[index]), 3),
                           "late_us": round(float(f.skew[index] - f.carried[index]), 3)})
         return found
+
+    def standing_out(self) -> dict[str, Any] | None:
+        """The origin to lead with (``origins``' form) where a rank stands out of the job's
+        own noise; None where none does. Once: the largest delay, where its rank arrived
+        ``STAND_OUT_FACTOR`` times later than any other rank ever arrived last. Steadily: a
+        rank last at ``STEADY_SHARE`` of a group's instances (at least ``STEADY_LEAST``), late
+        there by a median ``STAND_OUT_FACTOR`` times the others' when they were last in that
+        group (its largest delay is led with). Both at least ``STAND_OUT_FLOOR_US`` late. Warm-up is
+        left out unless counted."""
+        import numpy as np
+
+        top = self.origins(1)
+        if not top:
+            return None
+        f = self.figures()
+        counted = (f.straggler >= 0) & (~f.warmup | self.warmup_counted)
+        late = np.asarray(f.skew - f.carried, dtype=float)
+        column = self.ranks.index(top[0]["rank"])
+        others = counted & (f.straggler != column)
+        worst_other = float(late[others].max()) if others.any() else 0.0
+        if top[0]["late_us"] >= max(STAND_OUT_FLOOR_US, STAND_OUT_FACTOR * worst_other):
+            return top[0]
+        columns = len(self.ranks)
+        group = np.asarray(f.group, dtype=np.int64)
+        straggler = np.asarray(f.straggler, dtype=np.int64)
+        totals = np.bincount(group[counted], minlength=len(f.group_names))
+        pairs = np.bincount(group[counted] * columns + straggler[counted],
+                            minlength=len(f.group_names) * columns)
+        for code in np.flatnonzero(pairs >= STEADY_SHARE * np.repeat(totals, columns)):
+            g, column = divmod(int(code), columns)
+            if totals[g] < STEADY_LEAST:
+                continue
+            mine = counted & (group == g) & (straggler == column)
+            theirs = counted & (group == g) & (straggler != column)
+            bar = STAND_OUT_FACTOR * float(np.median(late[theirs])) if theirs.any() else 0.0
+            if float(np.median(late[mine])) >= max(STAND_OUT_FLOOR_US, bar):
+                rank = self.ranks[column]
+                return next((o for o in self.origins(len(self.instances))
+                             if o["rank"] == rank), None)
+        return None
 
     def row(self, instance: Instance) -> dict[str, Any]:
         from autoannot.traces.units import bus_factor

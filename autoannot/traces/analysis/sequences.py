@@ -25,7 +25,7 @@ from autoannot.describe import vocabulary as V
 from autoannot.traces import files
 
 #: What must agree across ranks, from an annotation.
-FIELDS = (V.COLLECTIVE_NAME, V.IN_NELEMS, V.OUT_NELEMS, V.DTYPE, V.IN_SPLIT, V.OUT_SPLIT)
+FIELDS = V.SEQUENCE_FIELDS
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ def us_text(value: float | None) -> str:
 def lead(analysis: Analysis) -> list[str]:
     """The first lines to say of an analysis: the ranks' mismatches, then a hang's culprit and
     who waits on it (``hang``), else missing ranks (never an all-clear while a rank is
-    missing), else where the largest delay began. While ranks are missing (a hang, a
+    missing), else where the largest delay began, where a rank stands out of the job's own
+    noise (``Analysis.standing_out``), else that none does. While ranks are missing (a hang, a
     rank's files lost) no straggler leads: the ranks missing are the story, and the ranking
     knows nothing of them (it stays in the body)."""
     lines = list(analysis.mismatches)
@@ -32,8 +33,14 @@ def lead(analysis: Analysis) -> list[str]:
     if lines:
         return lines
     origins = analysis.origins(1)
-    if origins:
-        top = origins[0]
+    top = analysis.standing_out() if origins else None
+    if origins and top is None:
+        one = origins[0]
+        lines.append(
+            f"no rank stands out of the job's own noise: the largest delay, rank {one['rank']} "
+            f"arriving {us_text(one['late_us'])} late at {one['group_desc'] or one['group']} "
+            f"#{one['seq']} {one['collective']}, is within what the other ranks also did")
+    elif top is not None:
         lines.append(
             f"rank {top['rank']} held the others up most: {us_text(top['blamed_us'])} of their "
             f"waiting began where it arrived {us_text(top['late_us'])} late, at "
