@@ -18,6 +18,10 @@ if config.agent_requested():
         from autoannot.keep import ring
 
         opened = ring.open_from_environment(INSTRUMENTATION.state)
+        if opened is not None and config.watch_store_set():
+            from autoannot.keep import publish
+
+            publish.start_from_environment(opened)
         if opened is not None and config.watch_requested():
             from autoannot.keep import watch_thread
 

@@ -554,12 +554,32 @@ def _watch(args: argparse.Namespace) -> int:
     from autoannot.traces import files
     from autoannot.traces.render import watch
 
-    folder = Path(args.folder)
-    if not folder.is_dir():
-        return _bad_input("watch", f"{folder}: no such folder (give AUTOANNOT_RING's folder)")
+    source: Any
+    if args.store is not None:  # the progress the ranks publish (AUTOANNOT_WATCH_STORE)
+        from autoannot.base import config
+        from autoannot.keep.publish import connect
+
+        try:
+            address = config.watch_store({"AUTOANNOT_WATCH_STORE": args.store})
+            assert address is not None
+            source = watch.StoreProgress(connect(address), f"{address[0]}:{address[1]}")
+        except ValueError as exc:
+            return _bad_input("watch", f"--store: {str(exc).split('=', 1)[-1]}")
+        except Exception as exc:  # (torch's store: nothing answers there)
+            return _bad_input("watch", f"--store {args.store}: no store answers "
+                              f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+    else:
+        if args.folder is None:
+            return _bad_input("watch", "give AUTOANNOT_RING's folder, or --store HOST:PORT")
+        folder = Path(args.folder)
+        if not folder.is_dir():
+            return _bad_input("watch", f"{folder}: no such folder (give AUTOANNOT_RING's "
+                              "folder)")
+        source = watch.RingsFolder(folder)
     if args.once:
         try:
-            found = watch.verdict(folder)
+            source.counts()
+            found = source.verdict()
         except files.TraceError as exc:
             return _bad_input("watch", str(exc))
         for note in found.notes:
@@ -570,7 +590,8 @@ def _watch(args: argparse.Namespace) -> int:
                               "hang": found.lines, "notes": found.notes}, indent=1))
         else:
             print("\n".join(found.lines) if found.lines else
-                  f"no hang: {len(found.counts)} ranks' rings, no rank waits on another")
+                  f"no hang: {len(found.counts)} ranks' "
+                  f"{'progress' if args.store else 'rings'}, no rank waits on another")
         return 1 if found.lines or not found.counts else 0
     metrics = None
     if args.prometheus is not None:
@@ -586,9 +607,9 @@ def _watch(args: argparse.Namespace) -> int:
             return _bad_input("watch", f"--prometheus {args.prometheus}: {exc.strerror or exc}")
         print(f"autoannot watch: Prometheus metrics on port {args.prometheus} (/metrics)",
               flush=True)
-    watcher = watch.Watcher(folder, args.stall, lambda line: print(line, flush=True),
+    watcher = watch.Watcher(source, args.stall, lambda line: print(line, flush=True),
                             metrics=metrics)
-    print(f"autoannot watch: {folder}, a look every {args.interval:g} s; a hang is said once "
+    print(f"autoannot watch: {source}, a look every {args.interval:g} s; a hang is said once "
           f"no rank has launched for {args.stall:g} s (Ctrl-C ends)", flush=True)
     watcher.run(args.interval)
     return 0
@@ -769,9 +790,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Look at the rings a job writes (AUTOANNOT_RING=FOLDER) while it runs: "
         "once no rank has launched a collective for --stall seconds, say the hang, as check "
         "says it: the rank that holds the job up, its last launch and call site, and who waits "
-        "on it where. The rings must be on this host's disk. --once: what they show now "
-        "(exit 1 for a hang or no rings, 0 for none; 2 bad input).")
-    watch_.add_argument("folder", metavar="FOLDER", help="AUTOANNOT_RING's folder")
+        "on it where. The rings must be on this host's disk; --store HOST:PORT reads instead "
+        "the progress every rank publishes there (AUTOANNOT_WATCH_STORE), from any host. "
+        "--once: what they show now (exit 1 for a hang or no rings, 0 for none; 2 bad input).")
+    watch_.add_argument("folder", metavar="FOLDER", nargs="?", help="AUTOANNOT_RING's folder")
+    watch_.add_argument("--store", metavar="HOST:PORT",
+                        help="the c10d store (a TCPStore) the ranks publish their progress to")
     watch_.add_argument("--interval", type=_seconds, default=1.0, metavar="S",
                         help="seconds between looks (default 1)")
     watch_.add_argument("--stall", type=_seconds, default=5.0, metavar="S",

@@ -189,14 +189,29 @@ def test_two_runs_in_one_folder_get_one_refusal_from_every_command(jobs, capsys,
 
 # --- gloo traces without AUTOANNOT_RECORD ----------------------------------------------------
 
-def test_gloo_traces_alone_are_refused_naming_the_record_file(jobs, capsys) -> None:
-    out, _ = jobs["unrecorded"]
-    assert not list(out.glob("*.jsonl")) and not list(out.glob("*.rows*"))
+def test_gloo_traces_of_the_agent_alone_become_rows_and_alone_are_refused(jobs, capsys,
+                                                                          tmp_path: Path) -> None:
+    """Issue 50: a job with ``AUTOANNOT=1`` alone (no record file, no ring): the rows written
+    beside its gloo traces at export are named by the launches the agent held in each
+    profiler window, and ``skew`` on them leads with the plant, at its call site (before:
+    no rows were written). The traces copied alone (no rows) are refused, naming what to run
+    with."""
+    out, results = jobs["unrecorded"]
+    assert not list(out.glob("*.jsonl"))
+    assert len(list(out.glob("trace_rank?.rows*"))) == 4
+    code, said = _skew_json(capsys, str(out))
+    assert code == 0, said["problems"]
+    _planted_lead(said, results[job.PLANTED_RANK]["sites"]["broadcast"])
+    alone = tmp_path / "traces"
+    alone.mkdir()
+    for path in out.glob("trace_rank?.json"):
+        shutil.copy(path, alone / path.name)
     for command in ("skew", "report", "check"):
-        code, text, err = _run(capsys, command, str(out))
+        code, text, err = _run(capsys, command, str(alone))
         assert code == 2, (command, err)
-        said = err.strip().splitlines()
-        assert len(said) == 1 and "AUTOANNOT_RECORD" in said[0], (command, err)
+        said_lines = err.strip().splitlines()
+        assert len(said_lines) == 1 and "AUTOANNOT=1" in said_lines[0], (command, err)
+        assert "AUTOANNOT_RECORD" in said_lines[0], (command, err)
         assert "collective instances" not in text and not text.strip(), (command, text)
 
 

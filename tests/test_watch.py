@@ -5,6 +5,7 @@ and collective (``hang_jobs``). The answers come from the plants, never from the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -65,15 +66,20 @@ def _last_entry_s(folder: Path, rank: int) -> float:
     return float(one.records["entered_ns"].max()) / 1e9
 
 
-@pytest.mark.parametrize("kind", ["frozen", "sleep"])
+@pytest.mark.parametrize(("kind", "store"), [("frozen", None), ("sleep", None),
+                                             ("sleep", "job")])
 def test_a_hang_is_named_live_by_rank_0_before_the_timeout(capfd, monkeypatch, tmp_path: Path,
-                                                           kind: str) -> None:
+                                                           kind: str, store: str | None) -> None:
     """Rank 3 stops after step 5's tp all-reduce (its process stopped; or asleep, alive):
     rank 0's watcher says the mesh's answer in the job's log within ``STALL_S`` and two looks
     of the last launch, while the others still wait (long before their timeout), once; the
-    job then finishes as it would unwatched."""
+    job then finishes as it would unwatched. ``store``: every rank publishes its progress to
+    the job's own c10d store (``AUTOANNOT_WATCH_STORE=job``), and rank 0 reads it there, as
+    across hosts."""
     rings = tmp_path / "rings"
     _watched(monkeypatch, rings)
+    if store is not None:
+        monkeypatch.setenv("AUTOANNOT_WATCH_STORE", store)
     worker, ran = _start(kind, tmp_path)
     err, said_at = "", None
     try:
@@ -97,6 +103,7 @@ def test_a_hang_is_named_live_by_rank_0_before_the_timeout(capfd, monkeypatch, t
     lines = _watch_lines(err)
     _mesh_answers(lines[1:], ran["results"][0]["sites"])
     assert err.count("no rank has launched") == 1  # said once, not at every look
+    assert ("from the store at 127.0.0.1:" in err) == (store is not None), err
     waited = said_at - latest  # (the last launch of any rank: where the hang began)
     assert waited < STALL_S + 2 * INTERVAL_S + 1.0, waited  # (+1 s: a busy 2-core host)
     print(f"{kind}: said {waited:.2f} s after the last launch (stall {STALL_S} s, "
@@ -106,7 +113,9 @@ def test_a_hang_is_named_live_by_rank_0_before_the_timeout(capfd, monkeypatch, t
 def test_the_rings_a_hung_job_left_name_its_culprit(capsys, monkeypatch, tmp_path: Path) -> None:
     """A job that left its rings (rank 3 stopped for good: its process gone): ``autoannot
     watch --once``, ``skew``, ``check`` and ``report`` name it from the rings alone, and from
-    the rings with the record files, exit 1; a finished job's rings: no hang, exit 0."""
+    the rings with the record files, exit 1; so does ``watch --once --store`` from the
+    progress each rank's publisher put in a TCPStore from them (a store that does not answer:
+    exit 2); a finished job's rings: no hang, exit 0."""
     rings = tmp_path / "rings"
     monkeypatch.setenv("AUTOANNOT_RING", str(rings))
     results = job.run("mesh", tmp_path, 20)
@@ -123,6 +132,42 @@ def test_the_rings_a_hung_job_left_name_its_culprit(capsys, monkeypatch, tmp_pat
         for name, (code, lines) in _lead(capsys, tmp_path, folder).items():
             assert code == 1, (folder, name)
             _mesh_answers([line.strip() for line in lines], sites)
+    # the same rings' progress, published to a TCPStore as the ranks publish it, read there
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from harness import free_port
+
+    from autoannot.keep import publish
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    for rank in range(job.WORLD):
+        one = ring.Ring(str(rings), 4)  # (stands for the rank's own: its file, as written)
+        one.ring_path = str(rings / f"rank{rank}{ring.SUFFIX}")
+        one._count = ring_files.read(Path(one.ring_path), 0).count
+        assert publish.Publisher(one, publish.connect(("127.0.0.1", port))).publish_once()
+    code = cli.main(["watch", "--once", "--store", f"127.0.0.1:{port}"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    _mesh_answers([line.strip() for line in out], sites)
+    assert not any("last published" in line for line in out)  # (published after it all)
+    # rank 3's progress as a stopped process leaves it: published before the others' last
+    # launch (here: before its own last launch); the culprit is said to be so
+    from autoannot.base.ring_format import progress_key
+    from autoannot.traces.read import rank_progress
+
+    culprit = ring_files.read(rings / f"rank3{ring.SUFFIX}")
+    before = int(culprit.wall_ns(culprit.records["entered_ns"].max())) - 1_000_000
+    server.set(progress_key(3), rank_progress.encode(rank_progress.of_ring(
+        culprit, publish.TAIL, published_ns=before)))
+    assert cli.main(["watch", "--once", "--store", f"127.0.0.1:{port}"]) == 1
+    out = capsys.readouterr().out
+    assert "(rank 3 last published its progress" in out and "ms before the others'" in out, out
+    assert cli.main(["watch", "--once", "--store", f"127.0.0.1:{free_port()}"]) == 2
+    assert "no store answers" in capsys.readouterr().err
+    del server
     clean = tmp_path / "clean"
     monkeypatch.setenv("AUTOANNOT_RING", str(clean))
     job.run("clean", tmp_path, 20)
@@ -158,14 +203,14 @@ def _only_ring(folder: Path) -> Path:
 
 def test_a_ring_keeps_the_last_launches_in_order_and_their_ends(tmp_path: Path) -> None:
     """10 launches into a ring of 4: the last 4, oldest first, each with its seq, its call
-    site and an end after its entry (or failed); the file is 64 + 4 x 32 bytes."""
+    site and an end after its entry (or failed); the file is 64 + 4 x 48 bytes."""
     kept = ring.Ring(str(tmp_path), 4)
     for i in range(10):
         kept.enter(_entry(f"train.py:{i % 3}"))
         kept.returned(failed=i == 9)
     kept.close()
     path = _only_ring(tmp_path)
-    assert path.stat().st_size == ring.ring_bytes(4) == 64 + 4 * 32
+    assert path.stat().st_size == ring.ring_bytes(4) == 64 + 4 * 48
     one = ring_files.read(path)
     assert one.count == 10
     assert list(one.records["seq"]) == [6, 7, 8, 9]
@@ -237,6 +282,33 @@ def test_a_watcher_killed_or_failing_mid_run_leaves_the_job_as_it_was(capfd, mon
 
 # --- stragglers, live -------------------------------------------------------------------------
 
+def test_a_store_that_cannot_be_reached_leaves_the_job_as_it_was(capfd, monkeypatch,
+                                                                 tmp_path: Path) -> None:
+    """``AUTOANNOT_WATCH_STORE`` naming a port where no store listens: the clean mesh job
+    finishes (in the time the store's clients still try to connect), every rank's values
+    bit-identical to an unwatched run's; then a publisher whose store cannot be reached says
+    so once and ends."""
+    from harness import free_port
+
+    (tmp_path / "plain").mkdir()
+    plain = job.run("clean", tmp_path / "plain", 20)
+    _watched(monkeypatch, tmp_path / "rings")
+    monkeypatch.setenv("AUTOANNOT_WATCH_STORE", f"127.0.0.1:{free_port()}")
+    (tmp_path / "watched").mkdir()
+    results = job.run("clean", tmp_path / "watched", TIMEOUT_S)
+    assert [r["values"] for r in results] == [r["values"] for r in plain]
+    from autoannot.keep import publish
+
+    one = ring.Ring(str(tmp_path / "alone"), 4)
+    one.enter(new_record("all_reduce", {"Collective name": "allreduce"}, "here.py:1", {}))
+    capfd.readouterr()
+    began = time.monotonic()
+    publish._publish(one, ("127.0.0.1", free_port()), 0.05)  # (returns: it ends)
+    assert time.monotonic() - began < 6 * publish.TIMEOUT_S  # (torch's client retries)
+    err = capfd.readouterr().err
+    assert err.count("progress no longer published") == 1, err
+
+
 def _watch_run(kind: str, monkeypatch, tmp_path: Path, capfd) -> tuple[list[dict], list[str]]:
     rings = tmp_path / "rings"
     _watched(monkeypatch, rings)
@@ -266,13 +338,25 @@ def test_a_rank_late_every_step_is_named_a_straggler_within_50_steps(capfd, monk
     assert last_seen < 50, line  # (group 0's #k: step k's broadcast)
     waited_ms = float(line.split("the others waiting ")[1].split(" ms")[0])
     assert abs(waited_ms - job.LATE_S * 1e3) <= 0.25 * job.LATE_S * 1e3, line
+    lead = _offline_lead(capfd, tmp_path / "rings")  # (and the offline lead says so too)
+    assert lead.startswith(f"rank {job.LATE_RANK} held the others up most"), lead
+
+
+def _offline_lead(capfd, rings: Path) -> str:
+    """``autoannot skew``'s first line on a job's rings."""
+    capfd.readouterr()
+    assert cli.main(["skew", "-q", "--json", str(rings)]) == 0
+    return json.loads(capfd.readouterr().out)["lead"][0]
 
 
 def test_a_job_with_nothing_planted_names_no_straggler(capfd, monkeypatch,
                                                         tmp_path: Path) -> None:
-    """200 steps, nothing planted: the watcher names no rank."""
+    """200 steps, nothing planted: the watcher names no rank, and neither does the offline
+    lead on the same rings (before, it named the rank of the largest delay: noise)."""
     _, said = _watch_run("steady", monkeypatch, tmp_path, capfd)
     assert not any("STRAGGLER" in line for line in said), said
+    lead = _offline_lead(capfd, tmp_path / "rings")
+    assert lead.startswith("no rank stands out of the job's own noise"), lead
 
 
 # --- Prometheus -------------------------------------------------------------------------------

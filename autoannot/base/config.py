@@ -88,7 +88,7 @@ def ring_folder(env: Mapping[str, str] | None = None) -> str | None:
 
 def ring_launches(env: Mapping[str, str] | None = None) -> int:
     """``AUTOANNOT_RING_LAUNCHES``: how many launches a rank's ring keeps (65,536 by default;
-    32 bytes each). ValueError for a value that is no positive whole number."""
+    48 bytes each). ValueError for a value that is no positive whole number."""
     value = (os.environ if env is None else env).get("AUTOANNOT_RING_LAUNCHES", "").strip()
     if not value:
         return 1 << 16
@@ -117,6 +117,30 @@ def watch_prometheus(env: Mapping[str, str] | None = None) -> int | None:
     if not value.isdigit() or not 0 < int(value) < 65536:
         raise ValueError(f"AUTOANNOT_WATCH_PROMETHEUS={value!r} is no port")
     return int(value)
+
+
+def watch_store_set(env: Mapping[str, str] | None = None) -> bool:
+    return bool((os.environ if env is None else env).get("AUTOANNOT_WATCH_STORE", "").strip())
+
+
+def watch_store(env: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """``AUTOANNOT_WATCH_STORE``: the c10d store (a TCPStore) every rank publishes its
+    progress to, and rank 0's watcher reads: ``HOST:PORT``, or ``job`` for the job's own
+    (``MASTER_ADDR:MASTER_PORT``, as ``env://`` and torchrun set them); None if unset.
+    ValueError for a value that names no store."""
+    environ = os.environ if env is None else env
+    value = environ.get("AUTOANNOT_WATCH_STORE", "").strip()
+    if not value:
+        return None
+    if value == "job":
+        host, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
+        if not host or not port:
+            raise ValueError("AUTOANNOT_WATCH_STORE=job: MASTER_ADDR and MASTER_PORT are unset")
+        value = f"{host}:{port}"
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"AUTOANNOT_WATCH_STORE={value!r} is no HOST:PORT")
+    return host, int(port)
 
 
 def watch_stall(env: Mapping[str, str] | None = None) -> float:

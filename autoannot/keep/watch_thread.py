@@ -14,8 +14,10 @@ if TYPE_CHECKING:
 
 
 def start_on_rank_0(ring: Any) -> None:
-    """Start the watcher once ``ring`` is opened, where it is rank 0's. Settings that cannot be
-    read are said on stderr; nothing is watched then."""
+    """Start the watcher once ``ring`` is opened, where it is rank 0's: of the rings of its
+    folder, or of the progress the ranks publish to ``AUTOANNOT_WATCH_STORE``'s store (every
+    host's ranks). Settings that cannot be read are said on stderr; nothing is watched
+    then."""
     from autoannot.base import config
 
     try:
@@ -30,17 +32,23 @@ def start_on_rank_0(ring: Any) -> None:
             return
         import threading
 
-        threading.Thread(target=_watch, args=(one.folder, interval, stall, port),
+        try:
+            store = config.watch_store()  # (the job's own store is known once it launches)
+        except ValueError as exc:
+            sys.stderr.write(f"autoannot: {exc}: AUTOANNOT_WATCH is off\n")
+            return
+        threading.Thread(target=_watch, args=(one.folder, interval, stall, port, store),
                          daemon=True, name="autoannot-watch").start()
 
     ring.on_open.append(opened)
 
 
-def _watch(folder: str, interval: float, stall: float, port: int | None) -> None:
+def _watch(folder: str, interval: float, stall: float, port: int | None,
+           store: tuple[str, int] | None = None) -> None:
     try:
         from pathlib import Path
 
-        from autoannot.traces.render.watch import Watcher
+        from autoannot.traces.render.watch import StoreProgress, Watcher
 
         def say(line: str) -> None:
             sys.stderr.write(line + "\n")
@@ -59,7 +67,12 @@ def _watch(folder: str, interval: float, stall: float, port: int | None) -> None
                 say(f"autoannot: AUTOANNOT_WATCH_PROMETHEUS={port}: no metrics served "
                     f"({type(exc).__name__}: {exc}; prometheus-client: pip install "
                     "'autoannot[watch]')")
-        Watcher(Path(folder), stall, say, metrics=metrics).run(interval)
+        source: Any = Path(folder)
+        if store is not None:
+            from autoannot.keep.publish import connect
+
+            source = StoreProgress(connect(store), f"{store[0]}:{store[1]}")
+        Watcher(source, stall, say, metrics=metrics).run(interval)
     except Exception as exc:  # never the job's: said once, the watch ends
         sys.stderr.write(f"autoannot: AUTOANNOT_WATCH stopped ({type(exc).__name__}: {exc}); "
                          "the job goes on unwatched\n")

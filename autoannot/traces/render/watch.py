@@ -10,7 +10,10 @@ has no rank waiting on another: nothing is said.
 
 Run by rank 0 of a job (``AUTOANNOT_WATCH=1``: ``keep/watch_thread.py``) or by
 ``autoannot watch FOLDER``. The rings must be on the watcher's host (or a file system that
-shares writes to mapped files at once: a local disk, tmpfs; not NFS).
+shares writes to mapped files at once: a local disk, tmpfs; not NFS). Across hosts the ranks
+publish their progress to a c10d store (``AUTOANNOT_WATCH_STORE``, ``keep/publish.py``) and
+the watcher reads it there (``StoreProgress``): the same hang analysis and straggler window,
+from each rank's last launches per group.
 """
 
 from __future__ import annotations
@@ -171,13 +174,133 @@ def culprit_of(lines: list[str]) -> int | None:
     return None
 
 
-class Watcher:
-    """Looks at the rings of ``folder`` (``look``), and says (``say``) a hang once no rank has
-    launched for ``stall`` seconds, and that the job moves again once it does."""
+class RingsFolder:
+    """What a watcher reads: the rings of a folder of this host."""
 
-    def __init__(self, folder: Path, stall: float, say: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic, metrics: Any = None) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
+
+    def __str__(self) -> str:
+        return f"their rings in {self.folder}"
+
+    def counts(self) -> dict[Any, int]:
+        return counts_of(self.folder)
+
+    def verdict(self) -> Verdict:
+        return verdict(self.folder)
+
+    def stragglers(self) -> dict[tuple[int, str], tuple[Any, str]]:
+        return stragglers_of(self.folder)
+
+    def update_metrics(self, metrics: Any) -> None:
+        metrics.update(self.folder)
+
+
+class StoreProgress:
+    """What a watcher reads: the progress the ranks publish to a c10d store
+    (``keep.publish``); ``store``: a client of it. At every look each rank's launch count (a
+    few dozen bytes a rank); the documents to say a hang, and to look for stragglers no more
+    than a quarter of the time (a read of every rank's document takes seconds at 65,536
+    ranks: ``benchmarks/store_traffic.py``). Ranks 0, 1, ... are looked for until one has not
+    published (a rank that never launched is missing)."""
+
+    def __init__(self, store: Any, label: str, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.store = store
+        self.label = label
+        self.clock = clock
+        self._ranks = 0  # ranks 0 .. _ranks - 1 have published
+        self._run: str | None = None
+        self._next_straggler_look = 0.0
+        self._stragglers: dict[tuple[int, str], tuple[Any, str]] = {}
+
+    def __str__(self) -> str:
+        return f"the store at {self.label}"
+
+    def counts(self) -> dict[Any, int]:
+        key_of = ring.count_key
+        while self.store.check([key_of(self._ranks)]):  # (new ranks: one request each)
+            self._ranks += 1
+        if not self._ranks:
+            return {}
+        found: dict[int, tuple[int, int, str]] = {}
+        for rank, value in enumerate(self.store.multi_get([key_of(r)
+                                                           for r in range(self._ranks)])):
+            count, published, run = value.decode(errors="replace").split(" ", 2)
+            found[rank] = (int(count), int(published), run)
+        self._run = max(found.values(), key=lambda f: f[1])[2]  # (the newest run's)
+        return {rank: f[0] for rank, f in found.items() if f[2] == self._run}
+
+    def _documents(self) -> list[dict[str, Any]]:
+        from autoannot.traces.read import rank_progress
+
+        if not self._ranks:
+            return []
+        values = self.store.multi_get([ring.progress_key(r) for r in range(self._ranks)])
+        documents = [d for d in map(rank_progress.decode, values) if d is not None]
+        return [d for d in documents if self._run is None or d.get("run") == self._run]
+
+    def verdict(self) -> Verdict:
+        from autoannot.traces.analysis import sequences as S
+        from autoannot.traces.read import rank_progress
+
+        documents = self._documents()
+        members, by_seq, counts = steps_of_documents(documents)
+        lines = S.hang_of({}, members, by_seq)
+        culprit = culprit_of(lines)
+        stale = None if culprit is None else rank_progress.stale_culprit(documents, culprit)
+        return Verdict(lines + ([stale] if stale else []), counts, self._run,
+                       [] if documents else [f"{self}: no rank has published"])
+
+    def stragglers(self) -> dict[tuple[int, str], tuple[Any, str]]:
+        from autoannot.traces.analysis import stragglers
+        from autoannot.traces.read import rank_progress
+
+        began = self.clock()
+        if began < self._next_straggler_look:
+            return self._stragglers
+        entered, gaps, members, sites = rank_progress.tails_of(self._documents())
+        self._stragglers = {(s.rank, s.group): (s, s.line(s.group, sites.get((s.group, s.rank))))
+                            for s in stragglers.stragglers(entered, members, gaps=gaps)}
+        self._next_straggler_look = began + 4 * (self.clock() - began)
+        return self._stragglers
+
+    def update_metrics(self, metrics: Any) -> None:
+        """(The metrics count each launch from the rings: none from a store.)"""
+
+
+def steps_of_documents(documents: list[dict[str, Any]]) -> tuple[Any, Any, dict[int, int]]:
+    """The hang analysis's inputs from the ranks' documents (``sequences.hang_of``'s members
+    and steps by seq), and each rank's launch count."""
+    from autoannot.traces.analysis import sequences as S
+    from autoannot.traces.read import rank_progress
+
+    members: S.Members = {}
+    by_seq: dict[str, dict[int, dict[int, S.Step]]] = {}
+    counts = {}
+    for document in documents:
+        rank = int(document["rank"])
+        counts[rank] = int(document["count"])
+        for group, held in document["groups"].items():
+            size = held.get("size")
+            if isinstance(size, int):
+                known = members.get(group, (size, None))
+                members[group] = (max(size, known[0]), known[1] or rank_progress.members_of(held))
+            for seq, what, site, at_ns in held["last"]:
+                by_seq.setdefault(group, {}).setdefault(rank, {})[int(seq)] = S.Step(
+                    tuple(what), site, at_ns)
+    return members, by_seq, counts
+
+
+
+class Watcher:
+    """Looks at the rings of ``folder`` (``look``; or at a ``StoreProgress``), and says
+    (``say``) a hang once no rank has launched for ``stall`` seconds, and that the job moves
+    again once it does."""
+
+    def __init__(self, folder: Path | Any, stall: float, say: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic, metrics: Any = None) -> None:
+        self.source = RingsFolder(folder) if isinstance(folder, Path) else folder
         self.metrics = metrics  # (``traces.metrics.JobMetrics``, updated at each look)
         self.stall = stall
         self.say = say
@@ -190,9 +313,9 @@ class Watcher:
     def look(self) -> list[str] | None:
         """One look: the hang's lines where one is said now (None otherwise)."""
         now = self.clock()
-        counts = counts_of(self.folder)
+        counts = self.source.counts()
         if self.metrics is not None:
-            self.metrics.update(self.folder)
+            self.source.update_metrics(self.metrics)
         if counts != self._counts:
             self._counts, self._since = counts, now
             if self._said is not None:
@@ -204,14 +327,14 @@ class Watcher:
             return None
         if self._said is not None or not counts or now - self._since < self.stall:
             return None
-        found = verdict(self.folder)
+        found = self.source.verdict()
         self._said = found.lines
         if self.metrics is not None:
             self.metrics.hang(culprit_of(found.lines))
         if found.lines:
             self.say(f"autoannot watch: no rank has launched a collective for "
-                     f"{now - self._since:.1f} s ({len(found.counts)} ranks' rings in "
-                     f"{self.folder}):")
+                     f"{now - self._since:.1f} s ({len(found.counts)} ranks, from "
+                     f"{self.source}):")
             for line in found.lines:
                 self.say(line)
             return found.lines
@@ -220,7 +343,7 @@ class Watcher:
     def _look_for_stragglers(self) -> None:
         """Say each rank that now stands out as a straggler (once), and each that no longer
         does."""
-        now = stragglers_of(self.folder)
+        now = self.source.stragglers()
         if self.metrics is not None:
             self.metrics.stragglers({key: found for key, (found, _) in now.items()})
         for key, (_, line) in now.items():

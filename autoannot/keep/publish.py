@@ -1,0 +1,101 @@
+"""``AUTOANNOT_WATCH_STORE``: every rank publishes its progress (``traces.read.rank_progress``: per
+group its last launches and its straggler window, from its ring) to a c10d store — the job's
+own, or another — every watch interval where it launched since, for a watcher on any host
+(rank 0's, ``AUTOANNOT_WATCH=1``). One request a rank an interval at most (``multi_set`` of
+two keys: ``autoannot/count/{rank}``, its launch count, which the watcher reads at every look,
+and ``autoannot/progress/{rank}``, the document, read to say a hang and to look for
+stragglers).
+
+It runs in a daemon thread of its own, through a store client of its own (torch's public
+``TCPStore``, not the job's client object): a store that cannot be reached, or that stops
+answering within its timeout, ends the publishing, said once; the job's launches never wait
+on it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from autoannot.base.ring_format import count_key, progress_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: The launches of each group's straggler window a document carries.
+TAIL = 32
+#: How long a store request may take before the publishing ends (seconds).
+TIMEOUT_S = 5.0
+
+
+def connect(address: tuple[str, int], timeout_s: float = TIMEOUT_S) -> Any:
+    """A client of the TCPStore at ``address`` (raises what torch raises where none answers)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(address[0], address[1], is_master=False,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class Publisher:
+    """Publishes ``ring``'s progress to ``store`` (``publish_once``: one look)."""
+
+    def __init__(self, ring: Any, store: Any) -> None:
+        self.ring = ring
+        self.store = store
+        self._published = -1  # the launch count last published
+
+    def publish_once(self) -> bool:
+        """Publish the ring's progress where it launched since the last; whether it did."""
+        from pathlib import Path
+
+        from autoannot.traces.read import rank_progress, ring_files
+
+        path = self.ring.ring_path
+        if path is None or self.ring.count == self._published:
+            return False
+        one = ring_files.read(Path(path), 1024)
+        published = time.time_ns()
+        data = rank_progress.encode(rank_progress.of_ring(one, TAIL, published_ns=published))
+        rank = int(one.rank if one.rank is not None else -1)
+        count = f"{one.count} {published} {one.meta.get('run')}".encode()
+        self.store.multi_set([count_key(rank), progress_key(rank)], [count, data])
+        self._published = one.count
+        return True
+
+
+def start_from_environment(ring: Any) -> None:
+    """Publish ``ring``'s progress to ``AUTOANNOT_WATCH_STORE``'s store every
+    ``AUTOANNOT_WATCH_INTERVAL`` seconds, from its opening on (the job's own store is known
+    then), in a daemon thread. Settings that cannot be read are said on stderr; nothing is
+    published then."""
+
+    def opened(one: Any) -> None:
+        import threading
+
+        from autoannot.base import config
+
+        try:
+            address, interval = config.watch_store(), config.watch_interval()
+        except ValueError as exc:
+            sys.stderr.write(f"autoannot: {exc}: no progress is published\n")
+            return
+        if address is not None:
+            threading.Thread(target=_publish, args=(one, address, interval), daemon=True,
+                             name="autoannot-publish").start()
+
+    ring.on_open.append(opened)
+
+
+def _publish(ring: Any, address: tuple[str, int], interval: float) -> None:
+    try:
+        publisher = Publisher(ring, connect(address))
+        while True:
+            publisher.publish_once()
+            time.sleep(interval)
+    except Exception as exc:  # never the job's: said once, the publishing ends
+        sys.stderr.write(f"autoannot: AUTOANNOT_WATCH_STORE {address[0]}:{address[1]}: "
+                         f"progress no longer published ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); the job goes on\n")
