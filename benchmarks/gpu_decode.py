@@ -1,0 +1,128 @@
+"""What leaving autoannot on (the agent and its ring, ``AUTOANNOT_RING``) costs a graphed
+decode loop: per replay, on 1 GPU (a 1-rank NCCL group) or 2 (``WORLD=2``).
+
+    PYTHONPATH=. python benchmarks/gpu_decode.py [OUT.json]
+
+Inference as it is served: a graph per batch size (1, 8, 32), each a decoder step of
+``LAYERS`` layers (two ``Linear(HIDDEN)`` and a tensor-parallel all-reduce each); a decode
+loop replays the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times
+in one process: "agent off" (graphs captured with the agent off), "ring on" (the agent on,
+its ring open, graphs captured with it: their ledgers kept). Each round captures the graphs
+anew in its mode, then times a decode loop per batch size (CUDA events around the loop; the
+replays are back to back, as a server's). Per replay: the median over rounds of loop time /
+``STEPS``. Prints a table, then one line of JSON (also written to OUT.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+import autoannot
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep.ring import Ring
+
+LAYERS, HIDDEN, STEPS, ROUNDS = 16, 4096, 200, 9
+BATCHES = (1, 8, 32)
+MODES = ("agent off", "ring on")
+
+
+def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    tp = dist.new_group(list(range(world)), group_desc="tp")
+    torch.manual_seed(0)
+    layers = [(torch.nn.Linear(HIDDEN, HIDDEN, device="cuda", dtype=torch.bfloat16),
+               torch.nn.Linear(HIDDEN, HIDDEN, device="cuda", dtype=torch.bfloat16))
+              for _ in range(LAYERS)]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for up, down in layers:
+            x = down(torch.relu(up(x)))
+            dist.all_reduce(x, group=tp)
+        return x
+
+    folder = tempfile.mkdtemp(prefix="autoannot-decode-")
+    times: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in MODES}
+    ring = None
+    with torch.no_grad():
+        for r in range(ROUNDS):
+            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+                if mode == "ring on":
+                    ring = Ring(f"{folder}/r{r}", 1 << 16)
+                    AGENT.state.open_journal(ring)
+                    autoannot.enable()
+                graphs = {}
+                for batch in BATCHES:
+                    x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        step(x)  # (warm-up before capture, as users do)
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        step(x)
+                    graphs[batch] = graph
+                torch.cuda.synchronize()
+                dist.barrier()
+                for batch, graph in graphs.items():
+                    graph.replay()
+                    begin = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                    for _ in range(STEPS):
+                        graph.replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    times[mode][batch].append(begin.elapsed_time(end) * 1e3 / STEPS)
+                del graphs
+                if mode == "ring on":
+                    autoannot.disable()
+                    AGENT.state.close_journal(ring)
+                    ring.close()
+    if rank == 0:
+        medians = {m: {b: statistics.median(t) for b, t in by.items()} for m, by in times.items()}
+        print(f"decode loop, {LAYERS} layers x Linear({HIDDEN}) + all-reduce, {world} GPU(s): "
+              f"us a replay, median of {ROUNDS} rounds x {STEPS} replays")
+        print(f"{'batch':>6} {'agent off':>10} {'ring on':>10} {'x':>7}")
+        for b in BATCHES:
+            off, on = medians["agent off"][b], medians["ring on"][b]
+            print(f"{b:>6} {off:10.2f} {on:10.2f} {on / off:7.4f}")
+        result = {"torch": torch.__version__, "gpus": torch.cuda.get_device_name(),
+                  "world": world, "layers": LAYERS, "hidden": HIDDEN, "steps": STEPS,
+                  "rounds": ROUNDS, "replay_us": medians,
+                  "ratios": {b: round(medians["ring on"][b] / medians["agent off"][b], 4)
+                             for b in BATCHES},
+                  "samples": times}
+        print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+        if out_path:
+            with open(out_path, "x") as f:
+                json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    import socket
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = int(os.environ.get("WORLD", "1"))
+    torch.multiprocessing.spawn(worker, args=(world, port, sys.argv[1] if len(sys.argv) > 1
+                                              else None), nprocs=world)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
