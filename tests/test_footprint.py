@@ -9,6 +9,7 @@ import copy
 import functools
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -210,6 +211,59 @@ def test_compiled_code_is_never_recompiled_for_the_agent(layer: str, request,
         (plain,) = run_ranks(compile_from_threads, 2, "fake", (False,), ranks=(0,))
         assert plain["compiles"] > 1  # the key it includes is guarded on
     assert seen == {"compiles": 1, "errors": [], "which": layer}
+
+
+_ALWAYS_ON_JOB = """
+import threading, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+compiled = []
+def counting_backend(gm, example_inputs):
+    compiled.append(1)
+    return gm.forward
+@torch.compile(backend=counting_backend)
+def step(x):
+    return (x * 2).sum()
+step(torch.ones(4))
+def work():
+    for _ in range(3):
+        step(torch.ones(4))
+        dist.all_reduce(torch.ones(4))
+    dist.distributed_c10d._get_default_group().allreduce([torch.ones(4)]).wait()
+threads = [threading.Thread(target=work) for _ in range(3)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+work()
+from autoannot.agent.instrumentation import INSTRUMENTATION
+ring = next((j for j in INSTRUMENTATION.state.journals if getattr(j, "ring_path", None)), None)
+print(len(compiled), -1 if ring is None else ring.count, INSTRUMENTATION.layer is not None)
+"""
+
+
+@pytest.mark.parametrize("layer", ["python layer", "group hooks"])
+def test_an_always_on_ring_compiles_nothing_again_and_sees_every_threads_launches(
+        layer: str, tmp_path) -> None:
+    """The ring on from the start (``AUTOANNOT_RING``): a function compiled on the main thread
+    and called from 3 threads it starts is compiled once, as with the agent off (the Python
+    layer's key is held on every thread: a thread without it compiled the function again, 4
+    graphs in all), and each thread's launch made from C++ (``ProcessGroup.allreduce``) is in
+    the ring beside the Python API's: 4 threads x (3 + 1)."""
+    from autoannot.observe import group_hooks
+
+    if layer == "group hooks" and not group_hooks.available():
+        pytest.skip("this torch's process groups take no collective hooks (torch < 2.14)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+    plain = subprocess.run([sys.executable, "-c", _ALWAYS_ON_JOB], env=env, capture_output=True,
+                           text=True, timeout=300)
+    env.update(AUTOANNOT="1", AUTOANNOT_RING=str(tmp_path / "rings"), AUTOANNOT_NATIVE="0",
+               AUTOANNOT_GROUP_HOOKS="1" if layer == "group hooks" else "0")
+    done = subprocess.run([sys.executable, "-c", _ALWAYS_ON_JOB], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert plain.returncode == 0 == done.returncode, plain.stderr + done.stderr
+    assert plain.stdout.split() == ["1", "-1", "False"]
+    assert done.stdout.split() == ["1", "16", str(layer == "python layer")], done.stderr
 
 
 # --- the capture, replay, export and disable steps -------------------------------------------

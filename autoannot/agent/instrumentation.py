@@ -202,8 +202,9 @@ class Instrumentation:
         layer = self.python_layer()
         if layer is not None:
             layer.retired = False  # on again: its kernels stay
-            if self.state.journals:  # AUTOANNOT_RECORD: the thread importing torch, for good
-                layer.hold()
+            if self.state.journals:  # a journal from the start: the thread importing torch
+                layer.hold()  # and every thread started after hold it, for good
+                layer.hold_new_threads()
         return patching.install_op_namespace(torch.ops.symm_mem, self)
 
 

@@ -18,11 +18,16 @@ observer uses them). Its blast radius is kept small:
 * Where another library owns the key (a fallback registered first: torchdistx does, from C++,
   when it loads), the layer steps aside, says so once, and annotates Python-API launches only.
 * A thread includes the key while it holds the layer: while it captures a CUDA graph, or has
-  ``record()`` open (and, with ``AUTOANNOT_RECORD``, the thread that imports torch, for good).
+  ``record()`` open; with a journal open from the start (``AUTOANNOT_RECORD``, the always-on
+  ``AUTOANNOT_RING``), the thread that imports torch and every thread the ``threading`` module
+  starts after, for good (``hold_new_threads``: threading's documented ``setprofile``, whose
+  function runs once in each new thread and hands it back to the one set before).
   Torch carries a thread's included keys to the threads that run work for it (autograd's
   engine threads during a backward started there: DDP's reducer, backward collectives).
   Including a key on a thread is what ``torch.compile`` guards on: a function compiled outside
-  such a block is compiled once more inside one.
+  such a block is compiled once more inside one. Held on every thread for good, the key is
+  the same wherever a function is compiled and called: no compile more than with the agent
+  off.
 
 Two op families of the table get kernels that run the proxies' launch wrapper around a
 redispatch to the keys below theirs, that is, to torch's own kernel: ``_c10d_functional``
@@ -90,6 +95,7 @@ class DispatcherLayer:
         self._holds = _Holds()
         self.grace_s = GRACE_S
         self._giving_back: Any = None  # the timer that gives the key back, once idle
+        self._on_new_threads: _HoldOnStart | None = None  # threading's profile function, ours
 
     def __repr__(self) -> str:
         return f"DispatcherLayer({', '.join(self.ops) or 'no kernels'}, holders={self.holders})"
@@ -138,11 +144,27 @@ class DispatcherLayer:
                 else:
                     self._give_key_back_later()
 
+    def hold_new_threads(self) -> None:
+        """Every thread the ``threading`` module starts from now on holds the layer for its
+        life (as the thread that imported torch does, with a journal open from the start):
+        where some threads included the key and others not, ``torch.compile`` would compile a
+        function again for each. Through ``threading.setprofile``: its function runs at a new
+        thread's first call, holds the layer there and gives the thread the profile function
+        set before ours (a profiler's, as yappi sets). Until ``retire()``."""
+        with self._lock:
+            if self._on_new_threads is None:
+                hook = _HoldOnStart(self, threading.getprofile())
+                threading.setprofile(hook)
+                self._on_new_threads = hook
+
     def retire(self) -> None:
         """(``disable()``) Take the kernels off now if no thread holds the layer, else when
-        the last one releases it."""
+        the last one releases it; new threads no longer hold it."""
         with self._lock:
             self.retired = True
+            hook, self._on_new_threads = self._on_new_threads, None
+            if hook is not None and threading.getprofile() is hook:
+                threading.setprofile(hook.previous)
             if not self.holders:
                 self._cancel_giving_back()
                 self._give_key_back()
@@ -235,6 +257,31 @@ class DispatcherLayer:
                 library._destroy()
             except Exception as exc:
                 diagnostics.warn_once("dispatcher kernels", "removing", exc)
+
+
+class _HoldOnStart:
+    """``threading``'s profile function while new threads hold the layer
+    (``DispatcherLayer.hold_new_threads``): at a new thread's first call it hands the thread
+    to ``previous`` (the profile function set before: none, or a profiler's), holds the layer
+    there for good and passes the call on."""
+
+    __slots__ = ("layer", "previous")
+
+    def __init__(self, layer: DispatcherLayer, previous: Any) -> None:
+        self.layer, self.previous = layer, previous
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        import sys
+
+        previous = self.previous
+        sys.setprofile(previous)
+        try:
+            self.layer.hold()
+        except Exception as exc:  # the thread runs unheld: said once
+            diagnostics.warn_once("dispatcher layer", "holding it on a new thread", exc)
+        if previous is not None:
+            return previous(frame, event, arg)
+        return None
 
 
 def _included() -> bool:
