@@ -11,9 +11,12 @@ annotating with a recorder open — ``record()`` as it is by default, recording 
 launches only, and recording every launch; then a C++-origin ``pg.allreduce`` and a compiled
 op's ``_c10d_functional.all_reduce`` without and with a recorder that sees them. A fake group of
 2 (no communication: the pure overhead), or with ``--gloo`` a real 2-rank gloo group (rank 1 runs
-the same calls outside valgrind). Build each version's native observer first
-(``python -m autoannot build-native`` in each tree). Prints the instructions each mode adds to
-the unwrapped call, side by side, then one line of JSON. A benchmark, not a test.
+the same calls outside valgrind). Where the version keeps rings, the Python API's call, the
+``pg.allreduce`` and the compiled op again with a ring open (as ``AUTOANNOT_RING`` opens one).
+``--layers python`` counts without the native observer alone. Build each version's native
+observer first (``python -m autoannot build-native`` in each tree). Prints the instructions
+each mode adds to the unwrapped call, side by side, then one line of JSON. A benchmark, not a
+test.
 """
 
 from __future__ import annotations
@@ -105,8 +108,28 @@ def child(folder: str, calls: int) -> None:
             count(f"{name}, recorded", call)
         if rank == 0 and len(records) < calls:
             raise RuntimeError(f"{name}: {len(records)} of {calls} calls recorded")
+    ring = _ring(folder)
+    if ring is not None:  # the always-on ring, where the version has one (opened as at start-up)
+        from autoannot.agent.instrumentation import INSTRUMENTATION
+
+        INSTRUMENTATION.state.open_journal(ring)
+        for name, call in {"ring": lambda: proxy(tensor, group=group), **below}.items():
+            before = ring.count if hasattr(ring, "count") else None
+            count(name if name == "ring" else f"{name}, ring", call)
+            if before is not None and rank == 0 and ring.count - before < calls:
+                raise RuntimeError(f"{name}: {ring.count - before} of {calls} calls in the ring")
+        INSTRUMENTATION.state.close_journal(ring)
     autoannot.disable()
     dist.destroy_process_group()
+
+
+def _ring(folder: str) -> object:
+    """A ring of 4,096 launches in ``folder`` where this version keeps rings; else None."""
+    try:
+        from autoannot.keep.ring import Ring
+    except ImportError:
+        return None
+    return Ring(os.path.join(folder, "ring"), 4096)
 
 
 def count_version(tree: Path, native: bool, calls: int, gloo: bool) -> dict[str, float]:
@@ -148,6 +171,10 @@ def added(per_call: dict[str, float]) -> dict[str, int]:
     result = {mode: round(per_call[mode] - base) for mode in MODES}
     for name in ("pg.allreduce", "compiled op"):
         result[f"{name}, recorded"] = round(per_call[f"{name}, recorded"] - per_call[name])
+    if "ring" in per_call:  # (a version that keeps rings)
+        result["ring"] = round(per_call["ring"] - base)
+        for name in ("pg.allreduce", "compiled op"):
+            result[f"{name}, ring"] = round(per_call[f"{name}, ring"] - per_call[name])
     return result
 
 
@@ -156,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("old", nargs="?", help="a folder holding the other version's autoannot/")
     parser.add_argument("--calls", type=int, default=2000, help="calls per mode (default 2000)")
     parser.add_argument("--gloo", action="store_true", help="a real 2-rank gloo group")
+    parser.add_argument("--layers", default="native,python",
+                        help="which to count, comma-separated: native (the native observer "
+                             "where built), python (AUTOANNOT_NATIVE=0); default both")
     parser.add_argument("-o", "--output", help="also write the JSON line here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -170,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     versions = {"old": Path(args.old).resolve(), "new": HERE.parent}
     table: dict[str, dict[str, dict[str, int]]] = {}
+    layers = [name.strip() for name in args.layers.split(",") if name.strip()]
+    if not layers or set(layers) - {"native", "python"}:
+        parser.error(f"--layers {args.layers!r}: native, python or both")
     for layer, native in (("native", True), ("python", False)):
+        if layer not in layers:
+            continue
         for version, tree in versions.items():
             print(f"counting {version}, {layer} ...", file=sys.stderr, flush=True)
             table.setdefault(layer, {})[version] = added(
@@ -180,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{layer} layer: instructions added a call, dist.all_reduce on {group}")
         print(f"{'mode':34} {'old':>9} {'new':>9} {'new/old':>8}")
         for mode in versions_added["new"]:
+            if mode not in versions_added["old"]:
+                continue
             old, new = versions_added["old"][mode], versions_added["new"][mode]
             print(f"{mode:34} {old:9,} {new:9,} {new / old if old else float('nan'):8.2f}")
         for mode in MODES[1:4]:

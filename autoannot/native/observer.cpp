@@ -186,6 +186,7 @@ at::CallbackHandle g_handle = 0;
 PyObject* g_listener = nullptr;  // Python: listener(when, op, kind, described, site)
 PyObject* g_sites = nullptr;  // sites.SITES: id(code) -> (code, {f_lasti: "file:line"} or None)
 PyObject* g_site_from = nullptr;  // site_from(frame) -> "file:line"
+PyObject* g_library_files = nullptr;  // sites.LIBRARY_FILES: file name -> no call site there
 
 // ---------------------------------------------------------------------------------------------
 // The current stream's capture
@@ -964,8 +965,20 @@ PyObject* caller_site() {
   PyFrameObject* frame = start;
   Py_XINCREF(frame);
   while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame);  // (sites.SITES: id(code) -> (code, sites))
-    PyObject* id = PyLong_FromVoidPtr(code);
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    // Its file first (sites.LIBRARY_FILES: torch's, wrapt's, ours, the standard library's are
+    // walked past), then a user file's code object (sites.SITES: id(code) -> (code, sites)).
+    PyObject* library = g_library_files != nullptr
+                            ? PyDict_GetItemWithError(g_library_files, code->co_filename)
+                            : nullptr;
+    if (library == Py_True) {
+      Py_DECREF(code);
+      PyFrameObject* back = PyFrame_GetBack(frame);
+      Py_DECREF(frame);
+      frame = back;
+      continue;
+    }
+    PyObject* id = library == Py_False ? PyLong_FromVoidPtr(code) : nullptr;
     PyObject* entry = id ? PyDict_GetItemWithError(g_sites, id) : nullptr;
     Py_XDECREF(id);
     PyObject* sites = entry != nullptr && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2 &&
@@ -973,12 +986,6 @@ PyObject* caller_site() {
                           ? PyTuple_GET_ITEM(entry, 1)
                           : nullptr;
     Py_DECREF(code);
-    if (sites == Py_None) {  // torch's, wrapt's, ours, the standard library's: look further up
-      PyFrameObject* back = PyFrame_GetBack(frame);
-      Py_DECREF(frame);
-      frame = back;
-      continue;
-    }
     if (sites != nullptr && PyDict_Check(sites)) {
       PyObject* lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
       PyObject* site = lasti ? PyDict_GetItemWithError(sites, lasti) : nullptr;
@@ -1445,11 +1452,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("set_handoff", [](bool on) { g_handoff.store(on); });
   m.def("handoff", []() { return g_handoff.load(); });
-  m.def("set_site_resolver", [](py::dict sites, py::object site_from) {
+  m.def("set_site_resolver", [](py::dict sites, py::object site_from, py::dict library_files) {
     Py_XDECREF(g_sites);
     Py_XDECREF(g_site_from);
+    Py_XDECREF(g_library_files);
     g_sites = sites.inc_ref().ptr();
     g_site_from = site_from.inc_ref().ptr();
+    g_library_files = library_files.inc_ref().ptr();
   });
   m.def("set_listener", [](py::object listener) {
     Py_XDECREF(g_listener);

@@ -164,9 +164,9 @@ class HookObserver:
         self.agent = agent
         self._ops: dict[str, Any] | None = None  # (at the first launch: torch may be importing)
         self._groups: dict[int, weakref.ref] = {}  # id -> the groups hooked now
-        #: (group, op id) -> the launch entered at its pre-hook (and torch's scope), until its
-        #: post-hook
-        self._pending: dict[tuple[int, int], tuple[LaunchEvent, Any]] = {}
+        #: (group, op id) -> the launch entered at its pre-hook and torch's scope (or None and
+        #: the rings it was written to), until its post-hook
+        self._pending: dict[tuple[int, int], tuple[LaunchEvent | None, Any]] = {}
         self._lock = threading.Lock()
         #: Kinds of launch derived, by key (a group's id among it).
         self._kinds = Kinds()
@@ -203,7 +203,9 @@ class HookObserver:
         raised), most recent first: none stays entered once nothing asks (or a capture ends)."""
         pending, self._pending = self._pending, {}
         sink = self.sink
-        for _, scope in reversed(list(pending.values())):
+        for event, scope in reversed(list(pending.values())):
+            if event is None:  # (the rings': their records stay unreturned)
+                continue
             try:
                 sink.failed(scope, RuntimeError("no post-hook"))  # (it did not return)
             except Exception as exc:
@@ -250,45 +252,69 @@ class HookObserver:
     # the hooks ----------------------------------------------------------------------------
 
     def _before(self, ref: weakref.ref, args: Any) -> None:
-        """(torch's pre-hook) A launch about to be issued: its annotation entered."""
+        """(torch's pre-hook) A launch about to be issued: its annotation entered; where
+        rings are the only thing open (the always-on case), written to them inline, as the
+        proxies' wrappers do (no event, no record)."""
         if not self.on:  # (nothing asks: at once)
             return
-        if self.agent.state.inside.get(get_ident()):  # a proxy's launch: the proxy's
+        state = self.agent.state
+        if state.inside.get(get_ident()):  # a proxy's launch: the proxy's
             return
         group = ref()
         try:
-            event = self._event(group, args)
+            found = self._kind_and_caller(group, args)
         except Exception as exc:  # this launch goes unannotated; the collective runs
             diagnostics.warn_once(f"c10d.{getattr(args.name, 'name', args.name)}",
                                   "deriving the collective metadata", exc)
             return
-        if event is None:
+        if found is None:
             return
-        try:
-            scope = self.sink.entered(event)
-        except Exception as exc:
-            diagnostics.warn_once(event.kind.label, "entering the annotation context", exc)
-            return
+        kind, caller = found
+        rings = state.rings
+        if rings is not None and not state.captures and not state.recorders:
+            try:
+                site = sites.site_from(caller)
+                for ring in rings:
+                    ring.enter_kind(kind, site)
+            except Exception as exc:
+                diagnostics.warn_once(kind.label, "writing the launch to the ring", exc)
+                return
+            entered: tuple[Any, Any] = (None, rings)
+        else:
+            event = LaunchEvent(kind, sites.site_from(caller), False)  # (below the Python API)
+            try:
+                entered = (event, self.sink.entered(event))
+            except Exception as exc:
+                diagnostics.warn_once(event.kind.label, "entering the annotation context", exc)
+                return
         pending = self._pending
         if len(pending) >= PENDING_LIMIT:  # (launches that raised: let go)
             self.let_go()
             pending = self._pending
-        pending[(id(group), args.op_id)] = (event, scope)
+        pending[(id(group), args.op_id)] = entered
 
     def _after(self, key: int, args: Any) -> None:
         """(torch's post-hook) The launch was issued: to the sink (its ledger, the
-        recorders)."""
+        recorders), or the rings' records of it ended."""
         entered = self._pending.pop((key, args.op_id), None)
         if entered is None:
             return
         event, scope = entered
+        if event is None:  # (written to the rings alone: ``scope`` holds them)
+            try:
+                for ring in scope:
+                    ring.returned(False)
+            except Exception as exc:
+                diagnostics.warn_once("ring", "writing the launch's end to the ring", exc)
+            return
         try:
             self.sink.returned(event, scope)
         except Exception as exc:
             diagnostics.warn_once(event.kind.label, "leaving the annotation context", exc)
 
-    def _event(self, group: Any, args: Any) -> LaunchEvent | None:
-        """One hooked launch, as the sink takes it; None where it is no collective."""
+    def _kind_and_caller(self, group: Any, args: Any) -> tuple[Kind, Any] | None:
+        """One hooked launch's kind and the Python frame that called into torch (None: no
+        Python caller); None where it is no collective."""
         if group is None:
             return None
         if self._ops is None:
@@ -303,7 +329,7 @@ class HookObserver:
             kind = self._kind_of_hooked(group, args)
         if kind is None:
             return None
-        return LaunchEvent(kind, sites.site_from(caller), False)  # (below the Python API)
+        return kind, caller
 
     def _kind_of_call(self, known: ops.Op, op_args: tuple, op_kwargs: dict) -> Kind | None:
         plan = known.plan

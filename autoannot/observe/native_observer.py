@@ -48,7 +48,7 @@ class NativeObserver:
         self._needs_operators: bool | None = None
         module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
                            ops.ops_by_collective(self._ops))
-        module.set_site_resolver(sites.SITES, sites.site_from)
+        module.set_site_resolver(sites.SITES, sites.site_from, sites.LIBRARY_FILES)
         module.set_listener(self._told)
         # a group gone: its address may be reused, launches described by it get new kinds
         groups.on_group_gone(module.forget_kinds)
