@@ -340,6 +340,39 @@ def test_a_rank_late_every_step_is_named_a_straggler_within_50_steps(capfd, monk
     assert abs(waited_ms - job.LATE_S * 1e3) <= 0.25 * job.LATE_S * 1e3, line
     lead = _offline_lead(capfd, tmp_path / "rings")  # (and the offline lead says so too)
     assert lead.startswith(f"rank {job.LATE_RANK} held the others up most"), lead
+    # Rank 2 on a second host, its monotonic clock 37 ms behind: the straggler window through
+    # the store's documents still names it alone, by its time outside collectives.
+    found = _across_hosts(tmp_path / "rings", job.LATE_RANK, -CLOCK_OFFSET_US)
+    assert [(s.rank, s.group, s.by_time_outside) for s in found] == [
+        (job.LATE_RANK, "0", True)], found
+    assert abs(found[0].late_by_us - job.LATE_S * 1e6) <= 0.25 * job.LATE_S * 1e6, found
+
+
+#: A planted offset between two hosts' monotonic clocks (us).
+CLOCK_OFFSET_US = 37_000.0
+
+
+def _across_hosts(rings: Path, moved: int, offset_us: float) -> list[Any]:
+    """The straggler window as the watcher reads it from the store (the ranks' progress
+    documents, made from the job's real rings), where rank ``moved`` ran on a second host whose
+    monotonic clock reads ``offset_us`` more than the first's (a planted offset)."""
+    from autoannot.keep import publish
+    from autoannot.traces.analysis import stragglers
+    from autoannot.traces.read import rank_progress
+    from autoannot.traces.render import watch
+
+    documents = []
+    for path in ring_files.in_folder(rings):
+        one = ring_files.read(path, watch.TAIL)
+        document = rank_progress.decode(rank_progress.encode(
+            rank_progress.of_ring(one, publish.TAIL)))
+        assert document is not None and document["host"] == one.meta["host"]
+        if document["rank"] == moved:
+            document["host"] = f"{document['host']}-second"
+            document["base_us"] += int(offset_us)
+        documents.append(document)
+    entered, gaps, members, _, clocks = rank_progress.tails_of(documents)
+    return stragglers.stragglers(entered, members, gaps=gaps, clocks=clocks)
 
 
 def _offline_lead(capfd, rings: Path) -> str:
@@ -357,6 +390,9 @@ def test_a_job_with_nothing_planted_names_no_straggler(capfd, monkeypatch,
     assert not any("STRAGGLER" in line for line in said), said
     lead = _offline_lead(capfd, tmp_path / "rings")
     assert lead.startswith("no rank stands out of the job's own noise"), lead
+    # Rank 3 on a second host whose clock reads 37 ms ahead: no rank is named (the offset is
+    # no lateness; compared as entry times, rank 3 arrived "last" at every instance).
+    assert _across_hosts(tmp_path / "rings", 3, CLOCK_OFFSET_US) == []
 
 
 # --- Prometheus -------------------------------------------------------------------------------

@@ -10,8 +10,15 @@ apart the other ranks arrived. Where each rank's time outside collectives before
 the last rank spent longer outside than the others did: a rank that arrived last because it
 was held in its collective before (by another rank) is not late by its own. A rank late at
 ``needed`` of them or more stands out; a job whose ranks take turns being last (CPU noise)
-has none. Entry times must share a clock (one host's monotonic clock: the rings of one
-machine). Pure: no I/O.
+has none.
+
+Entry times are compared only where they share a clock (``clocks``: each rank's, its host's
+monotonic clock). A group whose members' clocks differ, or are not all known, is read from
+the time each rank spent outside collectives before each instance alone (``gaps``: one
+rank's own clock each, never compared with another's): where the launch before returned at
+about the same time on every rank (a collective's completion), what the others waited for
+the last is how much longer it spent outside. A clock offset between hosts is never read as
+lateness. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -40,14 +47,24 @@ class Straggler:
     noise_us: float
     first: int
     last: int
+    #: Read from the time outside collectives alone (its group spans clocks: hosts).
+    by_time_outside: bool = False
 
     def line(self, group_name: str | None = None, call_site: str | None = None) -> str:
         """What is said of it (``group_name``: the group as the reader knows it)."""
-        return (f"STRAGGLER: rank {self.rank} arrived last at {self.late} of group "
-                f"{group_name or self.group}'s last {self.window} collectives "
-                f"(#{self.first}-#{self.last}), "
-                f"the others waiting {_us(self.late_by_us)} for it (median; their own noise "
-                f"{_us(self.noise_us)})" + (f"; its call site {call_site}" if call_site else ""))
+        where = f"of group {group_name or self.group}'s last {self.window} collectives"
+        if self.by_time_outside:
+            said = (f"STRAGGLER: rank {self.rank} spent the longest outside collectives "
+                    f"before {self.late} {where} (#{self.first}-#{self.last}), "
+                    f"{_us(self.late_by_us)} longer than the others (median; their own noise "
+                    f"{_us(self.noise_us)}; the group spans hosts, whose clocks are not "
+                    "compared)")
+        else:
+            said = (f"STRAGGLER: rank {self.rank} arrived last at {self.late} {where} "
+                    f"(#{self.first}-#{self.last}), the others waiting "
+                    f"{_us(self.late_by_us)} for it (median; their own noise "
+                    f"{_us(self.noise_us)})")
+        return said + (f"; its call site {call_site}" if call_site else "")
 
 
 def _us(value: float) -> str:
@@ -58,16 +75,24 @@ def stragglers(entered: dict[str, dict[int, dict[int, float]]],
                members: dict[str, tuple[int, ...]], window: int = WINDOW,
                needed: int = NEEDED, floor_us: float = FLOOR_US,
                factor: float = FACTOR,
-               gaps: dict[str, dict[int, dict[int, float]]] | None = None) -> list[Straggler]:
+               gaps: dict[str, dict[int, dict[int, float]]] | None = None,
+               clocks: dict[int, str | None] | None = None) -> list[Straggler]:
     """The ranks that stand out, per group: ``entered[group][rank][seq]`` is when ``rank``
-    entered ``group``'s #seq (us, one clock); ``members[group]``, its ranks (a group whose
+    entered ``group``'s #seq (us, its clock); ``members[group]``, its ranks (a group whose
     members are not all in ``entered`` is left out: a missing rank is not an on-time one);
-    ``gaps``, keyed alike: each launch's time outside collectives before it (NaN: unknown)."""
+    ``gaps``, keyed alike: each launch's time outside collectives before it (NaN: unknown);
+    ``clocks``: each rank's clock (its host; None: unknown), where the ranks may not share
+    one (None: they all do)."""
     found = []
     for group, per_rank in sorted(entered.items()):
         ranks = members.get(group)
         if not ranks or len(ranks) < 2 or any(r not in per_rank for r in ranks):
             continue
+        one_clock = clocks is None or (
+            len({clocks.get(r) for r in ranks}) == 1 and clocks.get(ranks[0]) is not None)
+        if not one_clock:  # (what each spent outside, on its own clock: a time since the
+            per_rank = {r: {s: v for s, v in ((gaps or {}).get(group) or {}).get(r, {}).items()
+                            if np.isfinite(v)} for r in ranks}  # launch before returned)
         common = set.intersection(*(set(per_rank[r]) for r in ranks))
         seqs = sorted(common)[-window:]
         if len(seqs) < needed:
@@ -79,8 +104,8 @@ def stragglers(entered: dict[str, dict[int, dict[int, float]]],
         waited = arrived[:, -1] - arrived[:, -2]  # what the others waited for the last
         spread = arrived[:, -2] - arrived[:, 0]  # how far apart the others arrived
         outside = (np.array([[gaps[group][r].get(s, np.nan) for r in ranks] for s in seqs])
-                   if gaps and group in gaps and all(r in gaps[group] for r in ranks)
-                   else None)
+                   if one_clock and gaps and group in gaps
+                   and all(r in gaps[group] for r in ranks) else None)
         if outside is not None:  # (its own part of the wait: what it spent outside longer)
             own = np.take_along_axis(outside, last[:, None], axis=1)[:, 0]
             masked = outside.copy()
@@ -101,5 +126,5 @@ def stragglers(entered: dict[str, dict[int, dict[int, float]]],
             if late.sum() >= needed:
                 found.append(Straggler(rank, group, int(late.sum()), len(seqs),
                                        float(np.median(waited[late])), noise, seqs[0],
-                                       seqs[-1]))
+                                       seqs[-1], not one_clock))
     return found

@@ -5,11 +5,12 @@ when it was entered) and the entry times and time outside collectives of its las
 turns the documents of all ranks into the steps the hang analysis and the straggler window
 read (``watch.steps_of_documents``, ``tails_of``), as it does rings read whole.
 
-A document: ``{"v": 1, "rank", "run", "count", "published_ns", "base_us", "groups": {group:
-{"size", "first" and "stride" or "ranks", "last": [[seq, what, call site, entered wall ns],
-...], "tail": [[seq, entered us after base_us, time outside us or -1], ...]}}}``, about 1.5
-KB for 3 groups. Entry times of the tail are the rank's own monotonic clock (one host's ranks
-share it: the straggler window is read for ranks of one host, as from rings).
+A document: ``{"v": 1, "rank", "run", "host", "count", "published_ns", "base_us", "groups":
+{group: {"size", "first" and "stride" or "ranks", "last": [[seq, what, call site, entered
+wall ns], ...], "tail": [[seq, entered us after base_us, time outside us or -1], ...]}}}``,
+about 1.5 KB for 3 groups. Entry times of the tail are the rank's own monotonic clock, its
+host's: the straggler window compares them between ranks of one host only, and reads a group
+that spans hosts from the times outside collectives alone (``analysis.stragglers``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def of_ring(one: ring_files.RingRead, tail: int, published_ns: int | None = None
             before = returned[i - 1] if i > 0 else 0
             outside = (records["entered_ns"][i] - before) // 1000 if before > 0 else -1
             group["tail"].append([seq, int(entered_us[i]), int(outside)])
-    return {"v": VERSION, "rank": one.rank, "run": one.meta.get("run"), "count": one.count,
+    return {"v": VERSION, "rank": one.rank, "run": one.meta.get("run"),
+            "host": one.meta.get("host"), "count": one.count,
             "published_ns": published_ns, "base_us": base_us, "groups": groups}
 
 
@@ -113,16 +115,18 @@ def stale_culprit(documents: list[dict[str, Any]], culprit: int) -> str | None:
             "has its last launch)")
 
 
-def tails_of(documents: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict]:
+def tails_of(documents: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, dict]:
     """The straggler window's inputs (``stragglers.stragglers``: entries and times outside,
-    group -> rank -> {seq: us}; the groups' members), and each (group, rank)'s last call
-    site."""
+    group -> rank -> {seq: us}; the groups' members; each rank's clock, its host: entries of
+    different hosts are never compared), and each (group, rank)'s last call site."""
     entered: dict[str, dict[int, dict[int, float]]] = {}
     gaps: dict[str, dict[int, dict[int, float]]] = {}
     members: dict[str, tuple[int, ...]] = {}
     sites: dict[tuple[str, int], str] = {}
+    clocks: dict[int, str | None] = {}
     for document in documents:
         rank = int(document["rank"])
+        clocks[rank] = document.get("host")
         base = int(document.get("base_us", 0))
         for group, held in document["groups"].items():
             ranks = members_of(held)
@@ -135,4 +139,4 @@ def tails_of(documents: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict]:
                 outside[int(seq)] = math.nan if out_us < 0 else float(out_us)
             if held["last"] and held["last"][0][2]:
                 sites[(group, rank)] = held["last"][0][2]
-    return entered, gaps, members, sites
+    return entered, gaps, members, sites, clocks

@@ -133,9 +133,11 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple
     members: dict[str, tuple[int, ...]] = {}
     named: dict[str, str] = {}
     sites: dict[tuple[str, int], str] = {}  # (group, rank) -> its last call site there
+    clocks: dict[int, str | None] = {}  # rank -> its host (its monotonic clock's)
     for one in reads:
         if one.meta.get("run") != newest or one.rank is None:
             continue
+        clocks[one.rank] = one.meta.get("host")
         records = one.records
         at_us = records["entered_ns"] / 1e3
         ended = records["returned_ns"].astype(float)
@@ -161,7 +163,7 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple
                     sites[(group, one.rank)] = site
     return {(s.rank, s.group): (s, s.line(named.get(s.group, s.group),
                                           sites.get((s.group, s.rank))))
-            for s in stragglers.stragglers(entered, members, gaps=gaps)}
+            for s in stragglers.stragglers(entered, members, gaps=gaps, clocks=clocks)}
 
 
 def culprit_of(lines: list[str]) -> int | None:
@@ -259,9 +261,10 @@ class StoreProgress:
         began = self.clock()
         if began < self._next_straggler_look:
             return self._stragglers
-        entered, gaps, members, sites = rank_progress.tails_of(self._documents())
+        entered, gaps, members, sites, clocks = rank_progress.tails_of(self._documents())
         self._stragglers = {(s.rank, s.group): (s, s.line(s.group, sites.get((s.group, s.rank))))
-                            for s in stragglers.stragglers(entered, members, gaps=gaps)}
+                            for s in stragglers.stragglers(entered, members, gaps=gaps,
+                                                           clocks=clocks)}
         self._next_straggler_look = began + 4 * (self.clock() - began)
         return self._stragglers
 
