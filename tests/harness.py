@@ -75,12 +75,23 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, port: in
     # finished Work while Python finalizes takes the GIL, is cancelled, and aborts the process
     # ("terminate called without an active exception"; a core dump showed
     # ~AsyncAllreduceCoalescedWork -> THPVariable_clear -> take_gil -> pthread_exit). Torch's
-    # exit race, not what these tests check; the result is written.
+    # exit race, not what these tests check; the result is written. Where a test asks
+    # (RUN_EXIT_FUNCTIONS in the environment), the atexit functions run first, as at a normal
+    # exit (what the agent does there is what it checks).
+    if os.environ.get(RUN_EXIT_FUNCTIONS):
+        import atexit
+
+        atexit._run_exitfuncs()
     os._exit(0)
 
 
 def _entry_as(index: int, ranks: tuple[int, ...], *rest: Any) -> None:
     _entry(ranks[index], *rest)
+
+
+#: Set in the environment, the ranks of ``run_ranks`` run their atexit functions before they
+#: skip the interpreter's finalization.
+RUN_EXIT_FUNCTIONS = "HARNESS_RUN_EXIT_FUNCTIONS"
 
 
 def run_ranks(fn: Callable[..., Any], world: int = 2, backend: str = "gloo",

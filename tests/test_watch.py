@@ -446,6 +446,56 @@ def test_the_metrics_of_a_late_job_are_its_launches_its_time_and_its_straggler(
     assert got[("autoannot_hang_culprit_rank", ())] == -1
 
 
+def test_the_metrics_through_a_store_are_the_ranks_own_totals(monkeypatch,
+                                                              tmp_path: Path) -> None:
+    """The late job publishing to a store the test holds (``AUTOANNOT_WATCH_STORE``, no
+    watcher in the job): a watcher of that store, once the job is done, serves every rank's
+    launches of each group as the job made them (the ranks' own totals, complete: published
+    once more at exit), time in collectives, and rank 2's straggler wait (the plant) alone."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from harness import RUN_EXIT_FUNCTIONS, free_port
+
+    from autoannot.keep.publish import connect
+    from autoannot.traces.render.metrics import JobMetrics
+    from autoannot.traces.render.watch import StoreProgress, Watcher
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    monkeypatch.setenv("AUTOANNOT_RING", str(tmp_path / "rings"))
+    monkeypatch.setenv("AUTOANNOT_WATCH_STORE", f"127.0.0.1:{port}")
+    monkeypatch.setenv("AUTOANNOT_WATCH_INTERVAL", "0.2")
+    monkeypatch.setenv(RUN_EXIT_FUNCTIONS, "1")  # (the ranks exit as a job's do)
+    job.run("late", tmp_path, TIMEOUT_S)
+    metrics = JobMetrics()
+    served = metrics.serve(metrics_port := free_port(), "127.0.0.1")
+    try:
+        watcher = Watcher(StoreProgress(connect(("127.0.0.1", port)), f"127.0.0.1:{port}"),
+                          STALL_S, lambda line: None, metrics=metrics)
+        watcher.look()  # (the documents read: stragglers)
+        watcher.look()  # (and metered)
+        got = _scrape(metrics_port)
+    finally:
+        if isinstance(served, tuple):
+            served[0].shutdown()
+        del server
+    for rank in range(job.WORLD):
+        for group, collective in (("0", "broadcast"), (str(1 + rank // 2), "allreduce"),
+                                  (str(3 + rank % 2), "allreduce")):
+            key = ("autoannot_collectives_total", (("collective", collective),
+                                                   ("group", group), ("rank", str(rank))))
+            assert got.get(key) == job.LONG_STEPS, (key, got.get(key))
+        assert got[("autoannot_collective_seconds_total",
+                    (("group", "0"), ("rank", str(rank))))] > 0
+    late = {k: v for k, v in got.items() if k[0] == "autoannot_straggler_wait_seconds"}
+    assert list(late) == [("autoannot_straggler_wait_seconds",
+                           (("group", "0"), ("rank", str(job.LATE_RANK))))], late
+    assert abs(next(iter(late.values())) - job.LATE_S) <= 0.25 * job.LATE_S
+    assert got[("autoannot_hang_culprit_rank", ())] == -1
+
+
 def test_a_live_hang_shows_on_rank_0s_endpoint(capfd, monkeypatch, tmp_path: Path) -> None:
     """``AUTOANNOT_WATCH_PROMETHEUS``: while rank 3 is stopped, rank 0's endpoint says it is
     the hang's culprit; the job then finishes as it would unwatched."""

@@ -3,18 +3,22 @@ group its last launches and its straggler window, from its ring) to a c10d store
 own, or another — every watch interval where it launched since, for a watcher on any host
 (rank 0's, ``AUTOANNOT_WATCH=1``). One request a rank an interval at most (``multi_set`` of
 two keys: ``autoannot/count/{rank}``, its launch count, which the watcher reads at every look,
-and ``autoannot/progress/{rank}``, the document, read to say a hang and to look for
-stragglers).
+and ``autoannot/progress/{rank}``, the document, read to say a hang, to look for stragglers and
+for the metrics: with the rank's totals since its ring opened, per group, launches of each
+collective and time in collectives, ``traces.read.ring_tally``).
 
 It runs in a daemon thread of its own, through a store client of its own (torch's public
 ``TCPStore``, not the job's client object): a store that cannot be reached, or that stops
 answering within its timeout, ends the publishing, said once; the job's launches never wait
-on it.
+on it. At the interpreter's exit it publishes once more (its totals complete), bounded by the
+store's timeout.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
+import threading
 import time
 
 from autoannot.base.ring_format import count_key, progress_key
@@ -43,22 +47,35 @@ class Publisher:
     """Publishes ``ring``'s progress to ``store`` (``publish_once``: one look)."""
 
     def __init__(self, ring: Any, store: Any) -> None:
+        from autoannot.traces.read.ring_tally import Tally
+
         self.ring = ring
         self.store = store
+        self.tally = Tally()  # (its totals: the watcher's metrics)
         self._published = -1  # the launch count last published
+        self._lock = threading.Lock()  # (the thread's looks, and the last one at exit)
+        self.ended = False  # the store failed it: nothing more is published
 
-    def publish_once(self) -> bool:
-        """Publish the ring's progress where it launched since the last; whether it did."""
+    def publish_once(self, anyway: bool = False) -> bool:
+        """Publish the ring's progress where it launched since the last (or ``anyway``: its
+        last launches may have returned since); whether it did."""
+        with self._lock:
+            return self._publish_once(anyway)
+
+    def _publish_once(self, anyway: bool) -> bool:
         from pathlib import Path
 
         from autoannot.traces.read import rank_progress, ring_files
 
         path = self.ring.ring_path
-        if path is None or self.ring.count == self._published:
+        if self.ended or path is None or (self.ring.count == self._published and not anyway):
             return False
+        self.tally.update(Path(path))
         one = ring_files.read(Path(path), 1024)
         published = time.time_ns()
-        data = rank_progress.encode(rank_progress.of_ring(one, TAIL, published_ns=published))
+        document = rank_progress.of_ring(one, TAIL, published_ns=published)
+        document["totals"] = self.tally.totals()
+        data = rank_progress.encode(document)
         rank = int(one.rank if one.rank is not None else -1)
         count = f"{one.count} {published} {one.meta.get('run')}".encode()
         self.store.multi_set([count_key(rank), progress_key(rank)], [count, data])
@@ -90,12 +107,25 @@ def start_from_environment(ring: Any) -> None:
 
 
 def _publish(ring: Any, address: tuple[str, int], interval: float) -> None:
+    publisher = None
     try:
         publisher = Publisher(ring, connect(address))
+        atexit.register(_last, publisher)
         while True:
             publisher.publish_once()
             time.sleep(interval)
     except Exception as exc:  # never the job's: said once, the publishing ends
+        if publisher is not None:
+            publisher.ended = True
         sys.stderr.write(f"autoannot: AUTOANNOT_WATCH_STORE {address[0]}:{address[1]}: "
                          f"progress no longer published ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}); the job goes on\n")
+
+
+def _last(publisher: Publisher) -> None:
+    """(At the interpreter's exit) the rank's last progress, its totals complete: at most the
+    store's timeout where it no longer answers; a failure is not said (the job is done)."""
+    try:
+        publisher.publish_once(anyway=True)
+    except Exception:
+        publisher.ended = True

@@ -8,9 +8,11 @@ read (``watch.steps_of_documents``, ``tails_of``), as it does rings read whole.
 A document: ``{"v": 1, "rank", "run", "host", "count", "published_ns", "base_us", "groups":
 {group: {"size", "first" and "stride" or "ranks", "last": [[seq, what, call site, entered
 wall ns], ...], "tail": [[seq, entered us after base_us, time outside us or -1], ...]}}}``,
-about 1.5 KB for 3 groups. Entry times of the tail are the rank's own monotonic clock, its
-host's: the straggler window compares them between ranks of one host only, and reads a group
-that spans hosts from the times outside collectives alone (``analysis.stragglers``).
+about 1.5 KB for 3 groups; the publisher adds ``"totals": {group: {"launches": {collective:
+n}, "seconds": s}}`` (``ring_tally.Tally.totals``). Entry times of the tail are the rank's own
+monotonic clock, its host's: the straggler window compares them between ranks of one host
+only, and reads a group that spans hosts from the times outside collectives alone
+(``analysis.stragglers``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,12 @@ looks from the rings (``traces/render/watch.py``):
   while it stands out);
 * ``autoannot_hang_culprit_rank``: the rank a hang waits on, -1 while none.
 
-The counts are the watcher's own, from when it started: a launch that left a ring before a
-look saw it (more than the ring's launches between two looks) is not counted, and said once.
+From rings (a folder of this host) the counts are the watcher's own, from when it started: a
+launch that left a ring before a look saw it (more than the ring's launches between two looks)
+is not counted, and said once. Through a store (``AUTOANNOT_WATCH_STORE``), each rank
+publishes its own totals (the same ``traces.read.ring_tally``, counted in its process from its
+ring's opening), and the counters move by what they grew, at the watcher's reads of the ranks'
+documents (a quarter of its time at most).
 """
 
 from __future__ import annotations
@@ -42,60 +46,53 @@ class JobMetrics:
                              registry=self.registry)
         self.culprit.set(-1)
         self.say = say
-        self._next: dict[Path, int] = {}  # ring -> the first launch not yet counted
-        self._open: dict[Path, dict[int, tuple[str, float]]] = {}  # launches not yet returned
+        self._tallies: dict[Path, Any] = {}  # ring -> its ``ring_tally.Tally``
+        self._published: dict[tuple[str, str, str], float] = {}  # what a store's ranks said
         self._lost_said = False
         self._stragglers: set[tuple[str, str]] = set()
 
     def update(self, folder: Path) -> None:
         """Count what each ring entered, and what returned, since the last update."""
+        from autoannot.traces.read.ring_tally import Tally
+
         for path in ring_files.in_folder(folder):
+            tally = self._tallies.get(path)
+            if tally is None:
+                tally = self._tallies[path] = Tally()
             try:
-                self._update_one(path)
+                rank = str(ring_files.read(path, 0).rank)
+                launches, seconds = tally.update(path)
             except (files.TraceError, ValueError, KeyError):
                 continue
-
-    def _update_one(self, path: Path) -> None:
-        start = self._next.get(path, 0)
-        pending = self._open.setdefault(path, {})
-        low = min([start, *pending])
-        head = ring_files.read(path, 0)
-        count, capacity = head.count, int(head.meta["capacity"])
-        if count < start:  # (a new run wrote this file anew)
-            start, low = 0, 0
-            pending.clear()
-        if count - low > capacity:
-            if count - start > capacity and self.say and not self._lost_said:
+            for (group, collective), n in launches.items():
+                self.launches.labels(rank, group, collective).inc(n)
+            for group, took in seconds.items():
+                self.seconds.labels(rank, group).inc(took)
+            if tally.lost and self.say and not self._lost_said:
                 self._lost_said = True
-                self.say(f"autoannot watch: {path.name} entered more than its "
-                         f"{capacity:,} launches between two looks: metrics count from the "
-                         "launches it still holds")
-            low = max(low, count - capacity)
-            start = max(start, low)
-            pending = self._open[path] = {i: v for i, v in pending.items() if i >= low}
-        one = ring_files.read(path, count - low)
-        rank = str(one.rank)
-        first = one.count - len(one.records)
-        for k, record in enumerate(one.records):
-            index = first + k
-            kind = one.kinds.get(int(record["kind"]))
-            if kind is None:
-                continue
-            group = str(kind["group"])
-            if index >= start:
-                collective = (kind.get("annotation") or {}).get("Collective name", kind["api"])
-                self.launches.labels(rank, group, str(collective)).inc()
-            if index >= start or index in pending:
-                ended = int(record["returned_ns"])
-                if ended > 0:
-                    self.seconds.labels(rank, group).inc(
-                        max(0, ended - int(record["entered_ns"])) / 1e9)
-                    pending.pop(index, None)
-                elif ended == 0:
-                    pending[index] = (group, float(record["entered_ns"]))
-                else:  # (raised)
-                    pending.pop(index, None)
-        self._next[path] = one.count
+                self.say(f"autoannot watch: {path.name} entered more than its launches "
+                         "between two looks: metrics count from the launches it still holds")
+
+    def update_published(self, documents: list[dict[str, Any]]) -> None:
+        """Move the counters by what each rank's published totals (``keep.publish``: its
+        ring's ``Tally``, from every host) grew since they were last read; a total that fell
+        (the rank's process began anew) counts from zero."""
+        for document in documents:
+            rank = str(document.get("rank"))
+            for group, totals in (document.get("totals") or {}).items():
+                for collective, n in (totals.get("launches") or {}).items():
+                    self._grow(self.launches.labels(rank, group, collective),
+                               (rank, group, collective), float(n))
+                self._grow(self.seconds.labels(rank, group), (rank, group, ""),
+                           float(totals.get("seconds", 0.0)))
+
+    def _grow(self, counter: Any, key: tuple[str, str, str], total: float) -> None:
+        before = self._published.get(key, 0.0)
+        if total < before:
+            before = 0.0
+        if total > before:
+            counter.inc(total - before)
+        self._published[key] = total
 
     def hang(self, culprit: int | None) -> None:
         self.culprit.set(-1 if culprit is None else culprit)
