@@ -9,8 +9,9 @@ mode are the same on both); DDP also on 1 rank (``--world 1``: its collectives r
 and move nothing). Instructions count the work done, not the waiting: the agent's share of a
 rank's instructions is an upper bound of its share of a real step's time, which also waits.
 FSDP2 needs 2 ranks (on 1 it launches no collective). The model of
-``production.py`` (6 x Linear(256), batch 32): DDP (small buckets: several all-reduces a step)
-or FSDP2 (``fully_shard`` a layer a unit). Modes, each N steps between callgrind's start and
+``production.py`` (6 x Linear(256), batch 32 by default; ``--width``, ``--batch``): DDP (small
+buckets: several all-reduces a step; ``--bucket-mb``) or FSDP2 (``fully_shard`` a layer a
+unit). Modes, each N steps between callgrind's start and
 stop requests after a few untimed ones: the agent off; on and idle; with the ring
 (``AUTOANNOT_RING``, opened before ``enable()`` as at start-up); with a record file. Prints a
 table (instructions a step, x off) and one line of JSON. A benchmark, not a test.
@@ -33,7 +34,8 @@ import instructions
 MODES = ("agent off", "agent on, idle", "ring", "record file")
 
 
-def child(folder: str, model_kind: str, steps: int, rank: int, world: int) -> None:
+def child(folder: str, model_kind: str, steps: int, rank: int, world: int,
+          size: tuple[int, int, float] = (256, 32, 0.25)) -> None:
     import ctypes
 
     import torch
@@ -50,7 +52,8 @@ def child(folder: str, model_kind: str, steps: int, rank: int, world: int) -> No
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     from production import training_step
 
-    step = training_step(model_kind, world)
+    width, batch, bucket_mb = size
+    step = training_step(model_kind, world, width, batch, bucket_mb)
 
     kept = {}
     for mode in MODES:
@@ -90,12 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("ddp", "fsdp2"), default="ddp")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--world", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--width", type=int, default=256, help="the Linear layers' width (256)")
+    parser.add_argument("--batch", type=int, default=32, help="rows a step (32)")
+    parser.add_argument("--bucket-mb", type=float, default=0.25,
+                        help="DDP's bucket_cap_mb (0.25: several all-reduces a step; DDP's "
+                             "default is 25)")
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("-o", "--output", help="also write the JSON line here (a new file)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.model, args.steps, args.rank, args.world)
+        child(args.child, args.model, args.steps, args.rank, args.world,
+              (args.width, args.batch, args.bucket_mb))
         return 0
     missing = instructions._missing()
     if missing:
@@ -109,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"counting {args.steps} {args.model} steps a mode under callgrind ...",
               file=sys.stderr)
         rank_args = [__file__, "--child", folder, "--model", args.model, "--steps",
-                     str(args.steps), "--world", str(args.world)]
+                     str(args.steps), "--world", str(args.world), "--width", str(args.width),
+                     "--batch", str(args.batch), "--bucket-mb", str(args.bucket_mb)]
         rank_args[0] = os.environ.get("STEP_SCRIPT", rank_args[0])
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         beside = ([subprocess.Popen([sys.executable, *rank_args, "--rank", "1"], env=env,
@@ -128,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         kept = json.loads(Path(folder, "kept.json").read_text())
     per_step = {m: totals[m] / args.steps for m in MODES}
     base = per_step["agent off"]
-    print(f"{args.model.upper()} step, rank 0 of a {args.world}-rank gloo group, torch "
-          f"{kept['torch']}: instructions")
+    print(f"{args.model.upper()} step (6 x Linear({args.width}), batch {args.batch}), rank 0 "
+          f"of a {args.world}-rank gloo group, torch {kept['torch']}: instructions")
     for mode in MODES:
         print(f"{mode:16} {per_step[mode]:14,.0f} {per_step[mode] / base:7.4f}")
     print(f"ring: {kept['ring_launches_a_step']:.1f} launches a step kept")
-    result = {"model": args.model, "steps": args.steps, **kept,
+    result = {"model": args.model, "steps": args.steps, "width": args.width,
+              "batch": args.batch, "bucket_mb": args.bucket_mb, **kept,
               "instructions_a_step": {m: round(v) for m, v in per_step.items()},
               "ratios": {m: round(v / base, 4) for m, v in per_step.items()}}
     line = json.dumps(result)

@@ -263,6 +263,53 @@ def test_the_layer_registers_nothing_until_asked_and_gives_the_key_back(monkeypa
     assert seen["records"] == ["c10d.allreduce_"] and seen["registrations"] == 1
 
 
+def new_threads_held(rank: int, world: int) -> dict[str, Any]:
+    import threading
+
+    key = torch._C._dispatch_key_parse("DeferredInit")
+    profiled: list[str] = []
+
+    def users_profile(frame: Any, event: str, arg: Any) -> None:  # (a profiler's, as yappi's)
+        if event == "call":
+            profiled.append(frame.f_code.co_name)
+
+    def in_a_thread() -> bool:
+        seen: list[bool] = []
+
+        def body() -> None:
+            seen.append(torch._C._dispatch_tls_is_dispatch_key_included(key))
+
+        thread = threading.Thread(target=body)
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    threading.setprofile(users_profile)
+    autoannot.enable()
+    layer = hooks.AGENT.python_layer()
+    layer.hold()  # (as a journal open from the start holds the thread importing torch)
+    layer.hold_new_threads()
+    seen: dict[str, Any] = {"held in a new thread": in_a_thread(),
+                            "profile chained": "body" in profiled}
+    autoannot.disable()
+    seen["after disable"] = in_a_thread()
+    seen["profile function restored"] = threading.getprofile() is users_profile
+    threading.setprofile(None)
+    return seen
+
+
+def test_new_threads_hold_the_layer_and_the_users_profile_function_is_kept(
+        monkeypatch) -> None:
+    """With a journal from the start, every thread started after holds the layer (the key
+    included there); the profile function the user set before runs in those threads too, and
+    is threading's again, by identity, after ``disable()`` (new threads then hold nothing)."""
+    monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
+    monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "0")
+    (seen,) = run_ranks(new_threads_held, 2, "fake", ranks=(0,))
+    assert seen == {"held in a new thread": True, "profile chained": True,
+                    "after disable": False, "profile function restored": True}
+
+
 # --- dispatch modes and functorch around collectives ------------------------------------------
 
 def _modes() -> dict[str, Any]:
