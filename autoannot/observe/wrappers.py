@@ -86,16 +86,6 @@ def _run_unannotated(
     return result
 
 
-def _site_of(call_sites: dict[int, Any], frame: Any) -> str:
-    """The call site of a launch whose wrapper's caller is ``frame``: that line, where it is
-    the user's (mostly: looked up in ``sites.SITES``), else found (``sites.site_from``)."""
-    code = frame.f_code
-    known_sites = call_sites.get(id(code))
-    lines = known_sites[1] if known_sites and known_sites[0] is code else None
-    site = lines.get(frame.f_lasti) if lines else None
-    return site if site is not None else site_from(frame)
-
-
 def _rings_returned(rings: tuple[Any, ...], failed: bool, result: Any = None) -> None:
     """Tell the rings the launch returned ``result`` (or raised); a failure of theirs is said
     once."""
@@ -193,7 +183,14 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
                 if rings is None or marks:
                     return sink.run(LaunchEvent(kind, call_site(2), python_api),
                                     call_as_one_launch, state, wrapped, args, kwargs)
-                site = _site_of(call_sites, _getframe(1))
+                # the caller's line where it is the user's (mostly: ``sites.SITES``), else found
+                frame = _getframe(1)
+                code = frame.f_code
+                known_sites = call_sites.get(id(code))
+                lines = known_sites[1] if known_sites and known_sites[0] is code else None
+                site = lines.get(frame.f_lasti) if lines else None
+                if site is None:
+                    site = site_from(frame)
                 try:
                     for ring in rings:
                         ring.enter_kind(kind, site)
@@ -234,8 +231,12 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
             if rings is not None:  # (the ring's record of it: failed)
                 _rings_returned(rings, True)
             raise
-        if rings is not None:
-            _rings_returned(rings, False, result)
+        if rings is not None:  # (``_rings_returned``, inlined)
+            try:
+                for ring in rings:
+                    ring.returned(False, result)
+            except Exception as exc:
+                warn_once("ring", "writing the launch's end to the ring", exc)
         # after the call: a launch that raised is in no ledger and no record
         if in_capture:  # into its graph's ledger (a failure is said once; the launch stands)
             if site is None:  # (the ring's, where one is open)
@@ -247,7 +248,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
         recorders = state.recorders
         if recorders:
             if site is None:  # our caller's line, where it is the user's (mostly), else found
-                # (``_site_of``, inlined: a call costs ~400 instructions a recorded launch)
+                # (inline: a helper's call costs ~400 instructions a recorded launch)
                 frame = _getframe(1)
                 code = frame.f_code
                 known_sites = call_sites.get(id(code))  # (see sites.SITES)
