@@ -112,7 +112,10 @@ def child(folder: str, calls: int) -> None:
     if ring is not None:  # the always-on ring, where the version has one (opened as at start-up)
         from autoannot.agent.instrumentation import INSTRUMENTATION
 
-        INSTRUMENTATION.state.open_journal(ring)
+        autoannot.disable()  # (opened before enable(), as AUTOANNOT_RING opens it at start-up:
+        INSTRUMENTATION.state.open_journal(ring)  # the Python layer held for good)
+        autoannot.enable()
+        proxy = dist.all_reduce
         for name, call in {"ring": lambda: proxy(tensor, group=group), **below}.items():
             before = ring.count if hasattr(ring, "count") else None
             count(name if name == "ring" else f"{name}, ring", call)
