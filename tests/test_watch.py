@@ -229,6 +229,39 @@ def test_a_ring_read_while_a_launch_runs_has_it_unended(tmp_path: Path) -> None:
     kept.close()
 
 
+def test_a_tally_counts_a_launch_entered_while_it_reads(monkeypatch, tmp_path: Path) -> None:
+    """A ring read while the job launches (the watcher's and the publisher's metrics): a
+    launch entered between the tally's read of the header and of the records is counted,
+    once, like every other (before, the launch the read should have started at was lost for
+    good: a live job's metrics fell short, 199 of 200)."""
+    from autoannot.traces.read import ring_tally
+
+    kept = ring.Ring(str(tmp_path), 64)
+    for i in range(5):
+        kept.enter(_entry(f"train.py:{i}"))
+        kept.returned()
+    path = _only_ring(tmp_path)
+    tally = ring_tally.Tally()
+    tally.update(path)
+    kept.enter(_entry("train.py:5"))  # (counted at the next update, with what comes during it)
+    kept.returned()
+    read = ring_files.read
+
+    def read_while_launching(at: Path, last: int | None = None) -> Any:
+        one = read(at, last)
+        if last == 0:  # (the header: the job enters one more before the records are read)
+            kept.enter(_entry("train.py:6"))
+            kept.returned()
+        return one
+
+    monkeypatch.setattr(ring_files, "read", read_while_launching)
+    tally.update(path)
+    monkeypatch.setattr(ring_files, "read", read)
+    tally.update(path)
+    kept.close()
+    assert sum(tally.launches.values()) == 7 == ring_files.read(path).count
+
+
 def test_what_is_no_ring_is_refused_by_name(tmp_path: Path) -> None:
     bad = tmp_path / f"x{ring.SUFFIX}"
     bad.write_bytes(b"not a ring at all" * 8)

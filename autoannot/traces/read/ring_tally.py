@@ -46,6 +46,10 @@ class Tally:
             start = max(start, low)
             pending = self._open = {i: g for i, g in pending.items() if i >= low}
         one = ring_files.read(path, count - low)
+        while one.count - len(one.records) > low and len(one.records) < capacity:
+            # (it entered more between the two reads: the last ``count - low`` records no
+            # longer reach back to ``low``; read again, from there)
+            one = ring_files.read(path, min(capacity, one.count - low))
         launches: dict[tuple[str, str], int] = {}
         seconds: dict[str, float] = {}
         first = one.count - len(one.records)
