@@ -442,6 +442,24 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _is_the_late_jobs(got: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> None:
+    """The late job's figures, from its plant: every rank's launches of each of its groups
+    (one a step), time in collectives, rank 2's straggler wait alone (the 20 ms), no hang."""
+    for rank in range(job.WORLD):
+        for group, collective in (("0", "broadcast"), (str(1 + rank // 2), "allreduce"),
+                                  (str(3 + rank % 2), "allreduce")):
+            key = ("autoannot_collectives_total", (("collective", collective),
+                                                   ("group", group), ("rank", str(rank))))
+            assert got.get(key) == job.LONG_STEPS, (key, got.get(key))
+        assert got[("autoannot_collective_seconds_total",
+                    (("group", "0"), ("rank", str(rank))))] > 0
+    late = {k: v for k, v in got.items() if k[0] == "autoannot_straggler_wait_seconds"}
+    assert list(late) == [("autoannot_straggler_wait_seconds",
+                           (("group", "0"), ("rank", str(job.LATE_RANK))))], late
+    assert abs(next(iter(late.values())) - job.LATE_S) <= 0.25 * job.LATE_S
+    assert got[("autoannot_hang_culprit_rank", ())] == -1
+
+
 def test_the_metrics_of_a_late_job_are_its_launches_its_time_and_its_straggler(
         capsys, monkeypatch, tmp_path: Path) -> None:
     """The late job's rings, watched once with metrics served: every rank's launches of each
@@ -463,20 +481,7 @@ def test_the_metrics_of_a_late_job_are_its_launches_its_time_and_its_straggler(
     finally:
         if isinstance(server, tuple):
             server[0].shutdown()
-    steps = job.LONG_STEPS
-    for rank in range(job.WORLD):
-        for group, collective in (("0", "broadcast"), (str(1 + rank // 2), "allreduce"),
-                                  (str(3 + rank % 2), "allreduce")):
-            key = ("autoannot_collectives_total", (("collective", collective),
-                                                   ("group", group), ("rank", str(rank))))
-            assert got.get(key) == steps, (key, got.get(key))
-        assert got[("autoannot_collective_seconds_total",
-                    (("group", "0"), ("rank", str(rank))))] > 0
-    late = {k: v for k, v in got.items() if k[0] == "autoannot_straggler_wait_seconds"}
-    assert list(late) == [("autoannot_straggler_wait_seconds",
-                           (("group", "0"), ("rank", str(job.LATE_RANK))))], late
-    assert abs(next(iter(late.values())) - job.LATE_S) <= 0.25 * job.LATE_S
-    assert got[("autoannot_hang_culprit_rank", ())] == -1
+    _is_the_late_jobs(got)
 
 
 def test_the_metrics_through_a_store_are_the_ranks_own_totals(monkeypatch,
@@ -514,19 +519,7 @@ def test_the_metrics_through_a_store_are_the_ranks_own_totals(monkeypatch,
         if isinstance(served, tuple):
             served[0].shutdown()
         del server
-    for rank in range(job.WORLD):
-        for group, collective in (("0", "broadcast"), (str(1 + rank // 2), "allreduce"),
-                                  (str(3 + rank % 2), "allreduce")):
-            key = ("autoannot_collectives_total", (("collective", collective),
-                                                   ("group", group), ("rank", str(rank))))
-            assert got.get(key) == job.LONG_STEPS, (key, got.get(key))
-        assert got[("autoannot_collective_seconds_total",
-                    (("group", "0"), ("rank", str(rank))))] > 0
-    late = {k: v for k, v in got.items() if k[0] == "autoannot_straggler_wait_seconds"}
-    assert list(late) == [("autoannot_straggler_wait_seconds",
-                           (("group", "0"), ("rank", str(job.LATE_RANK))))], late
-    assert abs(next(iter(late.values())) - job.LATE_S) <= 0.25 * job.LATE_S
-    assert got[("autoannot_hang_culprit_rank", ())] == -1
+    _is_the_late_jobs(got)
 
 
 def test_a_live_hang_shows_on_rank_0s_endpoint(capfd, monkeypatch, tmp_path: Path) -> None:

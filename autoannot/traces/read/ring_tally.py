@@ -20,13 +20,14 @@ from autoannot.traces.read import ring_files
 class Tally:
     """The running figures of one ring. ``launches[(group, collective)]`` and
     ``seconds[group]``: totals since the tally's first read (or since the ring's run began
-    anew); ``lost``: whether more launches than the ring holds came between two reads (those
-    written over were not counted)."""
+    anew); ``rank``: the ring's; ``lost``: whether more launches than the ring holds came
+    between two reads (those written over were not counted)."""
 
     def __init__(self) -> None:
         self.launches: dict[tuple[str, str], int] = {}
         self.seconds: dict[str, float] = {}
         self.lost = False
+        self.rank: int | None = None  # the ring's rank, once read
         self._next = 0  # the first launch not yet counted
         self._open: dict[int, str] = {}  # launches counted, not yet returned -> their group
 
@@ -77,6 +78,7 @@ class Tally:
             else:  # (raised)
                 pending.pop(index, None)
         self._next = one.count
+        self.rank = one.rank
         for key, n in launches.items():
             self.launches[key] = self.launches.get(key, 0) + n
         for group, took in seconds.items():

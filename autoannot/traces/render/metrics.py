@@ -60,10 +60,10 @@ class JobMetrics:
             if tally is None:
                 tally = self._tallies[path] = Tally()
             try:
-                rank = str(ring_files.read(path, 0).rank)
                 launches, seconds = tally.update(path)
             except (files.TraceError, ValueError, KeyError):
                 continue
+            rank = str(tally.rank)
             for (group, collective), n in launches.items():
                 self.launches.labels(rank, group, collective).inc(n)
             for group, took in seconds.items():
