@@ -68,6 +68,21 @@ def training_step(kind: str, world: int, width: int = 256, batch: int = 32,
     return step
 
 
+def paired_ratio(mode: list[float], off: list[float], resamples: int = 2000,
+                 seed: int = 0) -> list[float]:
+    """The median over rounds of a mode's median step over the agent-off median of the same
+    round, and its 95% bootstrap interval (rounds resampled): the machine's drift between
+    rounds cancels in a round's own ratio."""
+    import random
+
+    ratios = [m / o for m, o in zip(mode, off, strict=True)]
+    pick = random.Random(seed)
+    medians = sorted(statistics.median(pick.choices(ratios, k=len(ratios)))
+                     for _ in range(resamples))
+    return [round(statistics.median(ratios), 4), round(medians[int(0.025 * resamples)], 4),
+            round(medians[int(0.975 * resamples) - 1], 4)]
+
+
 def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
     import torch
     import torch.distributed as dist
@@ -84,7 +99,10 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
     step = training_step(args.model, world, args.width, args.batch, args.bucket_mb)
 
     rings = os.path.join(folder, "rings")
-    times: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = [m for m in MODES if m in args.modes]
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}  # (the process's CPU time a step)
+    per_round: dict[str, list[float]] = {m: [] for m in modes}  # (each round's median step)
     kept: list[Any] = []
     stop = threading.Event()
 
@@ -99,6 +117,7 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
             kept.append(one)
             if mode == "ring + watch" and rank == 0:
                 stop.clear()
+                os.makedirs(rings, exist_ok=True)  # (the ring makes it at its first launch)
                 watcher = Watcher(Path(rings), 5.0, lambda line: None)
                 threading.Thread(target=watcher.run, args=(1.0, stop), daemon=True).start()
         elif mode == "record file":
@@ -118,16 +137,20 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
     for _ in range(args.warmup):
         step()
     for r in range(args.rounds):
-        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
             enter(mode)
             for _ in range(args.settle):  # (untimed: a switch's first steps pay for it)
                 step()
             dist.barrier()
+            block = []
             for _ in range(args.steps):
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.process_time()
                 step()
-                times[mode].append(time.perf_counter() - started)
+                block.append(time.perf_counter() - started)
+                cpu[mode].append(time.process_time() - started_cpu)
+            times[mode] += block
+            per_round[mode].append(statistics.median(block))
             leave()
     if rank == 0:
         from autoannot.traces.read import ring_files
@@ -136,6 +159,9 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
         last = ring_files.read(ring_file)  # (the last ring mode's: one block of steps)
         Path(folder, "result.json").write_text(json.dumps({
             "medians_ms": {m: statistics.median(t) * 1e3 for m, t in times.items()},
+            "cpu_medians_ms": {m: statistics.median(t) * 1e3 for m, t in cpu.items()},
+            "round_ratios": {m: paired_ratio(per_round[m], per_round["agent off"])
+                             for m in modes},
             "ring_bytes": ring_file.stat().st_size,
             "ring_launches_a_step": (last.count - 1) / args.steps,  # (less the barrier)
             "ring_apis": sorted({k["api"] for k in last.kinds.values()})}))
@@ -158,8 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket-mb", type=float, default=0.25,
                         help="DDP's bucket size (small: several all-reduces a step)")
     parser.add_argument("--ring", type=int, default=1 << 16, help="the ring's launches")
+    parser.add_argument("--modes", default=";".join(MODES),
+                        help="the modes to run, separated by ';' ('agent off' always)")
     parser.add_argument("-o", "--output", help="also write the JSON line here")
     args = parser.parse_args(argv)
+    args.modes = {"agent off", *(m.strip() for m in args.modes.split(";"))}
+    if args.modes - set(MODES):
+        parser.error(f"unknown modes: {', '.join(sorted(args.modes - set(MODES)))} "
+                     f"(known: {', '.join(MODES)})")
+    if not any(m.startswith("ring") for m in args.modes):
+        parser.error("the modes need one of the ring's (its size is measured)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from harness import free_port
 
@@ -172,13 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model.upper()}, 6 x Linear({args.width}), 2 gloo ranks: median step of "
           f"{args.rounds} x "
           f"{args.steps} steps a mode, alternated")
-    print(f"{'mode':22} {'step ms':>9} {'x off':>7}")
-    for mode in MODES:
-        print(f"{mode:22} {medians[mode]:9.3f} {medians[mode] / base:7.3f}")
+    cpu = result["cpu_medians_ms"]
+    print(f"{'mode':22} {'step ms':>9} {'x off':>7} {'x off, paired [95%]':>25} "
+          f"{'CPU ms':>8} {'CPU x off':>9}")
+    for mode in (m for m in MODES if m in medians):
+        ratio, low, high = result["round_ratios"][mode]
+        print(f"{mode:22} {medians[mode]:9.3f} {medians[mode] / base:7.3f} "
+              f"{ratio:9.3f} [{low:.3f}, {high:.3f}] {cpu[mode]:8.3f} "
+              f"{cpu[mode] / cpu['agent off']:9.3f}")
     print(f"ring of {args.ring:,} launches: {result['ring_bytes']:,} bytes a rank (mapped); "
           f"{result['ring_launches_a_step']:g} launches a step kept "
           f"({', '.join(result['ring_apis'])})")
-    result.update({"ratios": {m: round(medians[m] / base, 4) for m in MODES},
+    result.update({"ratios": {m: round(medians[m] / base, 4) for m in medians},
                    "model": args.model, "rounds": args.rounds, "steps": args.steps,
                    "width": args.width,
                    "ring_launches": args.ring})
