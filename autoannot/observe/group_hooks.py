@@ -339,30 +339,45 @@ class HookObserver:
             lambda: kind_of(known.row.label, plan.derive(op_args, op_kwargs)))
 
     def _kind_of_hooked(self, group: Any, args: Any) -> Kind | None:
-        inputs, outputs = list(args.input_tensors), list(args.output_tensors)
-        root = int(args.root)
-        key = (args.name, id(group), root, tuple((t.dtype, t.shape) for t in inputs),
-               tuple((t.dtype, t.shape) for t in outputs))
+        # The key, read once from the hook's arguments (each read converts from C++): one
+        # tensor in and out, the same (an all-reduce's, a broadcast's), or two, or lists: the
+        # three shapes of key never equal each other (a dtype is no tuple; lengths differ).
+        inputs, outputs = args.input_tensors, args.output_tensors
+        name, root = args.name, args.root
+        if len(inputs) == 1 and len(outputs) == 1:
+            tensor, out = inputs[0], outputs[0]
+            if out is tensor:
+                key: tuple = (name, id(group), root, tensor.dtype, tensor.shape)
+            else:
+                key = (name, id(group), root, tensor.dtype, tensor.shape, out.dtype, out.shape)
+        else:
+            key = (name, id(group), root, tuple((t.dtype, t.shape) for t in inputs),
+                   tuple((t.dtype, t.shape) for t in outputs))
+        kinds = self._kinds
+        kind = kinds.by_key.get(key)
+        if kind is None:
+            kind = kinds.keep(key, self._derive_hooked(group, name, root, inputs, outputs))
+        return kind
 
-        def derive() -> Kind | None:
-            name = _NAMES.get(args.name)
-            if name is None:
-                name = _NAMES[args.name] = getattr(args.name, "name",
-                                                   str(args.name).split(".")[-1])
-            if not _names_ops(type(args.name)):
-                name = _op_of_kind(name, inputs, outputs)
-            call = _op_call(name, inputs, outputs, root, group.size())
-            if call is None:
-                return None
-            op, arguments = call
-            known = self._ops.get(op)
-            if known is None or known.plan is None:
-                return None
-            arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
-            return kind_of(known.row.label, known.plan.derive((), arguments),
-                           untold=_UNTOLD.get(op, ()))
-
-        return self._kinds.found_or_kept(key, derive)
+    def _derive_hooked(self, group: Any, hooked_name: Any, root: int, inputs: list[Any],
+                       outputs: list[Any]) -> Kind | None:
+        """The kind of a hooked launch not seen before (None: no collective of the table)."""
+        name = _NAMES.get(hooked_name)
+        if name is None:
+            name = _NAMES[hooked_name] = getattr(hooked_name, "name",
+                                                 str(hooked_name).split(".")[-1])
+        if not _names_ops(type(hooked_name)):
+            name = _op_of_kind(name, inputs, outputs)
+        call = _op_call(name, inputs, outputs, int(root), group.size())
+        if call is None:
+            return None
+        op, arguments = call
+        known = self._ops.get(op)
+        if known is None or known.plan is None:
+            return None
+        arguments["process_group"] = group.boxed()  # (as the dispatcher passes it)
+        return kind_of(known.row.label, known.plan.derive((), arguments),
+                       untold=_UNTOLD.get(op, ()))
 
 
 _OP_CALLS: list[Any] = []  # the code of OpOverload.__call__, .redispatch, the packet's call
@@ -384,8 +399,8 @@ def _op_called_from(frame: Any) -> tuple[str, tuple, dict] | None:
             function = vars(found).get(method) if isinstance(found, type) else None
             _OP_CALLS.append(getattr(function, "__code__", None))
     code = frame.f_code
-    if code not in _OP_CALLS:
-        return None
+    if code is not _OP_CALLS[0] and code is not _OP_CALLS[1] and code is not _OP_CALLS[2]:
+        return None  # (by identity: a code object's == compares its names and constants)
     values = frame.f_locals
     op, op_args, op_kwargs = values.get("self"), values.get("args"), values.get("kwargs")
     if not (isinstance(op_args, tuple) and isinstance(op_kwargs, dict)):
