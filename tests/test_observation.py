@@ -310,6 +310,60 @@ def test_new_threads_hold_the_layer_and_the_users_profile_function_is_kept(
                     "after disable": False, "profile function restored": True}
 
 
+def start_up_hold_let_go(rank: int, world: int, folder: str) -> dict[str, Any]:
+    import threading
+
+    from autoannot.keep.ring import Ring
+
+    key = torch._C._dispatch_key_parse("DeferredInit")
+    pg = dist.group.WORLD
+    autoannot.disable()
+    ring = Ring(os.path.join(folder, f"run{rank}"), 64)  # (as AUTOANNOT_RING opens it: first)
+    hooks.AGENT.state.open_journal(ring)
+    autoannot.enable()
+    layer = hooks.AGENT.python_layer()
+    sums: list[float] = []
+
+    def launches() -> None:
+        tensor = torch.ones(3) * (rank + 1)
+        pg.allreduce([tensor]).wait()
+        sums.append(tensor.sum().item())
+
+    for _ in range(2):  # (a thread started after: held for its life, which ends here)
+        thread = threading.Thread(target=launches)
+        thread.start()
+        thread.join()
+    launches()
+    seen: dict[str, Any] = {"held while on": (layer.holders, layer.registered,
+                                              torch._C._dispatch_tls_is_dispatch_key_included(
+                                                  key))}
+    hooks.AGENT.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    launches()  # (the agent off: torch's kernel alone, the same sum)
+    seen["after disable"] = (layer.holders, layer.registered,
+                             torch._C._dispatch_tls_is_dispatch_key_included(key),
+                             torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_",
+                                                                             key))
+    seen["sums"] = sums
+    return seen
+
+
+def test_disable_lets_go_of_the_start_up_hold_and_of_threads_that_ended(monkeypatch,
+                                                                         tmp_path) -> None:
+    """A journal open from the start holds the layer on the thread that enables the agent and
+    on each thread started after, for its life. Once those threads have ended and
+    ``disable()`` is called, the key is off the thread and the kernels off torch's ops: a
+    collective costs what it does without the agent (before: the layer stayed held, every
+    ``c10d::`` op went through Python, ~6 us a launch more, for the rest of the process)."""
+    monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
+    monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "0")
+    for seen in run_ranks(start_up_hold_let_go, 2, "gloo", args=(str(tmp_path),)):
+        assert seen["held while on"] == [1, True, True]  # (the ended threads' holds let go)
+        assert seen["after disable"] == [0, False, False, False]
+        assert seen["sums"] == [9.0] * 4  # (ranks 1 + 2, three elements)
+
+
 # --- dispatch modes and functorch around collectives ------------------------------------------
 
 def _modes() -> dict[str, Any]:

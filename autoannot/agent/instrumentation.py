@@ -203,8 +203,8 @@ class Instrumentation:
         if layer is not None:
             layer.retired = False  # on again: its kernels stay
             if self.state.journals:  # a journal from the start: the thread importing torch
-                layer.hold()  # and every thread started after hold it, for good
-                layer.hold_new_threads()
+                layer.hold_for_good()  # and every thread started after hold it, until
+                layer.hold_new_threads()  # disable()
         return patching.install_op_namespace(torch.ops.symm_mem, self)
 
 

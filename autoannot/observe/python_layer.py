@@ -19,9 +19,11 @@ observer uses them). Its blast radius is kept small:
   when it loads), the layer steps aside, says so once, and annotates Python-API launches only.
 * A thread includes the key while it holds the layer: while it captures a CUDA graph, or has
   ``record()`` open; with a journal open from the start (``AUTOANNOT_RECORD``, the always-on
-  ``AUTOANNOT_RING``), the thread that imports torch and every thread the ``threading`` module
-  starts after, for good (``hold_new_threads``: threading's documented ``setprofile``, whose
-  function runs once in each new thread and hands it back to the one set before).
+  ``AUTOANNOT_RING``), the thread that imports torch until ``disable()`` (``hold_for_good``)
+  and every thread the ``threading`` module starts after, for its life (``hold_new_threads``:
+  threading's documented ``setprofile``, whose function runs once in each new thread and
+  hands it back to the one set before). Once those holds are let go after ``disable()``, the
+  kernels come off: a collective costs what it does without the agent.
   Torch carries a thread's included keys to the threads that run work for it (autograd's
   engine threads during a backward started there: DDP's reducer, backward collectives).
   Including a key on a thread is what ``torch.compile`` guards on: a function compiled outside
@@ -39,6 +41,7 @@ graphs hold torch's own ``OpOverload`` objects.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import ctypes
 import functools
 import threading
@@ -96,6 +99,8 @@ class DispatcherLayer:
         self.grace_s = GRACE_S
         self._giving_back: Any = None  # the timer that gives the key back, once idle
         self._on_new_threads: _HoldOnStart | None = None  # threading's profile function, ours
+        self._for_good: set[int] = set()  # threads holding it from start-up to ``retire()``
+        self._thread_ends = threading.local()  # (a new thread's hold, let go when it ends)
 
     def __repr__(self) -> str:
         return f"DispatcherLayer({', '.join(self.ops) or 'no kernels'}, holders={self.holders})"
@@ -144,6 +149,17 @@ class DispatcherLayer:
                 else:
                     self._give_key_back_later()
 
+    def hold_for_good(self) -> None:
+        """``hold()`` on this thread until ``retire()`` (a journal open from start-up: the
+        thread that imports torch); once a thread however often it is asked."""
+        ident = threading.get_ident()
+        with self._lock:
+            if ident in self._for_good:
+                return
+            self.hold()
+            if self._holds.count:
+                self._for_good.add(ident)
+
     def hold_new_threads(self) -> None:
         """Every thread the ``threading`` module starts from now on holds the layer for its
         life (as the thread that imported torch does, with a journal open from the start):
@@ -157,6 +173,26 @@ class DispatcherLayer:
                 threading.setprofile(hook)
                 self._on_new_threads = hook
 
+    def hold_till_thread_ends(self) -> None:
+        """``hold()`` on this new thread for its life: the hold is let go when it ends (its
+        key goes with it), so the kernels come off once the threads that held them are
+        gone and the agent is disabled."""
+        self.hold()
+        if self._holds.count:
+            self._thread_ends.end = _ThreadEnd(self)
+
+    def _thread_ended(self) -> None:
+        """A thread holding the layer for its life has ended (``_ThreadEnd``)."""
+        with self._lock:
+            self.holders -= 1
+            if not self.holders:
+                self.agent.state.set_exclusion(None)
+                if self.retired:
+                    self._give_key_back()
+                    self._remove()
+                else:
+                    self._give_key_back_later()
+
     def retire(self) -> None:
         """(``disable()``) Take the kernels off now if no thread holds the layer, else when
         the last one releases it; new threads no longer hold it."""
@@ -165,6 +201,11 @@ class DispatcherLayer:
             hook, self._on_new_threads = self._on_new_threads, None
             if hook is not None and threading.getprofile() is hook:
                 threading.setprofile(hook.previous)
+            ident = threading.get_ident()
+            if ident in self._for_good:  # (this thread's start-up hold: let go now; another
+                self._for_good.discard(ident)  # thread's key is its own, left to it)
+                self.release()
+                return  # (the last holder: the kernels are off; else when it lets go)
             if not self.holders:
                 self._cancel_giving_back()
                 self._give_key_back()
@@ -259,6 +300,20 @@ class DispatcherLayer:
                 diagnostics.warn_once("dispatcher kernels", "removing", exc)
 
 
+class _ThreadEnd:
+    """Kept in a thread's locals while it holds the layer for its life: freed as the thread
+    ends, it tells the layer (``_thread_ended``)."""
+
+    __slots__ = ("layer",)
+
+    def __init__(self, layer: DispatcherLayer) -> None:
+        self.layer = layer
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (at interpreter shutdown: nothing to tell)
+            self.layer._thread_ended()
+
+
 class _HoldOnStart:
     """``threading``'s profile function while new threads hold the layer
     (``DispatcherLayer.hold_new_threads``): at a new thread's first call it hands the thread
@@ -276,7 +331,7 @@ class _HoldOnStart:
         previous = self.previous
         sys.setprofile(previous)
         try:
-            self.layer.hold()
+            self.layer.hold_till_thread_ends()
         except Exception as exc:  # the thread runs unheld: said once
             diagnostics.warn_once("dispatcher layer", "holding it on a new thread", exc)
         if previous is not None:
