@@ -340,14 +340,18 @@ class HookObserver:
 
     def _kind_of_hooked(self, group: Any, args: Any) -> Kind | None:
         # The key, read once from the hook's arguments (each read converts from C++): one
-        # tensor in and out, the same (an all-reduce's, a broadcast's), or two, or lists: the
-        # three shapes of key never equal each other (a dtype is no tuple; lengths differ).
+        # tensor in and none out (DDP's all-reduces), or one out, the same (an all-reduce's
+        # through the Python API) or another, or lists: the shapes of key never equal each
+        # other (a dtype is no tuple; their lengths differ).
         inputs, outputs = args.input_tensors, args.output_tensors
         name, root = args.name, args.root
-        if len(inputs) == 1 and len(outputs) == 1:
-            tensor, out = inputs[0], outputs[0]
-            if out is tensor:
-                key: tuple = (name, id(group), root, tensor.dtype, tensor.shape)
+        if len(inputs) == 1 and len(outputs) <= 1:
+            tensor = inputs[0]
+            out = outputs[0] if outputs else None
+            if out is None:
+                key: tuple = (name, id(group), root, tensor.dtype, tensor.shape, None)
+            elif out is tensor:
+                key = (name, id(group), root, tensor.dtype, tensor.shape)
             else:
                 key = (name, id(group), root, tensor.dtype, tensor.shape, out.dtype, out.shape)
         else:
