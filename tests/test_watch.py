@@ -615,12 +615,16 @@ def test_autoannot_watch_attached_says_a_live_hang(monkeypatch, tmp_path: Path) 
             watcher = subprocess.Popen(
                 [sys.executable, "-m", "autoannot", "watch", "--interval", "0.1", "--stall",
                  "0.5", str(rings)], stdout=sink, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while "rank 1 in" not in out.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert worker.is_alive(), "the job ended before the watch said its hang"
+        assert "rank 1 in" in out.read_text(), f"no hang said in 60 s:\n{out.read_text()}"
         watcher.send_signal(signal.SIGINT)
-        code = watcher.wait(30)
+        try:
+            code = watcher.wait(30)
+        except subprocess.TimeoutExpired:  # (said below, with what the watch printed)
+            code = None
     finally:
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
