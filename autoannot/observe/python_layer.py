@@ -139,15 +139,8 @@ class DispatcherLayer:
             holds.count -= 1
             if holds.count:
                 return
-            self.holders -= 1
             _include(holds.before)
-            if not self.holders:
-                self.agent.state.set_exclusion(None)
-                if self.retired:
-                    self._give_key_back()
-                    self._remove()
-                else:
-                    self._give_key_back_later()
+            self._holder_gone()
 
     def hold_for_good(self) -> None:
         """``hold()`` on this thread until ``retire()`` (a journal open from start-up: the
@@ -184,14 +177,19 @@ class DispatcherLayer:
     def _thread_ended(self) -> None:
         """A thread holding the layer for its life has ended (``_ThreadEnd``)."""
         with self._lock:
-            self.holders -= 1
-            if not self.holders:
-                self.agent.state.set_exclusion(None)
-                if self.retired:
-                    self._give_key_back()
-                    self._remove()
-                else:
-                    self._give_key_back_later()
+            self._holder_gone()
+
+    def _holder_gone(self) -> None:
+        """(Under the lock) One thread holds the layer no more; after the last, the key goes
+        back (at once once retired, with the kernels; else after the grace)."""
+        self.holders -= 1
+        if not self.holders:
+            self.agent.state.set_exclusion(None)
+            if self.retired:
+                self._give_key_back()
+                self._remove()
+            else:
+                self._give_key_back_later()
 
     def retire(self) -> None:
         """(``disable()``) Take the kernels off now if no thread holds the layer, else when
