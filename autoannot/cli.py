@@ -90,7 +90,8 @@ def _build_native(args: argparse.Namespace) -> int:
         if missing:
             _say("build-native", f"cannot build: {missing}")
             return INCOMPLETE
-        _say("build-native", f"compiling {native.SOURCE.name} for torch into {native.build_dir()}"
+        sources = ", ".join(path.name for path in native.SOURCES)
+        _say("build-native", f"compiling {sources} for torch into {native.build_dir()}"
              " (under a minute)")
         print(native.build(verbose=args.verbose))
     except Exception as exc:

@@ -87,6 +87,8 @@ def below_the_python_api(rank: int, world: int, foreign: bool) -> dict[str, Any]
         "hooks_on_after": INSTRUMENTATION.hooks is not None and INSTRUMENTATION.hooks.on,
         "layer_made": layer is not None,
         "native_observer": INSTRUMENTATION.observer is not None,
+        "native_hooks": INSTRUMENTATION.hooks is not None
+        and INSTRUMENTATION.hooks.native is not None,
         "torch_kernels_only": _torch_kernels_only(),
     }
     autoannot.disable()
@@ -243,3 +245,82 @@ def captured_with_torchs_annotations(rank: int, world: int, torch_annotates: boo
     }
     autoannot.disable()
     return result
+
+
+def _line_below() -> int:
+    """The line after the caller's: where the call the test plants is."""
+    import sys
+
+    return sys._getframe(1).f_lineno + 1
+
+
+def ring_of_a_job(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """The always-on ring (opened before ``enable()``, as ``AUTOANNOT_RING`` opens it) around
+    what a job launches, each at a line it knows: DDP steps (its reducer's buckets, from C++),
+    ``pg.allreduce``, a proxied ``dist.all_reduce``, a ``pg.allreduce`` on another thread, one
+    on a second group. A hook of the test's own counts what each group launched, by name and
+    input size, in order; the ring's records are read back from its files."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    import autoannot
+    from autoannot.agent.instrumentation import INSTRUMENTATION
+    from autoannot.keep.ring import Ring
+
+    ring = Ring(folder)
+    INSTRUMENTATION.state.open_journal(ring)
+    autoannot.enable()
+    group, model, counted = _ddp_on_a_counted_group(world)
+    other = dist.new_group(list(range(world)))
+    sizes: list[int] = []
+    group.register_pre_hook(8, lambda args: sizes.append(args.input_tensors[0].numel()))
+    model(torch.ones(2, 64)).sum().backward()  # (its buckets' indices broadcast, once)
+    lines: dict[str, int] = {}
+    sizes.clear()
+    before = ring.count  # (DDP's set-up and first steps: not planted here)
+    native = INSTRUMENTATION.hooks.native
+    written_before = native.hook_counts()[0] if native is not None else 0
+    for _ in range(3):
+        lines["backward"] = _line_below()
+        model(torch.ones(2, 64)).sum().backward()
+        lines["pg.allreduce"] = _line_below()
+        group.allreduce([torch.ones(3)]).wait()
+        lines["dist.all_reduce"] = _line_below()
+        dist.all_reduce(torch.ones(5), group=group)
+    lines["thread"] = _line_below()
+    elsewhere = threading.Thread(target=lambda: group.allreduce([torch.ones(11)]).wait())
+    elsewhere.start()
+    elsewhere.join()
+    lines["other group"] = _line_below()
+    other.allreduce([torch.ones(13)]).wait()
+    with autoannot.record() as recorded:  # (the hooks hand launches to Python meanwhile)
+        lines["recorded"] = _line_below()
+        group.allreduce([torch.ones(3)]).wait()
+    planted = list(sizes)
+    written_here = (native.hook_counts()[0] if native is not None else 0) - written_before
+    path, count = ring.ring_path, ring.count
+    INSTRUMENTATION.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    group.allreduce([torch.ones(3)]).wait()  # (after: into no ring)
+    from pathlib import Path
+
+    from autoannot.traces.read import ring_files
+
+    read = ring_files.read(Path(path))
+    records = read.records
+    return {
+        "native": native is not None, "written_here": written_here, "count": count,
+        "before": before,
+        "recorded": [(r.annotation.get("In msg nelems"), r.call_site) for r in recorded],
+        "counted": counted, "sizes": planted, "lines": lines, "file": __file__,
+        "group": dist.distributed_c10d._get_process_group_name(group),
+        "other": dist.distributed_c10d._get_process_group_name(other),
+        "launches": [(launch.group, launch.seq, launch.collective, launch.size_bytes,
+                      launch.call_site) for launch in ring_files.launches_of(read)],
+        "returned_after_entry": [int(r) >= int(e) > 0 for e, r in
+                                 zip(records["entered_ns"], records["returned_ns"],
+                                     strict=True)],
+    }

@@ -29,21 +29,34 @@ def test_doctor_says_whether_this_torch_has_the_hooks() -> None:
 
 
 WAYS = ["hooks, the key free", "hooks, the key owned by another library",
-        "AUTOANNOT_GROUP_HOOKS=0"]
+        "AUTOANNOT_GROUP_HOOKS=0", "native hooks"]
+
+
+def _native_hooks(request, monkeypatch) -> None:
+    """The native module built for this torch (its hooks in C++ stand in for Python's)."""
+    from pathlib import Path
+
+    built = request.getfixturevalue("native_build")
+    monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(Path(built).parent.parent))
+    monkeypatch.setenv("AUTOANNOT_NATIVE", "1")
 
 
 @hooks_here
 @pytest.mark.parametrize("way", WAYS)
-def test_record_sees_every_launch_below_the_python_api_once(way: str, monkeypatch) -> None:
+def test_record_sees_every_launch_below_the_python_api_once(way: str, monkeypatch,
+                                                           request) -> None:
     """The hooks are the observer: every launch the group issued — DDP's buckets (C++, on
     autograd's thread), ``pg.allreduce``, a coalesced op, a launch on another thread — is
     recorded once, with nothing of the agent's on torch's dispatcher, whether or not another
     library (torchdistx) owns the key the Python layer would borrow (before the hooks, that
     recorded none of them: 0 of DDP's buckets). ``AUTOANNOT_GROUP_HOOKS=0``: the older
-    observers, as on torch < 2.14 (the Python layer: its own thread's launches only)."""
+    observers, as on torch < 2.14 (the Python layer: its own thread's launches only). The
+    native hooks hand every launch to the same Python while a recorder is open."""
     hooks_off = way == "AUTOANNOT_GROUP_HOOKS=0"
     monkeypatch.setenv("AUTOANNOT_GROUP_HOOKS", "0" if hooks_off else "1")
     monkeypatch.setenv("AUTOANNOT_NATIVE", "0")
+    if way == "native hooks":
+        _native_hooks(request, monkeypatch)
     for result in run_ranks(cases.below_the_python_api, 2, args=("owned" in way,)):
         launched = result["counted"]
         # DDP's buckets, 2 pg.allreduce, one coalesced (torch 2.15 says ALLREDUCE_COALESCED)
@@ -61,6 +74,7 @@ def test_record_sees_every_launch_below_the_python_api_once(way: str, monkeypatc
         assert ("allreduce", 11) in sizes
         assert len(buckets) == len(allreduces) - 1  # (less the coalesced one)
         assert not result["layer_made"] and not result["native_observer"]
+        assert result["native_hooks"] is (way == "native hooks")
         assert result["torch_kernels_only"]
         assert result["hooks_on_after"] is False  # (they record no more once it closed)
 
@@ -82,21 +96,29 @@ dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 with autoannot.record() as records:
     dist.group.WORLD.allreduce([torch.ones(2)]).wait()
 print(len(records))
+from autoannot.agent.instrumentation import INSTRUMENTATION as A
+import os
+assert (A.hooks.native is not None) is (os.environ.get("AUTOANNOT_NATIVE") == "1"), A.hooks.native
 """
 
 
 @hooks_here
-def test_a_process_that_never_destroys_its_group_exits_cleanly() -> None:
+@pytest.mark.parametrize("hooks", ["python", "native"])
+def test_a_process_that_never_destroys_its_group_exits_cleanly(hooks: str, monkeypatch,
+                                                               request) -> None:
     """A hooked group outliving the interpreter freed the hooks after Python was gone: the
     process crashed at exit (SIGSEGV, rc 139) — what most jobs do (no
     ``destroy_process_group``). The hooks come off at exit."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
+    if hooks == "native":
+        _native_hooks(request, monkeypatch)
     done = subprocess.run([sys.executable, "-c", EXITS_WITH_A_GROUP_ALIVE],
                           cwd=Path(__file__).parents[1], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=os.environ.copy())
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr[-2000:]
 
 

@@ -112,6 +112,22 @@ class Instrumentation:
             self._native_module = module
         return self._native_module
 
+    def hooks_native_module(self) -> Any:
+        """The native module whose process-group hooks stand in for Python's, where the hooks
+        observe and it is built for this torch, with them, and allowed; else None."""
+        if not (self.config.native and self.group_hooks_observe()):
+            return None
+        from autoannot import native
+
+        try:
+            module = native.load()
+        except Exception as exc:  # Python's hooks instead
+            from autoannot.base import diagnostics
+
+            diagnostics.warn_once("native hooks", "loading", exc)
+            return None
+        return module if getattr(module, "GROUP_HOOKS", False) else None
+
     def python_layer(self) -> Any:
         """The Python layer (dispatcher kernels on a borrowed key), where no native observer
         sees launches below the Python API, nor the process-group hooks; made at the first need,
@@ -226,7 +242,7 @@ def _install_group_hooks(agent: Instrumentation, module: ModuleType) -> list[pat
     patches = patching.wrap_attribute(module, "_new_process_group_helper",
                                         group_hooks.group_creation_wrapper(agent), agent.proxies)
     if agent.hooks is None:
-        agent.hooks = group_hooks.HookObserver(agent)
+        agent.hooks = group_hooks.HookObserver(agent, agent.hooks_native_module())
         agent.state.add_listener(agent.hooks.demand_changed)
     agent.hooks.hook_groups(group_hooks.existing_groups())
     return patches

@@ -130,3 +130,15 @@ def mark_kernels(allowed: bool = True):  # type: ignore[no-untyped-def]
     if api is None or not api.enabled() or api.tools_id_unavailable() is not False:
         return None
     return api.mark_kernels
+
+
+def group_hooks_available() -> bool:
+    """Whether this torch's process groups take pre/post collective hooks
+    (``ProcessGroup.register_pre_hook`` and the rest: torch >= 2.14). Asked of the loaded
+    ``torch._C``, never imported here."""
+    import sys
+
+    c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
+    group = getattr(c10d, "ProcessGroup", None)
+    return all(hasattr(group, name) for name in ("register_pre_hook", "register_post_hook",
+                                                 "unregister_pre_hook", "unregister_post_hook"))

@@ -29,6 +29,12 @@ public way to be told), with the thread that ran them: gloo completes a Work on 
 thread that ran it, the thread the profiler shows its range on, which is what tells two async
 launches of a group apart when gloo's two worker threads ran them out of order.
 
+A native writer (``native/ring_hooks.cpp``, where the native module is built for a torch whose
+groups take hooks) may be attached to a ring with files (``use_writer``): from then on its
+records are written in C++, by the proxies' launches through it and by the process-group hooks
+directly, with one counter; Python keeps the kinds' and call sites' ids (``ids_of``,
+``site_id``), and numbers the groups for it (their slots).
+
 ``Ring(None)``: a ring held in memory alone (no files; ``held()`` reads it): what the agent
 keeps of a profiler's window (``keep.window``).
 """
@@ -102,6 +108,8 @@ class Ring:
         self._lock = locks.renewed(self, "_lock")
         self._opened_by: int | None = None  # the process that opened it
         self._by_kind: dict[int, tuple[Any, int, str]] = {}  # id(Kind) -> (it, its id, group)
+        self._writer: Any = None  # the native writer, while attached (``use_writer``)
+        self._slots: dict[str, int] = {}  # group -> its slot in the writer's seqs
         self.on_open: list[Any] = []  # called with the ring once it is opened
         self._closed = False
         self.names: list[dict[str, Any]] | None = [] if folder is None else None  # (in memory)
@@ -118,7 +126,74 @@ class Ring:
     @property
     def count(self) -> int:
         """How many launches it entered so far."""
-        return self._count
+        writer = self._writer
+        count = -1 if writer is None else writer.ring_count()
+        return self._count if count < 0 else count
+
+    @property
+    def writer(self) -> Any:
+        """The native writer attached (None: records are written in Python)."""
+        return self._writer
+
+    def use_writer(self, writer: Any) -> bool:
+        """Write this ring's records with ``writer`` (the native module) from now on; whether
+        it is attached (a ring with files, open, and none attached yet)."""
+        with self._lock:
+            if (self._map is None or self.folder is None or self._writer is not None
+                    or writer.ring_count() >= 0):  # (it writes one ring: another has it)
+                return False
+            groups = list(self._seq)
+            writer.ring_attach(self._map, self.capacity, self._count,
+                               [self._seq[group] for group in groups])
+            self._slots = {group: slot for slot, group in enumerate(groups)}
+            self._running = {}
+            self._writer = writer
+            return True
+
+    def open_now(self) -> bool:
+        """Open the ring before its first launch (a writer is attached to an open ring);
+        whether it is open."""
+        with self._lock:
+            return self._map is not None or self._opened()
+
+    def _let_go_of_writer(self) -> None:
+        """(Under the lock) the writer detached: Python writes the records again, from where
+        it left them."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        told = writer.ring_detach()
+        if told is not None:
+            count, seqs = told
+            self._count = count
+            self._seq = {group: seqs[slot] if slot < len(seqs) else 0
+                         for group, slot in self._slots.items()}
+        self._slots = {}
+
+    def _slot(self, group: str) -> int:
+        """(Under the lock, attached) a group's slot in the writer's seqs."""
+        slot = self._slots.get(group)
+        if slot is None:
+            slot = self._slots[group] = len(self._slots)
+        return slot
+
+    def ids_of(self, kind: Any) -> tuple[int, int] | None:
+        """(Attached) the ids a launch of ``kind`` just entered was written with: its kind's
+        and its group's slot; None if it was not."""
+        known = self._by_kind.get(id(kind))
+        if known is None or known[0] is not kind or self._writer is None:
+            return None
+        with self._lock:
+            return known[1], self._slot(known[2])
+
+    def site_id(self, site: str) -> int:
+        """A call site's id in this ring (written to the names file the first time)."""
+        with self._lock:
+            found = self._sites.get(site)
+            if found is None:
+                found = self._sites[site] = len(self._sites)
+                self._write_names({"site": found, "call_site": site})
+            return found
 
     def _open(self) -> None:
         import json
@@ -193,6 +268,7 @@ class Ring:
 
     def _forked(self) -> None:
         """(In a forked child) its first launch opens a ring of its own."""
+        self._let_go_of_writer()
         self._map = None
 
     def enter(self, entry: Any) -> None:
@@ -214,6 +290,12 @@ class Ring:
                 site_id = self._sites.get(site)
                 if site_id is not None:  # (``_write``, inlined: a call costs ~1.7k
                     group = known[2]  # instructions of the ~11k a record took)
+                    writer = self._writer
+                    if writer is not None:
+                        slot = self._slots.get(group)
+                        writer.ring_enter(known[1], site_id,
+                                          self._slot(group) if slot is None else slot)
+                        return
                     seqs = self._seq
                     seq = seqs.get(group, 0)
                     seqs[group] = seq + 1
@@ -244,6 +326,9 @@ class Ring:
         if site is None:
             site = self._sites[site_text] = len(self._sites)
             self._write_names({"site": site, "call_site": site_text})
+        if self._writer is not None:
+            self._writer.ring_enter(kind, site, self._slot(group))
+            return
         seq = self._seq.get(group, 0)
         self._seq[group] = seq + 1
         count = self._count
@@ -268,6 +353,10 @@ class Ring:
         """The launch this thread entered last returned ``result`` (or raised: ``failed``).
         A Work's completion is written when its future runs its callbacks, if its result lies
         on the CPU."""
+        writer = self._writer
+        if writer is not None:  # (it keeps each thread's running record)
+            writer.ring_returned(failed)
+            return
         running = self._running.pop(get_ident(), None)
         ring = self._map
         if running is None or ring is None:
@@ -298,6 +387,7 @@ class Ring:
         """Unmap the ring (its file stays); no launch is written after."""
         with self._lock:
             self._closed = True
+            self._let_go_of_writer()
             ring, self._map = self._map, None
             fd, self._names_fd = self._names_fd, None
         if ring is not None:

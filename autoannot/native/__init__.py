@@ -1,5 +1,6 @@
-"""The optional native observer (``observer.cpp``): collective launches seen through torch's
-RecordFunction callbacks, in C++.
+"""The optional native module: the observer (``observer.cpp``: collective launches seen through
+torch's RecordFunction callbacks, in C++), and the ring's writer with torch's process-group
+hooks in C++ where torch's groups take hooks (``ring_hooks.cpp``).
 
 It is compiled against the torch it runs with (a torch extension: a C++ ABI per torch build),
 once, by ``autoannot build-native`` (``torch.utils.cpp_extension``: a C++ compiler and ninja),
@@ -18,16 +19,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).with_name("observer.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("observer.cpp", "ring_hooks.cpp")]
+HEADERS = [Path(__file__).with_name("shared.h")]
 #: -DNDEBUG: torch's headers declare some classes (RecordFunction) with other members without
 #: it; an extension must see them as torch's release build was compiled.
 CFLAGS = ["-O2", "-DNDEBUG"]
 
 
+def cflags() -> list[str]:
+    """The compiler's flags for this torch: the process-group hooks are compiled in where its
+    groups take them (a feature of the torch, detected, not a version)."""
+    from autoannot.base import features
+
+    return CFLAGS + (["-DAUTOANNOT_GROUP_HOOKS=1"] if features.group_hooks_available() else [])
+
+
 def _tag() -> str:
     import torch
+    import torch.distributed  # (its groups' hooks are looked for)
 
-    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    text = b"".join(path.read_bytes() for path in SOURCES + HEADERS) + " ".join(cflags()).encode()
+    digest = hashlib.sha1(text).hexdigest()[:12]
     tag = f"torch{torch.__version__}_{sys.implementation.cache_tag}_{digest}"
     return "".join(c if c.isalnum() else "_" for c in tag)  # a C identifier
 
@@ -70,8 +82,9 @@ def build(verbose: bool = False) -> Path:
 
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(name=module_name(), sources=[str(SOURCE)], build_directory=str(directory),
-                       extra_cflags=CFLAGS, verbose=verbose, is_python_module=True)
+    cpp_extension.load(name=module_name(), sources=[str(path) for path in SOURCES],
+                       build_directory=str(directory), extra_cflags=cflags(), verbose=verbose,
+                       is_python_module=True)
     path = built_path()
     if path is None:
         raise RuntimeError(f"the build left no module in {directory}")

@@ -42,6 +42,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include "shared.h"
+
 #if __has_include(<torch/csrc/distributed/c10d/ParamCommsUtils.hpp>)
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #define AUTOANNOT_PARAM_COMMS 1
@@ -1354,6 +1356,14 @@ void launch_as_nccl(const std::string& op, std::string group_name, std::string g
 
 }  // namespace
 
+PyObject* autoannot_caller_site() {
+  if (g_sites == nullptr || g_site_from == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "no site resolver (set_site_resolver)");
+    return nullptr;
+  }
+  return caller_site();
+}
+
 // ---------------------------------------------------------------------------------------------
 // fork(): a forked child has only the forking thread. A mutex another thread held at that
 // moment would stay locked in the child for good (its first launch, or Python asking the
@@ -1364,9 +1374,11 @@ void before_fork() {
   g_registration_mutex.lock();
   g_mutex.lock();
   g_streams_mutex.lock();
+  autoannot_ring_hooks_before_fork();
 }
 
 void after_fork() {
+  autoannot_ring_hooks_after_fork();
   g_streams_mutex.unlock();
   g_mutex.unlock();
   g_registration_mutex.unlock();
@@ -1479,4 +1491,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return holding;
   });
   m.def("launch_as_nccl", &launch_as_nccl);
+  autoannot_add_ring_hooks(m);
 }

@@ -7,6 +7,12 @@ batched p2p and coalesced blocks, on NCCL and gloo. Where torch has them they ar
 only observer below the Python API. They need no dispatch key and no RecordFunction callback.
 ``AUTOANNOT_GROUP_HOOKS=0`` keeps the older observers instead.
 
+Where the native module is built for this torch (``autoannot build-native``) its hooks, in C++,
+are registered in place of Python's (``native/ring_hooks.cpp``): with one ring and nothing else
+open (the always-on recorder) they write a launch of a kind and from a call site seen before to
+the ring themselves, with no Python call and no Python object made; anything else they hand to
+this observer's hooks, as torch's Python hooks would. ``AUTOANNOT_NATIVE=0`` keeps Python's.
+
 Torch asks that hooks be registered at setup time, not while collectives run: a hook added or
 removed while another thread issues a collective on the group can crash the process. So each
 group gets the agent's hooks once, when it is made, and they come off at the interpreter's
@@ -39,7 +45,7 @@ import weakref
 from _thread import get_ident
 from typing import Any
 
-from autoannot.base import diagnostics
+from autoannot.base import diagnostics, features
 from autoannot.describe import ops, sites
 from autoannot.describe import vocabulary as V
 from autoannot.describe.kinds import Kind, Kinds, kind_of
@@ -54,10 +60,7 @@ PENDING_LIMIT = 1024
 
 def available() -> bool:
     """Whether this torch's process groups take pre/post collective hooks."""
-    c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
-    group = getattr(c10d, "ProcessGroup", None)
-    return all(hasattr(group, name) for name in ("register_pre_hook", "register_post_hook",
-                                                 "unregister_pre_hook", "unregister_post_hook"))
+    return features.group_hooks_available()
 
 
 def observe(settings: Any) -> bool:
@@ -158,10 +161,14 @@ _UNTOLD = {"c10d::alltoall_base_": (V.IN_SPLIT, V.OUT_SPLIT)}
 
 class HookObserver:
     """The agent's hooks on every group, annotating the launches no proxy sees while
-    something asks. ``agent``: the ``Instrumentation`` (its ``state``, ``captures``)."""
+    something asks. ``agent``: the ``Instrumentation`` (its ``state``, ``captures``);
+    ``native``: the native module whose hooks are registered in place of Python's (None:
+    Python's)."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Any, native: Any = None) -> None:
         self.agent = agent
+        self.native = native
+        self._ring: Any = None  # the ring the native writer writes (with native hooks)
         self._ops: dict[str, Any] | None = None  # (at the first launch: torch may be importing)
         self._groups: dict[int, weakref.ref] = {}  # id -> the groups hooked now
         #: (group, op id) -> the launch entered at its pre-hook and torch's scope (or None and
@@ -172,6 +179,13 @@ class HookObserver:
         self._kinds = Kinds()
         self.on = False
         self.sink = agent.sink  # where the launches go
+        if native is not None:
+            from autoannot.describe import groups
+
+            native.set_site_resolver(sites.SITES, sites.site_from, sites.LIBRARY_FILES)
+            native.set_hook_python(self._before_native, self._after_native, self._site_id,
+                                   agent.state.inside, _op_call_codes())
+            groups.on_group_gone(native.forget_hook_keys)  # (a key holds a group's id)
         atexit.register(self.unhook_all)
 
     def __repr__(self) -> str:
@@ -197,6 +211,11 @@ class HookObserver:
         if not on:
             self.let_go()
         self.on = on
+        if self.native is not None:
+            rings = state.rings
+            alone = (on and rings is not None and len(rings) == 1 and not state.captures
+                     and not state.recorders and rings[0].folder is not None)
+            self.native.set_hook_mode(2 if alone else 1 if on else 0)
 
     def let_go(self) -> None:
         """Leave the contexts of launches whose post-hook never came (a collective that
@@ -224,8 +243,11 @@ class HookObserver:
         ref = weakref.ref(group)
         key = id(group)
         try:
-            group.register_pre_hook(HOOK_ID, functools.partial(self._before, ref))
-            group.register_post_hook(HOOK_ID, functools.partial(self._after, key))
+            if self.native is not None:
+                self.native.hook_group(group, key, HOOK_ID)
+            else:
+                group.register_pre_hook(HOOK_ID, functools.partial(self._before, ref))
+                group.register_post_hook(HOOK_ID, functools.partial(self._after, key))
         except Exception as exc:  # this group's launches go unrecorded here
             diagnostics.warn_once("process group hooks", "registering", exc)
             return
@@ -238,47 +260,59 @@ class HookObserver:
         after Python is gone: the process crashed at exit (SIGSEGV). No collective is issued
         then."""
         with self._lock:
+            native = self.native
+            if native is not None:
+                native.set_hook_python(None, None, None, None, [])  # (mode 0: no Python call)
             for ref in list(self._groups.values()):
                 group = ref()
                 if group is None:
                     continue
                 try:
-                    group.unregister_pre_hook(HOOK_ID)
-                    group.unregister_post_hook(HOOK_ID)
+                    if native is not None:
+                        native.unhook_group(group, HOOK_ID)
+                    else:
+                        group.unregister_pre_hook(HOOK_ID)
+                        group.unregister_post_hook(HOOK_ID)
                 except Exception:  # a group torch has shut down: nothing to remove
                     pass
             self._groups.clear()
 
     # the hooks ----------------------------------------------------------------------------
 
-    def _before(self, ref: weakref.ref, args: Any) -> None:
+    def _before(self, ref: weakref.ref, args: Any, native: bool = False) -> Any:
         """(torch's pre-hook) A launch about to be issued: its annotation entered; where
         rings are the only thing open (the always-on case), written to them inline, as the
-        proxies' wrappers do (no event, no record)."""
+        proxies' wrappers do (no event, no record). ``native``: called by the native hooks,
+        told what to do at the post-hook: None nothing, True call ``_after``, (kind id, slot)
+        the launch went to the native writer's ring alone by its hooked kind (it ends it, and
+        writes the next launches of that key itself)."""
         if not self.on:  # (nothing asks: at once)
-            return
+            return None
         state = self.agent.state
         if state.inside.get(get_ident()):  # a proxy's launch: the proxy's
-            return
+            return None
         group = ref()
         try:
-            found = self._kind_and_caller(group, args)
+            found = self._kind_and_caller(group, args, native)
         except Exception as exc:  # this launch goes unannotated; the collective runs
             diagnostics.warn_once(f"c10d.{getattr(args.name, 'name', args.name)}",
                                   "deriving the collective metadata", exc)
-            return
+            return None
         if found is None:
-            return
-        kind, caller = found
+            return None
+        kind, caller, hooked = found
         rings = state.rings
         if rings is not None and not state.captures and not state.recorders:
             try:
                 site = sites.site_from(caller)
+                written = self._written_by_native(rings, kind, site) if native else None
+                if written is not None:
+                    return written if hooked else None
                 for ring in rings:
                     ring.enter_kind(kind, site)
             except Exception as exc:
                 diagnostics.warn_once(kind.label, "writing the launch to the ring", exc)
-                return
+                return None
             entered: tuple[Any, Any] = (None, rings)
         else:
             event = LaunchEvent(kind, sites.site_from(caller), False)  # (below the Python API)
@@ -286,12 +320,43 @@ class HookObserver:
                 entered = (event, self.sink.entered(event))
             except Exception as exc:
                 diagnostics.warn_once(event.kind.label, "entering the annotation context", exc)
-                return
+                return None
         pending = self._pending
         if len(pending) >= PENDING_LIMIT:  # (launches that raised: let go)
             self.let_go()
             pending = self._pending
         pending[(id(group), args.op_id)] = entered
+        return True
+
+    def _written_by_native(self, rings: tuple[Any, ...], kind: Kind, site: str
+                           ) -> tuple[int, int] | None:
+        """(Native hooks) a launch written through the native writer, where one ring with
+        files is open (attached to the writer first, opened if need be): its ring's kind id
+        and group slot; None where it is not for the writer (Python writes it)."""
+        if len(rings) != 1 or rings[0].folder is None:
+            return None
+        ring = rings[0]
+        if ring.writer is None:
+            if not ring.open_now() or not ring.use_writer(self.native):
+                return None
+            self._ring = ring
+        elif ring is not self._ring:
+            return None
+        ring.enter_kind(kind, site)
+        return ring.ids_of(kind)
+
+    def _before_native(self, key: int, args: Any) -> Any:
+        """(The native pre-hook) a launch it does not write itself (see ``_before``)."""
+        ref = self._groups.get(key)
+        return None if ref is None else self._before(ref, args, native=True)
+
+    def _after_native(self, key: int, args: Any) -> None:
+        """(The native post-hook) the end of a launch ``_before_native`` asked for."""
+        self._after(key, args)
+
+    def _site_id(self, site: str) -> int:
+        """(The native pre-hook) a call site's id in the ring it writes."""
+        return self._ring.site_id(site)
 
     def _after(self, key: int, args: Any) -> None:
         """(torch's post-hook) The launch was issued: to the sink (its ledger, the
@@ -312,24 +377,28 @@ class HookObserver:
         except Exception as exc:
             diagnostics.warn_once(event.kind.label, "leaving the annotation context", exc)
 
-    def _kind_and_caller(self, group: Any, args: Any) -> tuple[Kind, Any] | None:
-        """One hooked launch's kind and the Python frame that called into torch (None: no
-        Python caller); None where it is no collective."""
+    def _kind_and_caller(self, group: Any, args: Any, native: bool = False
+                         ) -> tuple[Kind, Any, bool] | None:
+        """One hooked launch's kind, the Python frame that called into torch (None: no
+        Python caller) and whether the kind is the hook's (not an op's called through
+        ``torch.ops``); None where it is no collective."""
         if group is None:
             return None
         if self._ops is None:
             self._ops = ops.table_ops()
-        caller = sys._getframe(1).f_back  # (the Python code that called into torch, if any)
+        # (the Python code that called into torch, if any: past ``_before_native`` too)
+        caller = sys._getframe(2 if native else 1).f_back
         called = _op_called_from(caller)
         known = self._ops.get(called[0]) if called is not None else None
-        if known is not None and known.plan is not None:  # torch.ops.*: the op itself
+        hooked = known is None or known.plan is None
+        if not hooked:  # torch.ops.*: the op itself
             kind = self._kind_of_call(known, called[1], called[2])
             caller = caller.f_back
         else:  # what the hook tells
             kind = self._kind_of_hooked(group, args)
         if kind is None:
             return None
-        return kind, caller
+        return kind, caller, hooked
 
     def _kind_of_call(self, known: ops.Op, op_args: tuple, op_kwargs: dict) -> Kind | None:
         plan = known.plan
@@ -387,6 +456,19 @@ class HookObserver:
 _OP_CALLS: list[Any] = []  # the code of OpOverload.__call__, .redispatch, the packet's call
 
 
+def _op_call_codes() -> list[Any]:
+    """The code objects of torch's ``OpOverload.__call__`` and ``redispatch`` and its packet's
+    call (None for one this torch lacks)."""
+    if not _OP_CALLS:
+        ops = sys.modules.get("torch._ops")
+        for kind, method in (("OpOverload", "__call__"), ("OpOverload", "redispatch"),
+                             ("OpOverloadPacket", "__call__")):
+            found = getattr(ops, kind, None)
+            function = vars(found).get(method) if isinstance(found, type) else None
+            _OP_CALLS.append(getattr(function, "__code__", None))
+    return _OP_CALLS
+
+
 def _op_called_from(frame: Any) -> tuple[str, tuple, dict] | None:
     """Where Python called the launch's op through ``torch.ops`` (compiled code, funcol's
     ops and their autograd, a ``torch.ops.c10d.*`` call), that op's name and its arguments:
@@ -396,12 +478,7 @@ def _op_called_from(frame: Any) -> tuple[str, tuple, dict] | None:
     if frame is None:
         return None
     if not _OP_CALLS:
-        ops = sys.modules.get("torch._ops")
-        for kind, method in (("OpOverload", "__call__"), ("OpOverload", "redispatch"),
-                             ("OpOverloadPacket", "__call__")):
-            found = getattr(ops, kind, None)
-            function = vars(found).get(method) if isinstance(found, type) else None
-            _OP_CALLS.append(getattr(function, "__code__", None))
+        _op_call_codes()
     code = frame.f_code
     if code is not _OP_CALLS[0] and code is not _OP_CALLS[1] and code is not _OP_CALLS[2]:
         return None  # (by identity: a code object's == compares its names and constants)

@@ -1,0 +1,575 @@
+// The always-on ring's writer, and torch's process-group hooks in C++ (torch >= 2.14).
+//
+// The writer: the ring's mapped file (autoannot/keep/ring.py describes its layout) written in
+// C++. Once a ring is attached (ring_attach) every record of it is written here, by Python (the
+// proxies' launches: ring_enter, ring_returned) and by the hooks below alike, so one counter
+// orders the ring; Python keeps the kinds' and call sites' ids (each written to the names file
+// the first time it is seen).
+//
+// The hooks (AUTOANNOT_GROUP_HOOKS: built where torch's process groups take pre/post collective
+// hooks, c10d/Hooks.hpp): registered on each group in place of Python's, they act by a mode
+// Python sets as the agent's demand changes:
+//   0  nothing asks for launches: return at once;
+//   1  hand each launch to Python (``before`` and ``after``: the agent's hook observer), as
+//      torch's Python hooks would;
+//   2  one ring and nothing else open (the always-on case): a launch of a kind and from a call
+//      site seen before is written to the ring here, its return at the post-hook; Python is
+//      called only for a launch of a new kind or from a new call site, for one a proxy
+//      annotates (none: its own), and for one called through ``torch.ops`` (its op is read
+//      from Python's frame).
+// A launch's kind is keyed by what the hook tells (its op's hook name, group, root, its
+// tensors' dtypes and sizes, and which outputs are inputs): a superset of what Python keys a
+// hooked launch by, so one key is one kind. Its call site is the caller's "file:line" as the
+// recorder finds it (autoannot_caller_site), an interned string: its id is kept by the string.
+
+#include "shared.h"
+
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#ifndef AUTOANNOT_GROUP_HOOKS
+#define AUTOANNOT_GROUP_HOOKS 0
+#endif
+#if AUTOANNOT_GROUP_HOOKS
+#include <torch/csrc/distributed/c10d/Hooks.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+namespace py = pybind11;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ring's records are little-endian");
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The ring writer
+
+constexpr uint64_t kHeaderBytes = 64;  // ring_format.HEADER_BYTES
+constexpr uint64_t kCountAt = 16;      // ring_format.COUNT_AT
+constexpr uint64_t kReturnedAt = 16;   // ring_format.RETURNED_AT
+constexpr int64_t kFailed = -1;        // ring_format.FAILED
+
+// One record, as ring_format.RECORD packs it ("<qqqqIII4x").
+struct Record {
+  int64_t seq, entered_ns, returned_ns, finished_ns;
+  uint32_t kind, site, finished_thread, pad;
+};
+static_assert(sizeof(Record) == 48, "ring_format.RECORD is 48 bytes");
+
+struct Writer {
+  std::mutex mutex;
+  char* base = nullptr;  // the mapping (null: no ring attached)
+  uint64_t capacity = 0;
+  uint64_t count = 0;  // launches entered so far
+  uint64_t generation = 0;  // one more at each attach and detach
+  std::vector<int64_t> seqs;  // a group's next seq, by its slot (Python numbers the groups)
+  Py_buffer view{};  // (the mapping stays exported while attached: Python cannot unmap it)
+};
+Writer& g_writer = *new Writer();  // (never destroyed: hooks may run at exit)
+std::atomic<bool> g_attached{false};  // (read with no lock: whether a ring is attached)
+
+// The record this thread entered last, until its return is written.
+struct Running {
+  uint64_t at = 0, count = 0, generation = 0;
+  bool set = false;
+};
+thread_local Running t_running;
+
+int64_t monotonic_ns() {  // time.monotonic_ns()
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+// The record of a launch entered now; false where no ring is attached.
+bool enter(uint32_t kind, uint32_t site, uint32_t slot) {
+  std::lock_guard<std::mutex> lock(g_writer.mutex);
+  Writer& w = g_writer;
+  if (w.base == nullptr) {
+    return false;
+  }
+  if (slot >= w.seqs.size()) {
+    w.seqs.resize(slot + 1, 0);
+  }
+  Record record{w.seqs[slot]++, monotonic_ns(), 0, 0, kind, site, 0, 0};
+  uint64_t at = kHeaderBytes + (w.count % w.capacity) * sizeof(Record);
+  std::memcpy(w.base + at, &record, sizeof record);
+  t_running = Running{at, w.count, w.generation, true};
+  w.count += 1;
+  std::memcpy(w.base + kCountAt, &w.count, sizeof w.count);  // (after the record: readers)
+  return true;
+}
+
+// The launch this thread entered last returned now (or raised), unless its record is gone.
+void returned(bool failed) {
+  if (!t_running.set) {
+    return;
+  }
+  t_running.set = false;
+  std::lock_guard<std::mutex> lock(g_writer.mutex);
+  Writer& w = g_writer;
+  if (w.base == nullptr || t_running.generation != w.generation ||
+      w.count - t_running.count >= w.capacity) {
+    return;  // (another ring, or written over since)
+  }
+  int64_t value = failed ? kFailed : monotonic_ns();
+  std::memcpy(w.base + t_running.at + kReturnedAt, &value, sizeof value);
+}
+
+void clear_caches();
+
+void attach(py::object mapping, uint64_t capacity, uint64_t count, std::vector<int64_t> seqs) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(mapping.ptr(), &view, PyBUF_WRITABLE) != 0) {
+    throw py::error_already_set();
+  }
+  if (capacity == 0 || static_cast<uint64_t>(view.len) < kHeaderBytes + capacity * sizeof(Record)) {
+    PyBuffer_Release(&view);
+    throw std::invalid_argument("the mapping is smaller than a ring of this capacity");
+  }
+  Py_buffer old{};
+  {
+    std::lock_guard<std::mutex> lock(g_writer.mutex);
+    Writer& w = g_writer;
+    std::swap(old, w.view);
+    w.view = view;
+    w.base = static_cast<char*>(view.buf);
+    w.capacity = capacity;
+    w.count = count;
+    w.seqs = std::move(seqs);
+    w.generation += 1;
+    g_attached.store(true);
+  }
+  if (old.obj != nullptr) {
+    PyBuffer_Release(&old);
+  }
+  clear_caches();  // (ids are a ring's)
+}
+
+// The ring let go of: (count, seqs by slot) for Python to go on with; None if none attached.
+py::object detach() {
+  Py_buffer old{};
+  uint64_t count;
+  std::vector<int64_t> seqs;
+  {
+    std::lock_guard<std::mutex> lock(g_writer.mutex);
+    Writer& w = g_writer;
+    if (w.base == nullptr) {
+      return py::none();
+    }
+    std::swap(old, w.view);
+    w.base = nullptr;
+    w.generation += 1;
+    g_attached.store(false);
+    count = w.count;
+    seqs.swap(w.seqs);
+  }
+  PyBuffer_Release(&old);
+  clear_caches();
+  return py::make_tuple(count, seqs);
+}
+
+// ring_enter(kind, site, slot) and ring_returned(failed): the proxies' path, with no pybind.
+PyObject* ring_enter(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  if (count != 3) {
+    PyErr_SetString(PyExc_TypeError, "ring_enter(kind, site, slot)");
+    return nullptr;
+  }
+  unsigned long values[3];
+  for (int i = 0; i < 3; ++i) {
+    values[i] = PyLong_AsUnsignedLong(args[i]);
+    if (values[i] == static_cast<unsigned long>(-1) && PyErr_Occurred()) {
+      return nullptr;
+    }
+  }
+  return PyBool_FromLong(enter(static_cast<uint32_t>(values[0]), static_cast<uint32_t>(values[1]),
+                               static_cast<uint32_t>(values[2])));
+}
+
+PyObject* ring_returned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  returned(count > 0 && PyObject_IsTrue(args[0]) == 1);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_ring_enter = {"ring_enter", reinterpret_cast<PyCFunction>(ring_enter),
+                            METH_FASTCALL, "ring_enter(kind, site, slot): a launch entered now"};
+PyMethodDef g_ring_returned = {"ring_returned", reinterpret_cast<PyCFunction>(ring_returned),
+                               METH_FASTCALL,
+                               "ring_returned(failed): this thread's last launch returned"};
+
+// ---------------------------------------------------------------------------------------------
+// The process-group hooks
+
+#if AUTOANNOT_GROUP_HOOKS
+
+std::atomic<int> g_mode{0};
+// Python, set by the hook observer (owned; with the GIL): before(group_key, args) -> None
+// (nothing to end), True (call after()), or (kind, slot) (it wrote the launch to the attached
+// ring alone: the post-hook ends it here, and launches of this key are written here);
+// after(group_key, args); site_id(site) -> the attached ring's id of a call site; inside: the
+// agent's state.inside (thread ident -> depth: the threads inside a proxy's call); the code
+// objects of torch.ops' calls (a launch called through them is Python's).
+PyObject* g_before = nullptr;
+PyObject* g_after = nullptr;
+PyObject* g_site_id = nullptr;
+PyObject* g_inside = nullptr;
+std::vector<PyObject*>& g_op_codes = *new std::vector<PyObject*>();
+
+// (with the GIL) a kind's key -> (the ring's kind id, the group's slot); a call site (a
+// reference held) -> its id in the ring.
+std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>& g_keys =
+    *new std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>();
+std::unordered_map<PyObject*, uint32_t>& g_sites = *new std::unordered_map<PyObject*, uint32_t>();
+constexpr size_t kCacheLimit = 4096;
+
+// Launches whose post-hook goes to Python: (group key, op id).
+struct PairHash {
+  size_t operator()(const std::pair<int64_t, int64_t>& p) const {
+    return std::hash<int64_t>()(p.first) * 31 + std::hash<int64_t>()(p.second);
+  }
+};
+std::mutex g_pending_mutex;
+std::unordered_set<std::pair<int64_t, int64_t>, PairHash>& g_pending =
+    *new std::unordered_set<std::pair<int64_t, int64_t>, PairHash>();
+constexpr size_t kPendingLimit = 1024;  // (launches that raised: let go)
+
+// This thread's launch written here, until its post-hook.
+struct Written {
+  int64_t group = 0, op = 0;
+  bool set = false;
+};
+thread_local Written t_written;
+
+std::atomic<uint64_t> g_written_here{0};  // (tests, benchmarks: launches written with no Python)
+std::atomic<uint64_t> g_handed_to_python{0};
+
+template <typename T>
+void put(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+void put_tensor(std::string& key, const at::Tensor& tensor) {
+  if (!tensor.defined()) {
+    put(key, static_cast<int8_t>(-1));
+    return;
+  }
+  put(key, static_cast<int8_t>(tensor.scalar_type()));
+  auto sizes = tensor.sizes();
+  put(key, static_cast<int32_t>(sizes.size()));
+  key.append(reinterpret_cast<const char*>(sizes.data()), sizes.size() * sizeof(int64_t));
+}
+
+void key_of(int64_t group, const c10d::PreHookArgs& args, std::string& key) {
+  put(key, static_cast<uint8_t>(args.name));
+  put(key, group);
+  put(key, args.root);
+  put(key, static_cast<int32_t>(args.input_tensors.size()));
+  for (const auto& tensor : args.input_tensors) {
+    put_tensor(key, tensor);
+  }
+  put(key, static_cast<int32_t>(args.output_tensors.size()));
+  for (const auto& tensor : args.output_tensors) {
+    int32_t same = -1;  // the input it is, if any
+    for (size_t i = 0; i < args.input_tensors.size(); ++i) {
+      if (tensor.defined() && args.input_tensors[i].unsafeGetTensorImpl() ==
+                                  tensor.unsafeGetTensorImpl()) {
+        same = static_cast<int32_t>(i);
+        break;
+      }
+    }
+    put(key, same);
+    if (same < 0) {
+      put_tensor(key, tensor);
+    }
+  }
+}
+
+// (with the GIL) whether this thread is inside a proxy's call.
+bool inside_a_proxy() {
+  if (g_inside == nullptr || !PyDict_Check(g_inside) || PyDict_GET_SIZE(g_inside) == 0) {
+    return false;
+  }
+  PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+  if (ident == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  int found = PyDict_Contains(g_inside, ident);
+  Py_DECREF(ident);
+  if (found < 0) {
+    PyErr_Clear();
+  }
+  return found == 1;
+}
+
+// (with the GIL) whether Python's innermost frame is torch.ops' call of an op.
+bool called_through_torch_ops() {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  if (frame == nullptr) {
+    return false;
+  }
+  PyCodeObject* code = PyFrame_GetCode(frame);
+  bool found = false;
+  for (PyObject* known : g_op_codes) {
+    found = found || known == reinterpret_cast<PyObject*>(code);
+  }
+  Py_DECREF(code);
+  return found;
+}
+
+// (with the GIL) the attached ring's id of the caller's call site; false on failure (a Python
+// error is cleared: Python's path says it).
+bool site_id(uint32_t& id) {
+  PyObject* site = autoannot_caller_site();
+  if (site == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  auto found = g_sites.find(site);
+  if (found != g_sites.end()) {
+    id = found->second;
+    Py_DECREF(site);
+    return true;
+  }
+  PyObject* told = g_site_id != nullptr ? PyObject_CallOneArg(g_site_id, site) : nullptr;
+  unsigned long value = told != nullptr ? PyLong_AsUnsignedLong(told) : 0;
+  Py_XDECREF(told);
+  if (told == nullptr || PyErr_Occurred()) {
+    PyErr_Clear();
+    Py_DECREF(site);
+    return false;
+  }
+  if (g_sites.size() >= kCacheLimit) {
+    clear_caches();
+  }
+  g_sites.emplace(site, static_cast<uint32_t>(value));  // (keeps the reference)
+  id = static_cast<uint32_t>(value);
+  return true;
+}
+
+// (with the GIL, mode 2) the launch written here; false: Python's to see.
+bool write_here(int64_t group, const c10d::PreHookArgs& args, std::string& key, bool& ignored) {
+  if (!g_attached.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  if (inside_a_proxy()) {
+    ignored = true;  // (the proxy's own launch)
+    return true;
+  }
+  if (called_through_torch_ops()) {
+    return false;
+  }
+  key_of(group, args, key);
+  auto known = g_keys.find(key);
+  if (known == g_keys.end()) {
+    return false;
+  }
+  uint32_t site = 0;
+  if (!site_id(site) || !enter(known->second.first, site, known->second.second)) {
+    return false;
+  }
+  g_written_here.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void warn(const char* what) {
+  // (with the GIL, a Python error set) said once by Python's diagnostics, where it can be
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  PyObject* diagnostics = PyImport_ImportModule("autoannot.base.diagnostics");
+  PyObject* warn_once = diagnostics ? PyObject_GetAttrString(diagnostics, "warn_once") : nullptr;
+  PyObject* result = warn_once ? PyObject_CallFunction(warn_once, "ssO", "process group hooks",
+                                                       what, value ? value : Py_None)
+                               : nullptr;
+  Py_XDECREF(result);
+  Py_XDECREF(warn_once);
+  Py_XDECREF(diagnostics);
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+}
+
+void pre_hook(int64_t group, const c10d::PreHookArgs& args) {
+  int mode = g_mode.load(std::memory_order_relaxed);
+  if (mode == 0 || !Py_IsInitialized()) {
+    return;
+  }
+  t_written.set = false;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  std::string key;
+  bool ignored = false;
+  if (mode == 2 && write_here(group, args, key, ignored)) {
+    if (!ignored) {
+      t_written = Written{group, args.op_id, true};
+    }
+    PyGILState_Release(gil);
+    return;
+  }
+  if (g_before == nullptr) {
+    PyGILState_Release(gil);
+    return;
+  }
+  g_handed_to_python.fetch_add(1, std::memory_order_relaxed);
+  try {
+    py::object told = py::reinterpret_borrow<py::object>(g_before)(group, py::cast(args));
+    if (py::isinstance<py::tuple>(told) && py::len(told) == 2) {
+      if (!key.empty()) {  // (written to the attached ring alone, by its hooked kind)
+        if (g_keys.size() >= kCacheLimit) {
+          g_keys.clear();
+        }
+        g_keys[key] = {told[py::int_(0)].cast<uint32_t>(), told[py::int_(1)].cast<uint32_t>()};
+      }
+      t_written = Written{group, args.op_id, true};
+    } else if (told.ptr() == Py_True) {
+      std::lock_guard<std::mutex> lock(g_pending_mutex);
+      if (g_pending.size() >= kPendingLimit) {
+        g_pending.clear();
+      }
+      g_pending.emplace(group, args.op_id);
+    }
+  } catch (py::error_already_set& error) {
+    error.restore();
+    warn("handing a launch to Python");
+  } catch (std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    warn("handing a launch to Python");
+  }
+  PyGILState_Release(gil);
+}
+
+void post_hook(int64_t group, const c10d::PostHookArgs& args) {
+  if (t_written.set && t_written.group == group && t_written.op == args.op_id) {
+    t_written.set = false;
+    returned(false);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_pending_mutex);
+    if (g_pending.empty() || g_pending.erase({group, args.op_id}) == 0) {
+      return;
+    }
+  }
+  if (!Py_IsInitialized()) {
+    return;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (g_after != nullptr) {
+    try {
+      py::reinterpret_borrow<py::object>(g_after)(group, py::cast(args));
+    } catch (py::error_already_set& error) {
+      error.restore();
+      warn("handing a launch's end to Python");
+    } catch (std::exception& error) {
+      PyErr_SetString(PyExc_RuntimeError, error.what());
+      warn("handing a launch's end to Python");
+    }
+  }
+  PyGILState_Release(gil);
+}
+
+void hook_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, int64_t key,
+                int64_t hook_id) {
+  group->registerPreHook(hook_id, [key](const c10d::PreHookArgs& args) { pre_hook(key, args); });
+  group->registerPostHook(hook_id,
+                          [key](const c10d::PostHookArgs& args) { post_hook(key, args); });
+}
+
+void unhook_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, int64_t hook_id) {
+  group->unregisterPreHook(hook_id);
+  group->unregisterPostHook(hook_id);
+}
+
+void set_python(py::object before, py::object after, py::object site_id, py::object inside,
+                py::list op_codes) {
+  for (PyObject** slot : {&g_before, &g_after, &g_site_id, &g_inside}) {
+    Py_XDECREF(*slot);
+    *slot = nullptr;
+  }
+  for (PyObject* code : g_op_codes) {
+    Py_DECREF(code);
+  }
+  g_op_codes.clear();
+  if (before.is_none()) {  // (at exit: no Python is called after)
+    g_mode.store(0);
+    return;
+  }
+  g_before = before.inc_ref().ptr();
+  g_after = after.inc_ref().ptr();
+  g_site_id = site_id.inc_ref().ptr();
+  g_inside = inside.inc_ref().ptr();
+  for (py::handle code : op_codes) {
+    if (!code.is_none()) {
+      g_op_codes.push_back(code.inc_ref().ptr());
+    }
+  }
+}
+
+void clear_caches() {  // (with the GIL)
+  g_keys.clear();
+  for (auto& entry : g_sites) {
+    Py_DECREF(entry.first);
+  }
+  g_sites.clear();
+}
+
+#else
+
+void clear_caches() {}
+
+#endif  // AUTOANNOT_GROUP_HOOKS
+
+}  // namespace
+
+void autoannot_ring_hooks_before_fork() {
+  g_writer.mutex.lock();
+#if AUTOANNOT_GROUP_HOOKS
+  g_pending_mutex.lock();
+#endif
+}
+
+void autoannot_ring_hooks_after_fork() {
+#if AUTOANNOT_GROUP_HOOKS
+  g_pending_mutex.unlock();
+#endif
+  g_writer.mutex.unlock();
+}
+
+void autoannot_add_ring_hooks(py::module_& m) {
+  m.def("ring_attach", &attach, py::arg("mapping"), py::arg("capacity"), py::arg("count"),
+        py::arg("seqs"), "write this ring's records here from now on (its mapping, its count, "
+                         "its groups' next seqs by slot)");
+  m.def("ring_detach", &detach, "let go of the ring: (count, seqs by slot), or None");
+  m.def("ring_count", []() -> int64_t {
+    std::lock_guard<std::mutex> lock(g_writer.mutex);
+    return g_writer.base == nullptr ? -1 : static_cast<int64_t>(g_writer.count);
+  });
+  m.attr("ring_enter") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_ring_enter, nullptr, nullptr));
+  m.attr("ring_returned") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_ring_returned, nullptr, nullptr));
+  m.attr("GROUP_HOOKS") = bool(AUTOANNOT_GROUP_HOOKS);
+#if AUTOANNOT_GROUP_HOOKS
+  m.def("hook_group", &hook_group, py::arg("group"), py::arg("key"), py::arg("hook_id"),
+        "the native pre/post hooks on this group, for group key `key`");
+  m.def("unhook_group", &unhook_group, py::arg("group"), py::arg("hook_id"));
+  m.def("set_hook_python", &set_python, py::arg("before"), py::arg("after"),
+        py::arg("site_id"), py::arg("inside"), py::arg("op_codes"));
+  m.def("set_hook_mode", [](int mode) { g_mode.store(mode); });
+  m.def("hook_mode", []() { return g_mode.load(); });
+  m.def("hook_counts", []() {
+    return py::make_tuple(g_written_here.load(), g_handed_to_python.load());
+  });
+  m.def("forget_hook_keys", []() { clear_caches(); }, "a group gone: its key may be reused");
+#endif
+}
