@@ -94,9 +94,6 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
     from autoannot.traces.render.watch import Watcher
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if args.pin:  # (this rank and the threads it starts on one CPU: the ranks apart)
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     step = training_step(args.model, world, args.width, args.batch, args.bucket_mb)
@@ -193,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ring", type=int, default=1 << 16, help="the ring's launches")
     parser.add_argument("--modes", default=";".join(MODES),
                         help="the modes to run, separated by ';' ('agent off' always)")
-    parser.add_argument("--pin", action="store_true",
-                        help="each rank on a CPU of its own (its threads too)")
     parser.add_argument("-o", "--output", help="also write the JSON line here")
     args = parser.parse_args(argv)
     args.modes = {"agent off", *(m.strip() for m in args.modes.split(";"))}
@@ -223,14 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:22} {medians[mode]:9.3f} {medians[mode] / base:7.3f} "
               f"{ratio:9.3f} [{low:.3f}, {high:.3f}] {cpu[mode]:8.3f} "
               f"{cpu[mode] / cpu['agent off']:9.3f}")
-    print(f"launches below the Python API seen by: {result['observer']}"
-          f"{'; ranks pinned to a CPU each' if args.pin else ''}")
+    print(f"launches below the Python API seen by: {result['observer']}")
     print(f"ring of {args.ring:,} launches: {result['ring_bytes']:,} bytes a rank (mapped); "
           f"{result['ring_launches_a_step']:g} launches a step kept "
           f"({', '.join(result['ring_apis'])})")
     result.update({"ratios": {m: round(medians[m] / base, 4) for m in medians},
                    "model": args.model, "rounds": args.rounds, "steps": args.steps,
-                   "width": args.width, "pinned": args.pin,
+                   "width": args.width,
                    "ring_launches": args.ring})
     import torch
 
