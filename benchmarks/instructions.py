@@ -7,7 +7,8 @@ Each mode below runs N calls of ``dist.all_reduce`` on a fake group of 2 ranks (
 communication: the pure overhead) between callgrind's start and stop requests; the same loop
 with the unwrapped call is the baseline. Modes: a bare wrapt pass-through (any wrapt proxy's
 floor), the agent on with nothing to do (the fast path), annotating (a recorder open), a record file
-open (``AUTOANNOT_RECORD``: a JSON line a launch), the ring open (``AUTOANNOT_RING``), the
+open (``AUTOANNOT_RECORD``: a JSON line a launch), the ring open (``AUTOANNOT_RING``; these two
+for ``pg.allreduce`` too), the
 tutorial's hand-written helper around the call, in a stand-in capture (as this install
 annotates there: handed to the native observer where it is built) and through the Python
 wrappers; ``pg.allreduce`` (a launch no proxy sees, as DDP's reducer's) with the agent off, on
@@ -128,6 +129,7 @@ def child(folder: str, calls: int) -> None:
                        ("ring record", Ring(f"{folder}/ring", 4096))):
         AGENT.state.open_journal(kept)
         count(name, lambda: proxy(tensor, group=group))
+        count(f"pg call, {name}", pg_call)  # (below the Python API: DDP's launches' path)
         AGENT.state.close_journal(kept)
         kept.close()
     for name, test_capture in (("in capture", 1), ("in capture, Python", 0)):
@@ -178,7 +180,9 @@ def child(folder: str, calls: int) -> None:
     for patch in reversed(patches):
         patch.undo()
     autoannot.disable()
-    observing = ("group hooks" if AGENT.hooks is not None else
+    hooks = AGENT.hooks
+    observing = ("native group hooks" if hooks is not None and hooks.native is not None else
+                 "group hooks" if hooks is not None else
                  "native observer" if AGENT.observer is not None else "python layer")
     Path(folder, "native").write_text(observing)
     dist.destroy_process_group()
@@ -230,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     order = ["unwrapped", "wrapt floor", "fast path", "annotating", "record file line",
              "ring record", "tutorial helper",
              "in capture", "in capture, Python", "replay, agent off", "replay, agent on"]
-    pg_modes = ["pg call, agent off", "pg call, agent idle", "pg call, in capture"]
+    pg_modes = ["pg call, agent off", "pg call, agent idle", "pg call, record file line",
+                "pg call, ring record", "pg call, in capture"]
     per_call = {mode: totals[mode] / args.calls for mode in order}
     sets = _decoder_sets(args.calls)
     decoder_added = (totals["decoder set, agent on"] - totals["decoder set, agent off"]) / sets
