@@ -183,8 +183,13 @@ def _native_observer(settings: Any) -> str:
     if not settings.native:
         return "off (AUTOANNOT_NATIVE=0)"
     if group_hooks.observe(settings):
-        return ("not used: this torch's process-group hooks observe instead "
-                "(AUTOANNOT_GROUP_HOOKS=0 to use it where built)")
+        path = native.built_path()
+        if path is None:
+            return ("not used: this torch's process-group hooks observe instead, in Python "
+                    "(autoannot build-native: in C++, the always-on ring written there)")
+        return (f"built ({path}): its process-group hooks, in C++, stand in for Python's and "
+                "write the always-on ring themselves (AUTOANNOT_GROUP_HOOKS=0: the observer, "
+                "through RecordFunction callbacks, instead)")
     path = native.built_path()
     if path is None:
         return ("not built for this torch (autoannot build-native): launches below the "

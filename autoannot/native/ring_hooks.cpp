@@ -358,9 +358,6 @@ bool site_id(uint32_t& id) {
 
 // (with the GIL, mode 2) the launch written here; false: Python's to see.
 bool write_here(int64_t group, const c10d::PreHookArgs& args, std::string& key, bool& ignored) {
-  if (!g_attached.load(std::memory_order_relaxed)) {
-    return false;
-  }
   if (inside_a_proxy()) {
     ignored = true;  // (the proxy's own launch)
     return true;
@@ -368,7 +365,10 @@ bool write_here(int64_t group, const c10d::PreHookArgs& args, std::string& key, 
   if (called_through_torch_ops()) {
     return false;
   }
-  key_of(group, args, key);
+  key_of(group, args, key);  // (kept by the caller where Python writes it: the next is here)
+  if (!g_attached.load(std::memory_order_relaxed)) {
+    return false;
+  }
   auto known = g_keys.find(key);
   if (known == g_keys.end()) {
     return false;
