@@ -252,6 +252,22 @@ thread_local Written t_written;
 std::atomic<uint64_t> g_written_here{0};  // (tests, benchmarks: launches written with no Python)
 std::atomic<uint64_t> g_handed_to_python{0};
 
+// -DAUTOANNOT_TIME_HOOKS (benchmarks/native_hook_time.py's build only): the time spent in the
+// hooks, summed.
+#ifdef AUTOANNOT_TIME_HOOKS
+std::atomic<uint64_t> g_hook_ns{0}, g_hook_calls{0};
+struct Timed {
+  int64_t started = monotonic_ns();
+  ~Timed() {
+    g_hook_ns.fetch_add(monotonic_ns() - started, std::memory_order_relaxed);
+    g_hook_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+#define AUTOANNOT_TIMED Timed timed_hook
+#else
+#define AUTOANNOT_TIMED
+#endif
+
 template <typename T>
 void put(std::string& key, const T& value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof value);
@@ -401,6 +417,7 @@ void warn(const char* what) {
 }
 
 void pre_hook(int64_t group, const c10d::PreHookArgs& args) {
+  AUTOANNOT_TIMED;
   int mode = g_mode.load(std::memory_order_relaxed);
   if (mode == 0 || !Py_IsInitialized()) {
     return;
@@ -449,6 +466,7 @@ void pre_hook(int64_t group, const c10d::PreHookArgs& args) {
 }
 
 void post_hook(int64_t group, const c10d::PostHookArgs& args) {
+  AUTOANNOT_TIMED;
   if (t_written.set && t_written.group == group && t_written.op == args.op_id) {
     t_written.set = false;
     returned(false);
@@ -571,5 +589,9 @@ void autoannot_add_ring_hooks(py::module_& m) {
     return py::make_tuple(g_written_here.load(), g_handed_to_python.load());
   });
   m.def("forget_hook_keys", []() { clear_caches(); }, "a group gone: its key may be reused");
+#ifdef AUTOANNOT_TIME_HOOKS
+  m.def("hook_time", []() { return py::make_tuple(g_hook_ns.load(), g_hook_calls.load()); },
+        "(a timing build) nanoseconds spent in the hooks, and the hooks' calls");
+#endif
 #endif
 }
