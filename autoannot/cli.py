@@ -873,11 +873,16 @@ def run() -> None:
     parallel.LEAVE_AFTER_INTERRUPT_S = 10.0
     parallel.prepare_workers()
     status = main()
-    if status == INTERRUPTED:
-        parallel.leave_after_interrupt()
-    else:  # (done: a Ctrl-C now, while Python ends, would kill it by the signal, whose
-        # default Python puts back there, as though it had been interrupted)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:  # (a Ctrl-C as the command ends changes nothing: what it did stands)
+        try:
+            if status == INTERRUPTED:
+                parallel.leave_after_interrupt()
+            else:  # (done: a Ctrl-C now, while Python ends, would kill it by the signal,
+                # whose default Python puts back there, as though it had been interrupted)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            break
+        except KeyboardInterrupt:  # (raised as the handler was being put in: put it again)
+            continue
     sys.exit(status)
 
 
