@@ -855,6 +855,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
+        from autoannot.traces import files
+
+        files.remove_temporary_files()
         _remove_created()
         print(f"autoannot {args.subcommand}: interrupted (nothing half-written is left)",
               file=sys.stderr)

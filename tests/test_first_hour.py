@@ -282,6 +282,29 @@ def test_a_ctrl_c_as_the_command_ends_leaves_no_traceback(monkeypatch) -> None:
     assert calls == [signal.SIG_IGN, signal.SIG_IGN]  # (put in again after the interrupt)
 
 
+def test_a_ctrl_c_as_a_temporary_file_is_made_leaves_none(tmp_path: Path, monkeypatch) -> None:
+    """A Ctrl-C that came after a temporary file was made and before its maker knew its name
+    left ``.autoannot-*.tmp`` beside the outputs of a command that said it left nothing (seen
+    once in the interrupted runs of the test below). The interrupted command now removes what
+    this process left. The Ctrl-C's arrival right there is stood in for by its effect, a
+    ``KeyboardInterrupt`` as ``os.open`` returns."""
+    from autoannot.traces import files
+
+    real_open = os.open
+
+    def interrupted(path: str, flags: int, mode: int = 0o777) -> int:
+        os.close(real_open(path, flags, mode))
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "open", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            files.atomic_write_bytes(tmp_path / "page.html", b"<html></html>")
+    assert [p.name.startswith(".autoannot-") for p in tmp_path.iterdir()] == [True]
+    files.remove_temporary_files()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ctrl_c_during_report_leaves_no_traceback_no_file_no_process(tmp_path: Path) -> None:
     """The terminal's Ctrl-C reaches every process of the command (its pool's workers and
     forkserver too): 20 runs, each interrupted while its workers run, at a random moment."""

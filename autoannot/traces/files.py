@@ -21,11 +21,18 @@ class TraceError(Exception):
     """A trace or ledger that cannot be used; the message names the file and the problem."""
 
 
+#: Folders this process made temporary files in (``remove_temporary_files``).
+_TEMPORARY_FOLDERS: set[str] = set()
+
+
 def temporary_file(folder: str) -> tuple[int, str]:
     """A new file beside the output, opened for writing with the mode ``open()`` would give
-    (0666 less the umask, applied by the kernel: the process's umask is never changed)."""
+    (0666 less the umask, applied by the kernel: the process's umask is never changed). Its
+    name holds this process's id, and its folder is noted before it is made: a Ctrl-C between
+    its making and its caller's knowing of it leaves it to ``remove_temporary_files``."""
+    _TEMPORARY_FOLDERS.add(folder)
     while True:
-        name = os.path.join(folder, f".autoannot-{secrets.token_hex(6)}.tmp")
+        name = os.path.join(folder, f".autoannot-{os.getpid()}-{secrets.token_hex(6)}.tmp")
         try:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
         except FileExistsError:
@@ -61,6 +68,16 @@ def _atomic(path: str | os.PathLike[str], mode: str, write: Callable[[Any], Any]
     except BaseException:
         remove_quietly(tmp)
         raise
+
+
+def remove_temporary_files() -> None:
+    """Remove what is left of this process's temporary files (an interrupted command: one
+    made as the Ctrl-C came, before the code that would remove it knew its name)."""
+    import glob
+
+    for folder in list(_TEMPORARY_FOLDERS):
+        for left in glob.glob(os.path.join(glob.escape(folder), f".autoannot-{os.getpid()}-*.tmp")):
+            remove_quietly(left)
 
 
 def remove_quietly(path: str) -> None:
