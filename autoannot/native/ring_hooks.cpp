@@ -416,6 +416,20 @@ void warn(const char* what) {
   Py_XDECREF(traceback);
 }
 
+// (with the GIL) Python's fn(group, args), what it returned; None where it raised (said once).
+template <typename Args>
+py::object call_python(PyObject* fn, int64_t group, const Args& args, const char* what) {
+  try {
+    return py::reinterpret_borrow<py::object>(fn)(group, py::cast(args));
+  } catch (py::error_already_set& error) {
+    error.restore();
+  } catch (std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+  }
+  warn(what);
+  return py::none();
+}
+
 void pre_hook(int64_t group, const c10d::PreHookArgs& args) {
   AUTOANNOT_TIMED;
   int mode = g_mode.load(std::memory_order_relaxed);
@@ -438,29 +452,32 @@ void pre_hook(int64_t group, const c10d::PreHookArgs& args) {
     return;
   }
   g_handed_to_python.fetch_add(1, std::memory_order_relaxed);
-  try {
-    py::object told = py::reinterpret_borrow<py::object>(g_before)(group, py::cast(args));
-    if (py::isinstance<py::tuple>(told) && py::len(told) == 2) {
-      if (!key.empty()) {  // (written to the attached ring alone, by its hooked kind)
-        if (g_keys.size() >= kCacheLimit) {
-          g_keys.clear();
+  {  // (what Python returned is let go of before the GIL)
+    py::object told = call_python(g_before, group, args, "handing a launch to Python");
+    try {
+      if (py::isinstance<py::tuple>(told) && py::len(told) == 2) {
+        if (!key.empty()) {  // (written to the attached ring alone, by its hooked kind)
+          if (g_keys.size() >= kCacheLimit) {
+            g_keys.clear();
+          }
+          g_keys[key] = {told[py::int_(0)].cast<uint32_t>(),
+                         told[py::int_(1)].cast<uint32_t>()};
         }
-        g_keys[key] = {told[py::int_(0)].cast<uint32_t>(), told[py::int_(1)].cast<uint32_t>()};
+        t_written = Written{group, args.op_id, true};
+      } else if (told.ptr() == Py_True) {
+        std::lock_guard<std::mutex> lock(g_pending_mutex);
+        if (g_pending.size() >= kPendingLimit) {
+          g_pending.clear();
+        }
+        g_pending.emplace(group, args.op_id);
       }
-      t_written = Written{group, args.op_id, true};
-    } else if (told.ptr() == Py_True) {
-      std::lock_guard<std::mutex> lock(g_pending_mutex);
-      if (g_pending.size() >= kPendingLimit) {
-        g_pending.clear();
-      }
-      g_pending.emplace(group, args.op_id);
+    } catch (py::error_already_set& error) {
+      error.restore();
+      warn("handing a launch to Python");
+    } catch (std::exception& error) {
+      PyErr_SetString(PyExc_RuntimeError, error.what());
+      warn("handing a launch to Python");
     }
-  } catch (py::error_already_set& error) {
-    error.restore();
-    warn("handing a launch to Python");
-  } catch (std::exception& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what());
-    warn("handing a launch to Python");
   }
   PyGILState_Release(gil);
 }
@@ -483,15 +500,7 @@ void post_hook(int64_t group, const c10d::PostHookArgs& args) {
   }
   PyGILState_STATE gil = PyGILState_Ensure();
   if (g_after != nullptr) {
-    try {
-      py::reinterpret_borrow<py::object>(g_after)(group, py::cast(args));
-    } catch (py::error_already_set& error) {
-      error.restore();
-      warn("handing a launch's end to Python");
-    } catch (std::exception& error) {
-      PyErr_SetString(PyExc_RuntimeError, error.what());
-      warn("handing a launch's end to Python");
-    }
+    call_python(g_after, group, args, "handing a launch's end to Python");
   }
   PyGILState_Release(gil);
 }

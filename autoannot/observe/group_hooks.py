@@ -183,7 +183,7 @@ class HookObserver:
             from autoannot.describe import groups
 
             native.set_site_resolver(sites.SITES, sites.site_from, sites.LIBRARY_FILES)
-            native.set_hook_python(self._before_native, self._after_native, self._site_id,
+            native.set_hook_python(self._before_native, self._after, self._site_id,
                                    agent.state.inside, _op_call_codes())
             groups.on_group_gone(native.forget_hook_keys)  # (a key holds a group's id)
         atexit.register(self.unhook_all)
@@ -350,17 +350,13 @@ class HookObserver:
         ref = self._groups.get(key)
         return None if ref is None else self._before(ref, args, native=True)
 
-    def _after_native(self, key: int, args: Any) -> None:
-        """(The native post-hook) the end of a launch ``_before_native`` asked for."""
-        self._after(key, args)
-
     def _site_id(self, site: str) -> int:
         """(The native pre-hook) a call site's id in the ring it writes."""
         return self._ring.site_id(site)
 
     def _after(self, key: int, args: Any) -> None:
-        """(torch's post-hook) The launch was issued: to the sink (its ledger, the
-        recorders), or the rings' records of it ended."""
+        """(torch's post-hook; the native one's too) The launch was issued: to the sink (its
+        ledger, the recorders), or the rings' records of it ended."""
         entered = self._pending.pop((key, args.op_id), None)
         if entered is None:
             return
