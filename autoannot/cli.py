@@ -850,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"autoannot {args.subcommand}: {exc}", file=sys.stderr)
             return BAD_INPUT
     try:
-        status = args.func(args)
+        status = _run_command(args)
     except BrokenPipeError:  # `autoannot ... | head`: the reader left; leave quietly too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -864,6 +864,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED
     if status == BAD_INPUT:
         _remove_created()
+    return status
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """``args.func(args)``; a Ctrl-C that came once its outputs were being put in place is
+    held until it ends (``outputs.hold_interrupts``): the command ends with its own status."""
+    from autoannot.traces import outputs
+
+    try:
+        status = args.func(args)
+    finally:
+        arrived = outputs.release_interrupts()
+    if arrived:
+        print(f"autoannot {args.subcommand}: the Ctrl-C came once the outputs were being put in "
+              "place: they are whole, and the command ended", file=sys.stderr)
     return status
 
 

@@ -305,6 +305,52 @@ def test_a_ctrl_c_as_a_temporary_file_is_made_leaves_none(tmp_path: Path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+INTERRUPTED_AS_ITS_PAGE_IS_PUT_IN_PLACE = """
+import os
+import signal
+import sys
+
+from autoannot import cli
+from autoannot.traces import outputs
+
+remember = outputs.remember
+
+
+def interrupted(paths, command):  # (the page renamed into place; the terminal's Ctrl-C now)
+    os.kill(os.getpid(), signal.SIGINT)
+    remember(paths, command)
+
+
+outputs.remember = interrupted
+sys.argv = ["autoannot", *sys.argv[1:]]
+cli.run()
+"""
+
+
+def test_a_ctrl_c_as_the_outputs_are_put_in_place_leaves_them_and_the_commands_status(
+        tmp_path: Path) -> None:
+    """A Ctrl-C that came once ``report``'s page was renamed into place ended it as
+    "interrupted (nothing half-written is left)", status 130, beside the whole page and its
+    listing (seen once in CI, in the interrupted runs of the test below). A Ctrl-C is now held
+    from the outputs' renaming to the command's end: it ends with its own status, its page in
+    place, and says so. The signal is sent by the process to itself right there."""
+    rows = _write_rows(tmp_path / "rows", 2, 20)
+    page = tmp_path / "out" / "page.html"
+    alone = subprocess.run(
+        [sys.executable, "-m", "autoannot", "report", "-q", str(rows), "-o",
+         str(tmp_path / "alone.html")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AS_ITS_PAGE_IS_PUT_IN_PLACE, "report", "-q",
+         str(rows), "-o", str(page)], capture_output=True, text=True, timeout=120)
+    assert alone.returncode in (0, 1) and done.returncode == alone.returncode, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "autoannot report: the Ctrl-C came once the outputs were being put in place: they are "
+        "whole, and the command ended")
+    assert page.read_text(encoding="utf-8").rstrip().endswith("</html>")
+    assert f"{page}: " in done.stdout  # (what it says of its page, after the Ctrl-C)
+
+
 def test_ctrl_c_during_report_leaves_no_traceback_no_file_no_process(tmp_path: Path) -> None:
     """The terminal's Ctrl-C reaches every process of the command (its pool's workers and
     forkserver too): 20 runs, each interrupted while its workers run, at a random moment."""

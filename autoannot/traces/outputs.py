@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ def write_all(outputs: dict[Path, Callable[[Path], None]], command: str) -> None
                 write(Path(temporaries[out]))
             except OSError as exc:
                 raise OSError(exc.errno, exc.strerror, os.fspath(out)) from None
+        hold_interrupts()
         for out, tmp in temporaries.items():
             os.replace(tmp, out)
     finally:
@@ -119,3 +121,38 @@ def write_all(outputs: dict[Path, Callable[[Path], None]], command: str) -> None
             if os.path.exists(tmp):
                 remove_quietly(tmp)
     remember(list(outputs), command)
+
+
+#: Ctrl-Cs that came while held (``hold_interrupts``), and the handler the hold replaced; None
+#: while nothing is held.
+_HELD: dict[str, Any] | None = None
+
+
+def hold_interrupts() -> None:
+    """From here until ``release_interrupts()``, a Ctrl-C is noted, not raised: a command's
+    outputs are being put in place, and once they are, its work stands (an interrupt then would
+    end it as "interrupted" beside whole outputs). Only the main thread can hold them."""
+    global _HELD
+    if _HELD is not None:
+        return
+    held: dict[str, Any] = {"arrived": 0}
+
+    def note(signum: int, frame: Any) -> None:
+        held["arrived"] += 1
+
+    try:
+        held["previous"] = signal.signal(signal.SIGINT, note)
+    except ValueError:  # (not the main thread: nothing to hold)
+        return
+    _HELD = held
+
+
+def release_interrupts() -> int:
+    """Put back the handler ``hold_interrupts`` replaced; the number of Ctrl-Cs that came while
+    they were held (dropped: the outputs stand)."""
+    global _HELD
+    held, _HELD = _HELD, None
+    if held is None:
+        return 0
+    signal.signal(signal.SIGINT, held["previous"])
+    return int(held["arrived"])
