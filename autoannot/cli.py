@@ -867,6 +867,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+#: Whether ``main()`` runs as the process (``run()``): it then ends once the command has.
+_ENDS_THE_PROCESS = False
+
+
 def _run_command(args: argparse.Namespace) -> int:
     """``args.func(args)``; a Ctrl-C that came once its outputs were being put in place is
     held until it ends (``outputs.hold_interrupts``): the command ends with its own status."""
@@ -875,7 +879,7 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         status = args.func(args)
     finally:
-        arrived = outputs.release_interrupts()
+        arrived = outputs.release_interrupts(signal.SIG_IGN if _ENDS_THE_PROCESS else None)
     if arrived:
         print(f"autoannot {args.subcommand}: the Ctrl-C came once the outputs were being put in "
               "place: they are whole, and the command ended", file=sys.stderr)
@@ -888,6 +892,8 @@ def run() -> None:
     10 s whatever its exit waits on (``parallel.leave_after_interrupt``)."""
     from autoannot.traces import parallel
 
+    global _ENDS_THE_PROCESS
+    _ENDS_THE_PROCESS = True
     parallel.LEAVE_AFTER_INTERRUPT_S = 10.0
     parallel.prepare_workers()
     status = main()

@@ -273,6 +273,7 @@ def test_a_ctrl_c_as_the_command_ends_leaves_no_traceback(monkeypatch) -> None:
         return real(signum, signal.getsignal(signum))  # (this test's process: as it was)
 
     monkeypatch.setattr(cli, "main", lambda argv=None: 0)
+    monkeypatch.setattr(cli, "_ENDS_THE_PROCESS", False)  # (run() sets it: put back after)
     monkeypatch.setattr(cli.signal, "signal", interrupted_once)
     monkeypatch.setattr(parallel, "prepare_workers", lambda: None)
     monkeypatch.setattr(parallel, "LEAVE_AFTER_INTERRUPT_S", None)  # (run() sets it)

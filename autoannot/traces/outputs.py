@@ -147,12 +147,13 @@ def hold_interrupts() -> None:
     _HELD = held
 
 
-def release_interrupts() -> int:
-    """Put back the handler ``hold_interrupts`` replaced; the number of Ctrl-Cs that came while
-    they were held (dropped: the outputs stand)."""
+def release_interrupts(then: Any = None) -> int:
+    """Put back the handler ``hold_interrupts`` replaced (or put in ``then``: a process that
+    ends now ignores Ctrl-C, with no moment for one to be raised); the number of Ctrl-Cs that
+    came while they were held (dropped: the outputs stand)."""
     global _HELD
     held, _HELD = _HELD, None
     if held is None:
         return 0
-    signal.signal(signal.SIGINT, held["previous"])
+    signal.signal(signal.SIGINT, held["previous"] if then is None else then)
     return int(held["arrived"])
