@@ -612,9 +612,10 @@ def test_autoannot_watch_attached_says_a_live_hang(monkeypatch, tmp_path: Path) 
         while not (tmp_path / job.FROZEN_PID).exists() and worker.is_alive():
             time.sleep(0.05)
         with out.open("w") as sink:
-            watcher = subprocess.Popen(
-                [sys.executable, "-m", "autoannot", "watch", "--interval", "0.1", "--stall",
-                 "0.5", str(rings)], stdout=sink, stderr=subprocess.STDOUT)
+            watcher = subprocess.Popen(  # (-X faulthandler: where it is, if it hangs)
+                [sys.executable, "-X", "faulthandler", "-m", "autoannot", "watch",
+                 "--interval", "0.1", "--stall", "0.5", str(rings)], stdout=sink,
+                stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while "rank 1 in" not in out.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -623,8 +624,11 @@ def test_autoannot_watch_attached_says_a_live_hang(monkeypatch, tmp_path: Path) 
         watcher.send_signal(signal.SIGINT)
         try:
             code = watcher.wait(30)
-        except subprocess.TimeoutExpired:  # (said below, with what the watch printed)
-            code = None
+        except subprocess.TimeoutExpired:  # (said below, with what the watch printed and
+            code = None  # its threads' stacks: seen once in a full run here, the machine loaded)
+            watcher.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                watcher.wait(10)
     finally:
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
