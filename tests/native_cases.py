@@ -456,3 +456,72 @@ def many_kinds(rank: int, world: int) -> dict[str, Any]:
     return {"recorded": [r.annotation[V.IN_NELEMS] for r in records], "sizes": sizes,
             "most_in_cpp": most_in_cpp, "most_in_python": most_in_python,
             "let_go": agent_observer.kinds_let_go}
+
+
+def _line_below() -> int:
+    """The line after the caller's: where the call the test plants is."""
+    import sys
+
+    return sys._getframe(1).f_lineno + 1
+
+
+def proxies_ring(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """The always-on ring (opened before ``enable()``, as ``AUTOANNOT_RING`` opens it) around
+    Python-API launches, each at a line the case knows: three steps of five calls on two groups
+    (one async), then a call that raises in the process group with a key seen before (a
+    bitwise AND of floats, the size of a launch seen). The ring's records are read back."""
+    from autoannot.agent.instrumentation import INSTRUMENTATION
+    from autoannot.keep.ring import Ring
+    from autoannot.traces.read import ring_files
+
+    ring = Ring(folder)
+    INSTRUMENTATION.state.open_journal(ring)
+    autoannot.enable()
+    module = INSTRUMENTATION.proxies_native_module()
+    sub = dist.new_group(list(range(world)))
+    x = torch.ones(2, 8) + rank
+    lines: list[int] = []
+    written_before = module.proxies_written() if module is not None else 0
+    for _ in range(3):
+        lines.append(_line_below())
+        dist.all_reduce(x)
+        lines.append(_line_below())
+        dist.all_gather_into_tensor(torch.empty(2 * world, 8), x)
+        lines.append(_line_below())
+        dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * world))
+        lines.append(_line_below())
+        dist.broadcast(torch.ones(5, dtype=torch.float64), src=world - 1, group=sub)
+        lines.append(_line_below())
+        work = dist.all_reduce(torch.ones(6, dtype=torch.int32), group=sub, async_op=True)
+        work.wait()
+    written = (module.proxies_written() if module is not None else 0) - written_before
+    lines.append(_line_below())
+    raised = _raised(lambda: dist.all_reduce(x, op=dist.ReduceOp.BAND))
+    inside_after = dict(INSTRUMENTATION.state.inside)
+    written_all = (module.proxies_written() if module is not None else 0) - written_before
+    path = ring.ring_path
+    INSTRUMENTATION.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    raised_off = _raised(lambda: dist.all_reduce(x, op=dist.ReduceOp.BAND))
+    read = ring_files.read(Path(path))
+    return {
+        "native": module is not None, "written": written, "written_all": written_all,
+        "lines": lines, "file": __file__, "raised": raised, "raised_off": raised_off,
+        "inside_after": inside_after, "work": type(work).__name__,
+        "world_group": dist.distributed_c10d._get_process_group_name(dist.group.WORLD),
+        "sub": dist.distributed_c10d._get_process_group_name(sub),
+        "launches": [(launch.group, launch.seq, launch.collective, launch.size_bytes,
+                      launch.call_site) for launch in ring_files.launches_of(read)],
+        "returned": [int(r) for r in read.records["returned_ns"]],
+        "entered": [int(e) for e in read.records["entered_ns"]],
+    }
+
+
+def _raised(call: Any) -> list[str] | None:
+    """What ``call()`` raised: its type's name and message (None if it returned)."""
+    try:
+        call()
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+    return None

@@ -37,6 +37,9 @@ class Instrumentation:
         #: torch's process-group hooks (``group_hooks.HookObserver``), where torch has them
         #: (>= 2.14): then the one observer of launches below the Python API.
         self.hooks: Any = None
+        #: The proxies' launches written to the ring by the native module's C wrappers
+        #: (``native_ring.ProxiesRing``), once those wrappers are made; else None.
+        self.native_ring: Any = None
         self._captures: Any = None
         self._sink: Any = None
         self._windows: Any = None
@@ -111,6 +114,20 @@ class Instrumentation:
                     diagnostics.warn_once("native observer", "loading", exc)
             self._native_module = module
         return self._native_module
+
+    def proxies_native_module(self) -> Any:
+        """The native module whose C function wraps the Python API's launches (the native
+        observer's, or the native hooks'), with its ring path set up; None without one."""
+        module = self.native_module() or self.hooks_native_module()
+        if module is None or not hasattr(module, "set_proxies_ring"):
+            return None
+        with self._lock:
+            if self.native_ring is None:
+                from autoannot.observe import native_ring
+
+                self.native_ring = native_ring.ProxiesRing(module)
+                self.state.add_listener(self.native_ring.demand_changed)
+        return module
 
     def hooks_native_module(self) -> Any:
         """The native module whose process-group hooks stand in for Python's, where the hooks

@@ -141,22 +141,24 @@ def _proxy_for(original: Any, row: Any, plan: Any, agent: Any) -> Any:
 
 
 def _handing_off(row: Any, plan: Any, wrapper: Any, agent: Any) -> Any:
-    """A ``torch.distributed`` launch's wrapper, as the native observer's C function where it
+    """A ``torch.distributed`` launch's wrapper, as the native module's C function where it
     is built: in a capture it notes the launch itself where the call's arguments make a key
     (``plan.key_fields()``; what ``wrapper.noted_as`` derived for it, once per key), or hands
-    it to the observer (label and call site kept); no Python frame of ours either way. Else it
-    calls ``wrapper`` (see native/observer.cpp)."""
+    it to the observer (label and call site kept); with one ring alone open it writes the
+    launch's record through the ring writer (its ids told by ``wrapper.ring_ids``, once per
+    key); no Python frame of ours either way. Else it calls ``wrapper`` (see
+    native/observer.cpp)."""
     from autoannot.describe import collectives
     from autoannot.describe.collectives import Role
 
     if row.module != collectives.C10D or row.role is not Role.LAUNCH:
         return wrapper
-    module = agent.native_module()
+    module = agent.proxies_native_module()
     if module is None:
         return wrapper
     fields = plan.key_fields() if row.group_arg is collectives.GroupArg.C10D else None
     return module.handoff_wrapper(wrapper, row.label, wrapper.note_in_capture,
-                                  wrapper.noted_as, fields, _key_context)
+                                  wrapper.noted_as, fields, _key_context, wrapper.ring_ids)
 
 
 def _key_context() -> tuple[Any, Any, Any]:

@@ -144,11 +144,18 @@ class Ring:
                 return False
             groups = list(self._seq)
             writer.ring_attach(self._map, self.capacity, self._count,
-                               [self._seq[group] for group in groups])
+                               [self._seq[group] for group in groups], self.site_id)
             self._slots = {group: slot for slot, group in enumerate(groups)}
             self._running = {}
             self._writer = writer
             return True
+
+    def attach_writer(self, writer: Any) -> bool:
+        """Whether ``writer`` (the native module) writes this ring's records: attached now
+        if it can be (a ring with files, opened first if need be; the writer free)."""
+        if self._writer is writer:
+            return True
+        return self.folder is not None and self.open_now() and self.use_writer(writer)
 
     def open_now(self) -> bool:
         """Open the ring before its first launch (a writer is attached to an open ring);

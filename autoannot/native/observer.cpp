@@ -1033,7 +1033,21 @@ struct Handed {
   PyObject* tensor_type = nullptr;  // (owned) torch.Tensor
   PyObject* parameter_type = nullptr;  // (owned) torch.nn.Parameter
   std::unordered_map<std::string, PyObject*> known;  // key -> (annotation, kernels) (owned)
+  // (owned, or null) ring_ids(args, kwargs) -> (kind id, group slot) in the ring attached to
+  // the writer, of the launch the Python wrapper just wrote there, or None; and what it told,
+  // by key, for the writer's attach `ring_generation` (kNotForTheWriter: Python writes them)
+  PyObject* ring_ids = nullptr;
+  uint64_t ring_generation = 0;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> ring_known;
 };
+constexpr uint32_t kNotForTheWriter = UINT32_MAX;
+
+// The proxies' ring path (set_proxies_ring): on while one ring with files is the only thing
+// open (no capture, recorder or coalescing block); `inside` is the agent's state.inside
+// (owned; with the GIL).
+std::atomic<bool> g_proxies_ring{false};
+PyObject* g_proxies_inside = nullptr;
+std::atomic<uint64_t> g_proxies_written{0};  // (tests, benchmarks: written with no Python)
 
 // Keyed launches run with RecordFunction off (nobody else listening), for tests and probes.
 std::atomic<uint64_t> g_quiet_calls{0};
@@ -1149,6 +1163,7 @@ bool key_of_call(const Handed& handed, PyObject* args, PyObject* kwargs, std::st
 // Let go of what every proxy's wrapper knows (a group gone: its id may be taken again). GIL.
 void forget_handed() {
   for (Handed* handed : g_handed) {
+    handed->ring_known.clear();
     std::unordered_map<std::string, PyObject*> known;
     known.swap(handed->known);
     for (auto& entry : known) {
@@ -1175,14 +1190,15 @@ bool alone_in(at::RecordScope scope) {
 // What this call's launch is noted as, (annotation, kernels) (borrowed), derived by
 // `noted_as(args, kwargs)` the first time its key is seen; null where the call makes no key or
 // the proxy derives nothing.
-PyObject* known_for(Handed& handed, PyObject* noted_as, PyObject* args, PyObject* kwargs) {
+// Whether the wrapper's key context is known (asked at its first keyed call).
+bool resolved(Handed& handed) {
   if (!handed.resolved) {
     PyObject* context = PyObject_CallNoArgs(handed.key_context);
     if (context == nullptr || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 3) {
       PyErr_Clear();
       Py_XDECREF(context);
       handed.keyed = false;  // (the Python wrapper annotates this proxy's launches)
-      return nullptr;
+      return false;
     }
     PyObject* world = PyTuple_GET_ITEM(context, 0);
     handed.world = world == Py_None ? nullptr : (Py_INCREF(world), world);
@@ -1191,6 +1207,13 @@ PyObject* known_for(Handed& handed, PyObject* noted_as, PyObject* args, PyObject
         (Py_INCREF(PyTuple_GET_ITEM(context, 2)), PyTuple_GET_ITEM(context, 2));
     Py_DECREF(context);
     handed.resolved = true;
+  }
+  return true;
+}
+
+PyObject* known_for(Handed& handed, PyObject* noted_as, PyObject* args, PyObject* kwargs) {
+  if (!resolved(handed)) {
+    return nullptr;
   }
   thread_local std::string key;
   if (!key_of_call(handed, args, kwargs, key)) {
@@ -1255,6 +1278,121 @@ PyObject* call_and_note(PyObject* wrapped, PyObject* args, PyObject* kwargs, PyO
   return result;
 }
 
+// (with the GIL) whether this thread is inside a proxy's call (state.inside holds it).
+bool inside_a_call() {
+  PyObject* inside = g_proxies_inside;
+  if (inside == nullptr || PyDict_GET_SIZE(inside) == 0) {
+    return false;
+  }
+  PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+  int found = ident != nullptr ? PyDict_Contains(inside, ident) : -1;
+  Py_XDECREF(ident);
+  if (found < 0) {
+    PyErr_Clear();
+  }
+  return found == 1;
+}
+
+// The proxies' ring path: a launch with one ring with files open, nothing else, written by the
+// native writer as the Python wrapper writes it (``enter_kind``, ``returned``) with no Python
+// code run: its key's ids in the ring (told by Python once a key and attach), the caller's
+// site's id (told once a site), the call run as the Python wrapper runs it (state.inside marks
+// the thread: the observers below leave its launch to it; claimed: the native observer's
+// operators' callback too). A key not seen yet goes to the Python wrapper, then its ids are
+// asked. Sets `handled` false where the Python wrapper is to run it.
+PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ssize_t count,
+                    PyObject* kwargs, bool& handled) {
+  handled = false;
+  PyObject* wrapped = args[0];
+  if (inside_a_call()) {  // inside a wrapped call: its launch (as the Python wrapper does)
+    handled = true;
+    return PyObject_Call(wrapped, args[2], kwargs);
+  }
+  thread_local std::string key;
+  if (!resolved(handed) || !key_of_call(handed, args[2], kwargs, key)) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  uint64_t generation = autoannot_ring_generation();
+  if (handed.ring_generation != generation) {
+    handed.ring_known.clear();
+    handed.ring_generation = generation;
+  }
+  auto found = handed.ring_known.find(key);
+  if (found == handed.ring_known.end()) {  // Python writes it; then its ids are asked
+    handled = true;
+    PyObject* result = PyObject_Vectorcall(PyTuple_GET_ITEM(self, 0), args, count, nullptr);
+    if (result == nullptr || handed.ring_ids == nullptr) {
+      return result;
+    }
+    std::string learned = key;  // (the Python wrapper's call may have keyed others)
+    PyObject* keywords = kwargs != nullptr ? (Py_INCREF(kwargs), kwargs) : PyDict_New();
+    PyObject* told = keywords != nullptr
+        ? PyObject_CallFunctionObjArgs(handed.ring_ids, args[2], keywords, nullptr) : nullptr;
+    Py_XDECREF(keywords);
+    std::pair<uint32_t, uint32_t> ids{kNotForTheWriter, 0};
+    if (told != nullptr && PyTuple_CheckExact(told) && PyTuple_GET_SIZE(told) == 2) {
+      unsigned long kind = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 0));
+      unsigned long slot = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 1));
+      if (!PyErr_Occurred() && kind < kNotForTheWriter && slot < kNotForTheWriter) {
+        ids = {static_cast<uint32_t>(kind), static_cast<uint32_t>(slot)};
+      }
+    }
+    Py_XDECREF(told);
+    PyErr_Clear();  // (the collective's result stands)
+    uint64_t now = autoannot_ring_generation();  // (the ring may have been attached by it)
+    if (handed.ring_generation != now || handed.ring_known.size() >= 4096) {
+      handed.ring_known.clear();
+      handed.ring_generation = now;
+    }
+    handed.ring_known.emplace(std::move(learned), ids);
+    return result;
+  }
+  if (found->second.first == kNotForTheWriter) {
+    return nullptr;
+  }
+  uint32_t site = 0;
+  if (!autoannot_ring_site(site)) {
+    return nullptr;
+  }
+  PyObject* inside = g_proxies_inside;  // (held: the call may let the GIL go)
+  PyObject* ident = inside != nullptr ? PyLong_FromUnsignedLong(PyThread_get_thread_ident())
+                                      : nullptr;
+  if (ident == nullptr || PyDict_SetItem(inside, ident, Py_True) != 0) {
+    PyErr_Clear();
+    Py_XDECREF(ident);
+    return nullptr;
+  }
+  Py_INCREF(inside);
+  if (!autoannot_ring_enter(found->second.first, site, found->second.second)) {
+    PyDict_DelItem(inside, ident);
+    PyErr_Clear();
+    Py_DECREF(ident);
+    Py_DECREF(inside);
+    return nullptr;  // (no ring attached now: the Python wrapper's)
+  }
+  handled = true;
+  ++t_claimed;  // (as call_claimed: the native observer's callback leaves it to us)
+  std::optional<at::RecordFunctionGuard> quiet;
+  if (only_observer()) {
+    quiet.emplace(false);
+  }
+  PyObject* result = PyObject_Call(wrapped, args[2], kwargs);
+  quiet.reset();
+  --t_claimed;
+  PyObject *type, *value, *traceback;  // (the call's exception, kept as it is)
+  PyErr_Fetch(&type, &value, &traceback);
+  if (PyDict_DelItem(inside, ident) != 0) {
+    PyErr_Clear();
+  }
+  PyErr_Restore(type, value, traceback);
+  Py_DECREF(ident);
+  Py_DECREF(inside);
+  autoannot_ring_returned(result == nullptr);
+  g_proxies_written.fetch_add(1, std::memory_order_relaxed);
+  return result;
+}
+
 // handoff_wrapper's call: self is (python_wrapper, label, note_in_capture, noted_as, handed);
 // args are wrapt's (wrapped, instance, args, kwargs).
 PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
@@ -1267,6 +1405,18 @@ PyObject* handoff_call(PyObject* self, PyObject* const* args, Py_ssize_t count) 
   Pending& pending = t_pending;
   if (pending.active) {  // inside a handed-off call: its launch
     return PyObject_Call(wrapped, args[2], kwargs);
+  }
+  if (g_proxies_ring.load(std::memory_order_relaxed)) {  // (attached at a first launch)
+    auto* handed = static_cast<Handed*>(PyCapsule_GetPointer(PyTuple_GET_ITEM(self, 4), nullptr));
+    if (handed != nullptr && handed->keyed) {
+      bool handled = false;
+      PyObject* result = ring_call(*handed, self, args, count, kwargs, handled);
+      if (handled) {
+        return result;
+      }
+    }
+    PyErr_Clear();
+    return PyObject_Vectorcall(python_wrapper, args, count, nullptr);
   }
   uint64_t capture = 0;
   if (!g_handoff.load(std::memory_order_relaxed) || g_sites == nullptr || t_claimed > 0 ||
@@ -1419,8 +1569,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_test_capture", [](uint64_t id) { g_test_capture.store(id); });
   m.def("handoff_wrapper", [](py::object python_wrapper, py::str label,
                               py::object note_in_capture, py::object noted_as,
-                              py::object fields, py::object key_context) {
+                              py::object fields, py::object key_context, py::object ring_ids) {
     auto* handed = new Handed();  // (never freed: the proxy is kept for the process)
+    handed->ring_ids = ring_ids.is_none() ? nullptr : ring_ids.inc_ref().ptr();
     if (!fields.is_none() && !noted_as.is_none()) {
       static const std::unordered_map<std::string, KeyField::What> whats{
           {"group", KeyField::kGroup}, {"tensor", KeyField::kTensor},
@@ -1446,9 +1597,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::tuple self = py::make_tuple(python_wrapper, label, note_in_capture, noted_as, capsule);
     return py::reinterpret_steal<py::object>(
         PyCFunction_NewEx(&g_handoff_call, self.ptr(), nullptr));
-  }, "wrapt's wrapper for a Python-API collective: in a capture it notes its launches itself "
-     "(keyed by fields, derived by noted_as once per key) or hands them to the observer; "
-     "else it calls python_wrapper");
+  }, py::arg("python_wrapper"), py::arg("label"), py::arg("note_in_capture"),
+     py::arg("noted_as"), py::arg("fields"), py::arg("key_context"),
+     py::arg("ring_ids") = py::none(),
+     "wrapt's wrapper for a Python-API collective: in a capture it notes its launches itself "
+     "(keyed by fields, derived by noted_as once per key) or hands them to the observer; with "
+     "one ring alone open (set_proxies_ring) it writes their records through the ring writer "
+     "(ids told by ring_ids once per key); else it calls python_wrapper");
+  m.def("set_proxies_ring", [](bool on, py::object inside) {
+    Py_XDECREF(g_proxies_inside);
+    g_proxies_inside = inside.is_none() ? nullptr : inside.inc_ref().ptr();
+    g_proxies_ring.store(on && g_proxies_inside != nullptr);
+  }, py::arg("on"), py::arg("inside"),
+     "the proxies' C wrappers write their launches to the attached ring (on: one ring with "
+     "files open, nothing else; inside: the agent's state.inside)");
+  m.def("proxies_ring", []() { return g_proxies_ring.load(); });
+  m.def("proxies_written", []() { return g_proxies_written.load(); },
+        "(tests, benchmarks) the proxies' launches written to the ring with no Python call");
   m.def("forget_handed", &forget_handed, "the proxies' C wrappers let go of what they know");
   m.def("quiet_calls", []() { return g_quiet_calls.load(); });
   m.def("alone", []() {  // (tests, probes: whether only this observer listens now)

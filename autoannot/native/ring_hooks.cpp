@@ -76,6 +76,9 @@ struct Writer {
 };
 Writer& g_writer = *new Writer();  // (never destroyed: hooks may run at exit)
 std::atomic<bool> g_attached{false};  // (read with no lock: whether a ring is attached)
+std::atomic<uint64_t> g_generation{0};  // (read with no lock: the writer's generation)
+// (owned; with the GIL) the attached ring's site_id(site) -> its id of a call site
+PyObject* g_ring_site_id = nullptr;
 
 // The record this thread entered last, until its return is written.
 struct Running {
@@ -127,7 +130,8 @@ void returned(bool failed) {
 
 void clear_caches();
 
-void attach(py::object mapping, uint64_t capacity, uint64_t count, std::vector<int64_t> seqs) {
+void attach(py::object mapping, uint64_t capacity, uint64_t count, std::vector<int64_t> seqs,
+            py::object site_id) {
   Py_buffer view;
   if (PyObject_GetBuffer(mapping.ptr(), &view, PyBUF_WRITABLE) != 0) {
     throw py::error_already_set();
@@ -147,12 +151,15 @@ void attach(py::object mapping, uint64_t capacity, uint64_t count, std::vector<i
     w.count = count;
     w.seqs = std::move(seqs);
     w.generation += 1;
+    g_generation.store(w.generation);
     g_attached.store(true);
   }
   if (old.obj != nullptr) {
     PyBuffer_Release(&old);
   }
   clear_caches();  // (ids are a ring's)
+  Py_XDECREF(g_ring_site_id);
+  g_ring_site_id = site_id.is_none() ? nullptr : site_id.inc_ref().ptr();
 }
 
 // The ring let go of: (count, seqs by slot) for Python to go on with; None if none attached.
@@ -169,13 +176,57 @@ py::object detach() {
     std::swap(old, w.view);
     w.base = nullptr;
     w.generation += 1;
+    g_generation.store(w.generation);
     g_attached.store(false);
     count = w.count;
     seqs.swap(w.seqs);
   }
   PyBuffer_Release(&old);
   clear_caches();
+  Py_XDECREF(g_ring_site_id);
+  g_ring_site_id = nullptr;
   return py::make_tuple(count, seqs);
+}
+
+// (with the GIL) a call site (a reference held) -> its id in the attached ring.
+std::unordered_map<PyObject*, uint32_t>& g_sites = *new std::unordered_map<PyObject*, uint32_t>();
+constexpr size_t kCacheLimit = 4096;
+
+void clear_sites() {  // (with the GIL)
+  for (auto& entry : g_sites) {
+    Py_DECREF(entry.first);
+  }
+  g_sites.clear();
+}
+
+// (with the GIL) the attached ring's id of the caller's call site; false on failure (a Python
+// error is cleared: Python's path says it).
+bool site_id(uint32_t& id) {
+  PyObject* site = autoannot_caller_site();
+  if (site == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  auto found = g_sites.find(site);
+  if (found != g_sites.end()) {
+    id = found->second;
+    Py_DECREF(site);
+    return true;
+  }
+  PyObject* told = g_ring_site_id != nullptr ? PyObject_CallOneArg(g_ring_site_id, site) : nullptr;
+  unsigned long value = told != nullptr ? PyLong_AsUnsignedLong(told) : 0;
+  Py_XDECREF(told);
+  if (told == nullptr || PyErr_Occurred()) {
+    PyErr_Clear();
+    Py_DECREF(site);
+    return false;
+  }
+  if (g_sites.size() >= kCacheLimit) {
+    clear_sites();
+  }
+  g_sites.emplace(site, static_cast<uint32_t>(value));  // (keeps the reference)
+  id = static_cast<uint32_t>(value);
+  return true;
 }
 
 // ring_enter(kind, site, slot) and ring_returned(failed): the proxies' path, with no pybind.
@@ -215,21 +266,16 @@ std::atomic<int> g_mode{0};
 // Python, set by the hook observer (owned; with the GIL): before(group_key, args) -> None
 // (nothing to end), True (call after()), or (kind, slot) (it wrote the launch to the attached
 // ring alone: the post-hook ends it here, and launches of this key are written here);
-// after(group_key, args); site_id(site) -> the attached ring's id of a call site; inside: the
-// agent's state.inside (thread ident -> depth: the threads inside a proxy's call); the code
+// after(group_key, args); inside: the agent's state.inside (thread ident -> depth: the threads inside a proxy's call); the code
 // objects of torch.ops' calls (a launch called through them is Python's).
 PyObject* g_before = nullptr;
 PyObject* g_after = nullptr;
-PyObject* g_site_id = nullptr;
 PyObject* g_inside = nullptr;
 std::vector<PyObject*>& g_op_codes = *new std::vector<PyObject*>();
 
-// (with the GIL) a kind's key -> (the ring's kind id, the group's slot); a call site (a
-// reference held) -> its id in the ring.
+// (with the GIL) a kind's key -> (the ring's kind id, the group's slot).
 std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>& g_keys =
     *new std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>();
-std::unordered_map<PyObject*, uint32_t>& g_sites = *new std::unordered_map<PyObject*, uint32_t>();
-constexpr size_t kCacheLimit = 4096;
 
 // Launches whose post-hook goes to Python: (group key, op id).
 struct PairHash {
@@ -340,36 +386,6 @@ bool called_through_torch_ops() {
   }
   Py_DECREF(code);
   return found;
-}
-
-// (with the GIL) the attached ring's id of the caller's call site; false on failure (a Python
-// error is cleared: Python's path says it).
-bool site_id(uint32_t& id) {
-  PyObject* site = autoannot_caller_site();
-  if (site == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  auto found = g_sites.find(site);
-  if (found != g_sites.end()) {
-    id = found->second;
-    Py_DECREF(site);
-    return true;
-  }
-  PyObject* told = g_site_id != nullptr ? PyObject_CallOneArg(g_site_id, site) : nullptr;
-  unsigned long value = told != nullptr ? PyLong_AsUnsignedLong(told) : 0;
-  Py_XDECREF(told);
-  if (told == nullptr || PyErr_Occurred()) {
-    PyErr_Clear();
-    Py_DECREF(site);
-    return false;
-  }
-  if (g_sites.size() >= kCacheLimit) {
-    clear_caches();
-  }
-  g_sites.emplace(site, static_cast<uint32_t>(value));  // (keeps the reference)
-  id = static_cast<uint32_t>(value);
-  return true;
 }
 
 // (with the GIL, mode 2) the launch written here; false: Python's to see.
@@ -517,9 +533,8 @@ void unhook_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, int64_t h
   group->unregisterPostHook(hook_id);
 }
 
-void set_python(py::object before, py::object after, py::object site_id, py::object inside,
-                py::list op_codes) {
-  for (PyObject** slot : {&g_before, &g_after, &g_site_id, &g_inside}) {
+void set_python(py::object before, py::object after, py::object inside, py::list op_codes) {
+  for (PyObject** slot : {&g_before, &g_after, &g_inside}) {
     Py_XDECREF(*slot);
     *slot = nullptr;
   }
@@ -533,7 +548,6 @@ void set_python(py::object before, py::object after, py::object site_id, py::obj
   }
   g_before = before.inc_ref().ptr();
   g_after = after.inc_ref().ptr();
-  g_site_id = site_id.inc_ref().ptr();
   g_inside = inside.inc_ref().ptr();
   for (py::handle code : op_codes) {
     if (!code.is_none()) {
@@ -542,21 +556,28 @@ void set_python(py::object before, py::object after, py::object site_id, py::obj
   }
 }
 
-void clear_caches() {  // (with the GIL)
-  g_keys.clear();
-  for (auto& entry : g_sites) {
-    Py_DECREF(entry.first);
-  }
-  g_sites.clear();
-}
-
-#else
-
-void clear_caches() {}
-
 #endif  // AUTOANNOT_GROUP_HOOKS
 
+void clear_caches() {  // (with the GIL)
+#if AUTOANNOT_GROUP_HOOKS
+  g_keys.clear();
+#endif
+  clear_sites();
+}
+
 }  // namespace
+
+bool autoannot_ring_attached() { return g_attached.load(std::memory_order_relaxed); }
+
+uint64_t autoannot_ring_generation() { return g_generation.load(std::memory_order_relaxed); }
+
+bool autoannot_ring_site(uint32_t& id) { return site_id(id); }
+
+bool autoannot_ring_enter(uint32_t kind, uint32_t site, uint32_t slot) {
+  return enter(kind, site, slot);
+}
+
+void autoannot_ring_returned(bool failed) { returned(failed); }
 
 void autoannot_ring_hooks_before_fork() {
   g_writer.mutex.lock();
@@ -574,8 +595,9 @@ void autoannot_ring_hooks_after_fork() {
 
 void autoannot_add_ring_hooks(py::module_& m) {
   m.def("ring_attach", &attach, py::arg("mapping"), py::arg("capacity"), py::arg("count"),
-        py::arg("seqs"), "write this ring's records here from now on (its mapping, its count, "
-                         "its groups' next seqs by slot)");
+        py::arg("seqs"), py::arg("site_id"),
+        "write this ring's records here from now on (its mapping, its count, its groups' next "
+        "seqs by slot, and its site_id(site): a call site's id, asked once a site)");
   m.def("ring_detach", &detach, "let go of the ring: (count, seqs by slot), or None");
   m.def("ring_count", []() -> int64_t {
     std::lock_guard<std::mutex> lock(g_writer.mutex);
@@ -591,7 +613,7 @@ void autoannot_add_ring_hooks(py::module_& m) {
         "the native pre/post hooks on this group, for group key `key`");
   m.def("unhook_group", &unhook_group, py::arg("group"), py::arg("hook_id"));
   m.def("set_hook_python", &set_python, py::arg("before"), py::arg("after"),
-        py::arg("site_id"), py::arg("inside"), py::arg("op_codes"));
+        py::arg("inside"), py::arg("op_codes"));
   m.def("set_hook_mode", [](int mode) { g_mode.store(mode); });
   m.def("hook_mode", []() { return g_mode.load(); });
   m.def("hook_counts", []() {

@@ -168,7 +168,6 @@ class HookObserver:
     def __init__(self, agent: Any, native: Any = None) -> None:
         self.agent = agent
         self.native = native
-        self._ring: Any = None  # the ring the native writer writes (with native hooks)
         self._ops: dict[str, Any] | None = None  # (at the first launch: torch may be importing)
         self._groups: dict[int, weakref.ref] = {}  # id -> the groups hooked now
         #: (group, op id) -> the launch entered at its pre-hook and torch's scope (or None and
@@ -183,8 +182,8 @@ class HookObserver:
             from autoannot.describe import groups
 
             native.set_site_resolver(sites.SITES, sites.site_from, sites.LIBRARY_FILES)
-            native.set_hook_python(self._before_native, self._after, self._site_id,
-                                   agent.state.inside, _op_call_codes())
+            native.set_hook_python(self._before_native, self._after, agent.state.inside,
+                                   _op_call_codes())
             groups.on_group_gone(native.forget_hook_keys)  # (a key holds a group's id)
         atexit.register(self.unhook_all)
 
@@ -262,7 +261,7 @@ class HookObserver:
         with self._lock:
             native = self.native
             if native is not None:
-                native.set_hook_python(None, None, None, None, [])  # (mode 0: no Python call)
+                native.set_hook_python(None, None, None, [])  # (mode 0: no Python call)
             for ref in list(self._groups.values()):
                 group = ref()
                 if group is None:
@@ -336,11 +335,7 @@ class HookObserver:
         if len(rings) != 1 or rings[0].folder is None:
             return None
         ring = rings[0]
-        if ring.writer is None:
-            if not ring.open_now() or not ring.use_writer(self.native):
-                return None
-            self._ring = ring
-        elif ring is not self._ring:
+        if not ring.attach_writer(self.native):
             return None
         ring.enter_kind(kind, site)
         return ring.ids_of(kind)
@@ -349,10 +344,6 @@ class HookObserver:
         """(The native pre-hook) a launch it does not write itself (see ``_before``)."""
         ref = self._groups.get(key)
         return None if ref is None else self._before(ref, args, native=True)
-
-    def _site_id(self, site: str) -> int:
-        """(The native pre-hook) a call site's id in the ring it writes."""
-        return self._ring.site_id(site)
 
     def _after(self, key: int, args: Any) -> None:
         """(torch's post-hook; the native one's too) The launch was issued: to the sink (its

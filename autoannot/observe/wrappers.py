@@ -297,6 +297,21 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
             return None
         return kind.annotation, kind.kernels
 
+    def ring_ids(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+        """(The native C wrapper, once a key, after this wrapper wrote the launch to the one
+        ring open) the ids its launch was written with in that ring, attached to the native
+        writer now if it can be: its kind's and its group's slot; None where the ring is not
+        the writer's (this wrapper then writes launches of that key)."""
+        rings = state.rings
+        native_ring = agent.native_ring
+        if rings is None or len(rings) != 1 or native_ring is None:
+            return None
+        try:
+            kind = kind_for(args, kwargs)
+        except Exception:
+            return None
+        return native_ring.ids(rings[0], kind)
+
     def through_sink(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict
                      ) -> Any:
         """The same launches, every one the wrapper above annotates handed to the sink to run
@@ -317,6 +332,7 @@ def launch_wrapper(row: Collective, plan: metadata.Plan, agent: Any,
     chosen = wrapper if INLINE else through_sink
     chosen.note_in_capture = note_in_capture  # type: ignore[attr-defined]
     chosen.noted_as = noted_as  # type: ignore[attr-defined]
+    chosen.ring_ids = ring_ids  # type: ignore[attr-defined]
     return chosen
 
 
