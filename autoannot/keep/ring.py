@@ -29,11 +29,12 @@ public way to be told), with the thread that ran them: gloo completes a Work on 
 thread that ran it, the thread the profiler shows its range on, which is what tells two async
 launches of a group apart when gloo's two worker threads ran them out of order.
 
-A native writer (``native/ring_hooks.cpp``, where the native module is built for a torch whose
-groups take hooks) may be attached to a ring with files (``use_writer``): from then on its
-records are written in C++, by the proxies' launches through it and by the process-group hooks
-directly, with one counter; Python keeps the kinds' and call sites' ids (``ids_of``,
-``site_id``), and numbers the groups for it (their slots).
+A native writer (``native/ring_hooks.cpp``, where the native module is built) may be attached
+to a ring with files (``use_writer``, ``attach_writer``): from then on its records are written in
+C++ — by the proxies' C wrappers (a launch of a key and call site seen before), by the Python
+wrappers through it, and by the process-group hooks directly (torch >= 2.14) — with one counter;
+Python keeps the kinds' and call sites' ids (``ids_of``, ``site_id``, which the writer asks once
+a site), and numbers the groups for it (their slots).
 
 ``Ring(None)``: a ring held in memory alone (no files; ``held()`` reads it): what the agent
 keeps of a profiler's window (``keep.window``).
