@@ -468,8 +468,11 @@ def _line_below() -> int:
 def proxies_ring(rank: int, world: int, folder: str) -> dict[str, Any]:
     """The always-on ring (opened before ``enable()``, as ``AUTOANNOT_RING`` opens it) around
     Python-API launches, each at a line the case knows: three steps of five calls on two groups
-    (one async), then a call that raises in the process group with a key seen before (a
-    bitwise AND of floats, the size of a launch seen). The ring's records are read back."""
+    (one async), one on another thread, then a call that raises in the process group with a
+    key seen before (a bitwise AND of floats, the size of a launch seen). The ring's records
+    are read back."""
+    import threading
+
     from autoannot.agent.instrumentation import INSTRUMENTATION
     from autoannot.keep.ring import Ring
     from autoannot.traces.read import ring_files
@@ -494,6 +497,9 @@ def proxies_ring(rank: int, world: int, folder: str) -> dict[str, Any]:
         lines.append(_line_below())
         work = dist.all_reduce(torch.ones(6, dtype=torch.int32), group=sub, async_op=True)
         work.wait()
+    elsewhere = threading.Thread(target=_all_reduce_elsewhere, args=(x, lines))
+    elsewhere.start()  # (a key seen, from another thread: its line there)
+    elsewhere.join()
     written = (module.proxies_written() if module is not None else 0) - written_before
     lines.append(_line_below())
     raised = _raised(lambda: dist.all_reduce(x, op=dist.ReduceOp.BAND))
@@ -516,6 +522,11 @@ def proxies_ring(rank: int, world: int, folder: str) -> dict[str, Any]:
         "returned": [int(r) for r in read.records["returned_ns"]],
         "entered": [int(e) for e in read.records["entered_ns"]],
     }
+
+
+def _all_reduce_elsewhere(x: Any, lines: list[int]) -> None:
+    lines.append(_line_below())
+    dist.all_reduce(x)
 
 
 def _raised(call: Any) -> list[str] | None:

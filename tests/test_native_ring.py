@@ -19,9 +19,10 @@ def test_the_ring_holds_each_python_api_launch_at_its_line_in_order(native: bool
                                                                     tmp_path,
                                                                     native_build) -> None:
     """Each call is in the ring once, in order, with its group's seq, its collective, its
-    size, its line, and a return after its entry; a call that raised in the process group is
-    there as failed, with what the agent off raises — whether the C wrapper wrote it (every
-    launch of a key after its first) or the Python wrapper did (AUTOANNOT_NATIVE=0)."""
+    size, its line (another thread's too), and a return after its entry; a call that raised in
+    the process group is there as failed, with what the agent off raises — whether the C
+    wrapper wrote it (every launch of a key after its first) or the Python wrapper did
+    (AUTOANNOT_NATIVE=0)."""
     monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(Path(native_build).parent.parent))
     monkeypatch.setenv("AUTOANNOT_NATIVE", "1" if native else "0")
     world = 2
@@ -33,7 +34,7 @@ def test_the_ring_holds_each_python_api_launch_at_its_line_in_order(native: bool
         step = [(main, "allreduce", 2 * 8 * 4), (main, "_allgather_base", world * 2 * 8 * 4),
                 (main, "_reduce_scatter_base", 3 * world * 4), (sub, "broadcast", 5 * 8),
                 (sub, "allreduce", 6 * 4)]
-        planted = [*step * 3, (main, "allreduce", 2 * 8 * 4)]
+        planted = [*step * 3, (main, "allreduce", 2 * 8 * 4), (main, "allreduce", 2 * 8 * 4)]
         launches = result["launches"]
         assert [(g, c, size) for g, _, c, size, _ in launches] == planted
         assert [site for *_, site in launches] == [here.format(line) for line in result["lines"]]
@@ -48,7 +49,7 @@ def test_the_ring_holds_each_python_api_launch_at_its_line_in_order(native: bool
         assert result["inside_after"] == {}
         assert result["work"] != "NoneType"  # (the async call's Work, returned)
         # Written in C with no Python call: every launch of the last two steps (each key's
-        # first, in the first step, is the Python wrapper's: it tells the key's ids), and the
-        # call that raised (its key known).
-        assert result["written"] == (10 if native else 0)
-        assert result["written_all"] == (11 if native else 0)
+        # first, in the first step, is the Python wrapper's: it tells the key's ids), the other
+        # thread's, and the call that raised (their keys known).
+        assert result["written"] == (11 if native else 0)
+        assert result["written_all"] == (12 if native else 0)

@@ -1321,11 +1321,11 @@ PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ss
   auto found = handed.ring_known.find(key);
   if (found == handed.ring_known.end()) {  // Python writes it; then its ids are asked
     handled = true;
+    std::string learned = key;  // (before the call: a call within it may key others)
     PyObject* result = PyObject_Vectorcall(PyTuple_GET_ITEM(self, 0), args, count, nullptr);
     if (result == nullptr || handed.ring_ids == nullptr) {
       return result;
     }
-    std::string learned = key;  // (the Python wrapper's call may have keyed others)
     PyObject* keywords = kwargs != nullptr ? (Py_INCREF(kwargs), kwargs) : PyDict_New();
     PyObject* told = keywords != nullptr
         ? PyObject_CallFunctionObjArgs(handed.ring_ids, args[2], keywords, nullptr) : nullptr;
@@ -1348,7 +1348,8 @@ PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ss
     handed.ring_known.emplace(std::move(learned), ids);
     return result;
   }
-  if (found->second.first == kNotForTheWriter) {
+  const std::pair<uint32_t, uint32_t> ids = found->second;  // (the site's id may call Python)
+  if (ids.first == kNotForTheWriter) {
     return nullptr;
   }
   uint32_t site = 0;
@@ -1364,7 +1365,7 @@ PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ss
     return nullptr;
   }
   Py_INCREF(inside);
-  if (!autoannot_ring_enter(found->second.first, site, found->second.second)) {
+  if (!autoannot_ring_enter(ids.first, site, ids.second)) {
     PyDict_DelItem(inside, ident);
     PyErr_Clear();
     Py_DECREF(ident);
