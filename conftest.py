@@ -30,6 +30,15 @@ def pytest_configure(config: pytest.Config) -> None:
     for variable, name in (("MPLCONFIGDIR", "matplotlib"), ("XDG_CACHE_HOME", "cache"),
                            ("XDG_CONFIG_HOME", "config")):
         os.environ[variable] = os.path.join(home, name)
+    # A run started in the background by a script (``cmd &`` with no job control) inherits
+    # Ctrl-C ignored, and every command the tests start would inherit it too: the tests that
+    # press Ctrl-C on one (SIGINT) would find it ignored (a watch that never ends) or pass
+    # without it ever arriving. They get what a terminal gives: Python's handler here, the
+    # default in what it starts.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -52,6 +52,21 @@ def _start(kind: str, out: Path) -> tuple[threading.Thread, dict[str, Any]]:
     return worker, ran
 
 
+def _signal_state(pid: int) -> str:
+    """Whether SIGINT is blocked or ignored in process ``pid`` (its /proc status) and what
+    this process does with it: what a Ctrl-C that is not obeyed is to be read against."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        status = ""
+    masks = {line.split(":")[0]: int(line.split(":")[1], 16) for line in status.splitlines()
+             if line.startswith(("SigBlk", "SigIgn", "SigCgt"))}
+    bit = 1 << (signal.SIGINT - 1)
+    return (f"SIGINT in the watch: {', '.join(k for k, v in masks.items() if v & bit) or '?'}; "
+            f"here: {signal.getsignal(signal.SIGINT)!r}, blocked "
+            f"{signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}")
+
+
 def _watch_lines(err: str) -> list[str]:
     """What the watcher said of the hang: from its first 'no rank has launched a collective'."""
     lines = [line.strip() for line in err.splitlines()]
@@ -621,6 +636,7 @@ def test_autoannot_watch_attached_says_a_live_hang(monkeypatch, tmp_path: Path) 
             time.sleep(0.1)
         assert worker.is_alive(), "the job ended before the watch said its hang"
         assert "rank 1 in" in out.read_text(), f"no hang said in 60 s:\n{out.read_text()}"
+        dispositions = _signal_state(watcher.pid)  # (said if the Ctrl-C is not obeyed)
         watcher.send_signal(signal.SIGINT)
         try:
             code = watcher.wait(30)
@@ -637,7 +653,7 @@ def test_autoannot_watch_attached_says_a_live_hang(monkeypatch, tmp_path: Path) 
                 os.kill(int((tmp_path / job.FROZEN_PID).read_text()), signal.SIGCONT)
         worker.join(TIMEOUT_S + 30)
     said = out.read_text()
-    assert code == 130, said
+    assert code == 130, f"{said}\nbefore the Ctrl-C: {dispositions}"
     assert "Traceback" not in said, said
     _mesh_answers(_watch_lines(said)[1:], ran["results"][0]["sites"])
     assert "interrupted" in said
