@@ -170,3 +170,29 @@ def test_torchrun_workers_are_instrumented(tmp_path: Path) -> None:
         assert [x["api"] for x in lines] == ["all_reduce", "barrier"]
         assert lines[0]["param_comms"]["Rank"] == rank
         assert lines[0]["call_site"].endswith("job.py:5")
+
+
+LOOKS_FOR_THE_NATIVE_MODULE = """
+import json
+import torch.distributed
+from autoannot import native
+looked = []
+real = native.built_path
+native.built_path = lambda: looked.append(1) or real()
+import autoannot
+autoannot.enable()
+from autoannot.agent.instrumentation import INSTRUMENTATION
+print(json.dumps({"looked": len(looked), "proxies": len(INSTRUMENTATION.proxies._entries)}))
+"""
+
+
+def test_enable_looks_for_the_native_module_once_not_once_a_proxy(tmp_path: Path) -> None:
+    """Each proxy's wrapper asks for the native module (its C wrapper, where built): found
+    once and kept. A first version asked afresh for each launch's proxy on torch >= 2.14 with
+    no build: 22 looks in one ``enable()``, each hashing the module's sources twice."""
+    env = {**clean_env(), "AUTOANNOT_NATIVE_DIR": str(tmp_path / "no-build")}
+    done = subprocess.run([sys.executable, "-c", LOOKS_FOR_THE_NATIVE_MODULE], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["proxies"] >= 10 and said["looked"] <= 2, said

@@ -45,6 +45,7 @@ class Instrumentation:
         self._windows: Any = None
         self._layer: Any = _UNSET  # the Python layer (``python_layer.DispatcherLayer``), once made
         self._native_module: Any = _UNSET
+        self._proxies_module: Any = _UNSET
 
     def __repr__(self) -> str:
         return (f"Instrumentation(live={self.state.live}, patches={len(self.patches)}, "
@@ -118,15 +119,18 @@ class Instrumentation:
     def proxies_native_module(self) -> Any:
         """The native module whose C function wraps the Python API's launches (the native
         observer's, or the native hooks'), with its ring path set up; None without one."""
+        if self._proxies_module is not _UNSET:  # (asked for every proxy: looked for once,
+            return self._proxies_module  # as a module's lookup hashes its sources)
         module = self.native_module() or self.hooks_native_module()
         if module is None or not hasattr(module, "set_proxies_ring"):
-            return None
+            module = None
         with self._lock:
-            if self.native_ring is None:
+            if module is not None and self.native_ring is None:
                 from autoannot.observe import native_ring
 
                 self.native_ring = native_ring.ProxiesRing(module)
                 self.state.add_listener(self.native_ring.demand_changed)
+            self._proxies_module = module
         return module
 
     def hooks_native_module(self) -> Any:
