@@ -1278,21 +1278,6 @@ PyObject* call_and_note(PyObject* wrapped, PyObject* args, PyObject* kwargs, PyO
   return result;
 }
 
-// (with the GIL) whether this thread is inside a proxy's call (state.inside holds it).
-bool inside_a_call() {
-  PyObject* inside = g_proxies_inside;
-  if (inside == nullptr || PyDict_GET_SIZE(inside) == 0) {
-    return false;
-  }
-  PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-  int found = ident != nullptr ? PyDict_Contains(inside, ident) : -1;
-  Py_XDECREF(ident);
-  if (found < 0) {
-    PyErr_Clear();
-  }
-  return found == 1;
-}
-
 // The proxies' ring path: a launch with one ring with files open, nothing else, written by the
 // native writer as the Python wrapper writes it (``enter_kind``, ``returned``) with no Python
 // code run: its key's ids in the ring (told by Python once a key and attach), the caller's
@@ -1304,7 +1289,7 @@ PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ss
                     PyObject* kwargs, bool& handled) {
   handled = false;
   PyObject* wrapped = args[0];
-  if (inside_a_call()) {  // inside a wrapped call: its launch (as the Python wrapper does)
+  if (autoannot_inside_a_call(g_proxies_inside)) {  // in a wrapped call: its launch
     handled = true;
     return PyObject_Call(wrapped, args[2], kwargs);
   }

@@ -355,24 +355,6 @@ void key_of(int64_t group, const c10d::PreHookArgs& args, std::string& key) {
   }
 }
 
-// (with the GIL) whether this thread is inside a proxy's call.
-bool inside_a_proxy() {
-  if (g_inside == nullptr || !PyDict_Check(g_inside) || PyDict_GET_SIZE(g_inside) == 0) {
-    return false;
-  }
-  PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-  if (ident == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  int found = PyDict_Contains(g_inside, ident);
-  Py_DECREF(ident);
-  if (found < 0) {
-    PyErr_Clear();
-  }
-  return found == 1;
-}
-
 // (with the GIL) whether Python's innermost frame is torch.ops' call of an op.
 bool called_through_torch_ops() {
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
@@ -390,7 +372,7 @@ bool called_through_torch_ops() {
 
 // (with the GIL, mode 2) the launch written here; false: Python's to see.
 bool write_here(int64_t group, const c10d::PreHookArgs& args, std::string& key, bool& ignored) {
-  if (inside_a_proxy()) {
+  if (autoannot_inside_a_call(g_inside)) {
     ignored = true;  // (the proxy's own launch)
     return true;
   }
@@ -566,6 +548,19 @@ void clear_caches() {  // (with the GIL)
 }
 
 }  // namespace
+
+bool autoannot_inside_a_call(PyObject* inside) {
+  if (inside == nullptr || !PyDict_Check(inside) || PyDict_GET_SIZE(inside) == 0) {
+    return false;
+  }
+  PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+  int found = ident != nullptr ? PyDict_Contains(inside, ident) : -1;
+  Py_XDECREF(ident);
+  if (found < 0) {
+    PyErr_Clear();
+  }
+  return found == 1;
+}
 
 bool autoannot_ring_attached() { return g_attached.load(std::memory_order_relaxed); }
 

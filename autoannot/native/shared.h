@@ -19,6 +19,10 @@ bool autoannot_ring_site(uint32_t& id);
 bool autoannot_ring_enter(uint32_t kind, uint32_t site, uint32_t slot);
 void autoannot_ring_returned(bool failed);
 
+// (with the GIL) whether this thread is inside a proxy's call: `inside` is the agent's
+// state.inside (thread ident -> depth; null: none).
+bool autoannot_inside_a_call(PyObject* inside);
+
 // The ring writer's and the process-group hooks' functions, added to the module.
 void autoannot_add_ring_hooks(pybind11::module_& m);
 
