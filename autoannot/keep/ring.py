@@ -118,6 +118,13 @@ class Ring:
         #: ~50 us an async launch, the GIL handed over twice): a profiler's window does (its
         #: rows pair gloo's ranges by it); the always-on ring does not.
         self.completions = folder is None
+        #: Whether it keeps each replay of a captured graph (``replayed``): the always-on
+        #: ring does; a profiler's window does not (its trace has the replays' kernels, which
+        #: the ledgers name).
+        self.replays = folder is not None
+        #: A graph's ledger name -> (its entries, how many were planned, each one's (kind,
+        #: site, group)): what a replay writes.
+        self._replay_plans: dict[str, tuple[list[Any], int, list[tuple[int, int, str]]]] = {}
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
 
@@ -250,6 +257,7 @@ class Ring:
         if self._opened_by is not None:
             self._count, self._seq, self._running = 0, {}, {}
             self._kinds, self._sites, self._by_kind = {}, {}, {}
+            self._replay_plans = {}
         try:
             self._open()
         except OSError as exc:  # (no ring, said once; the launches go on, never retried)
@@ -356,6 +364,57 @@ class Ring:
                                "annotation": annotation, "param_comms": entry.param_comms})
             known = self._kinds[key] = (annotation, cpu_only, kind)
         return known[2]
+
+    def replayed(self, graph: str, entries: list[dict[str, Any]], entered_ns: int,
+                 returned_ns: int) -> None:
+        """A replay of the captured graph ``graph`` (its ledger's name), called at
+        ``entered_ns`` and returned at ``returned_ns`` (``FAILED``: it raised): a record for
+        each of ``entries`` (its ledger's launches, in capture order), each its group's next
+        seq, entered and returned as the replay was (its kernels run later, on the GPU)."""
+        with self._lock:
+            if self._map is None and not self._opened():
+                return
+            plan = self._replay_plans.get(graph)
+            if plan is None or plan[0] is not entries or plan[1] != len(entries):
+                if len(self._replay_plans) >= 4096:
+                    self._replay_plans.clear()
+                plan = self._replay_plans[graph] = (entries, len(entries), [
+                    self._replayed_kind(graph, i, entry) for i, entry in enumerate(entries)])
+            writer = self._writer
+            if writer is not None:
+                for kind, site, group in plan[2]:
+                    writer.ring_write(kind, site, self._slot(group), entered_ns, returned_ns)
+                return
+            ring, capacity, seqs, count = self._map, self.capacity, self._seq, self._count
+            for kind, site, group in plan[2]:
+                seq = seqs.get(group, 0)
+                seqs[group] = seq + 1
+                _pack_record(ring, HEADER_BYTES + (count % capacity) * _RECORD_BYTES, seq,
+                             entered_ns, returned_ns, 0, kind, site, 0)
+                count += 1
+            self._count = count
+            _pack_count(ring, COUNT_AT, count)
+
+    def _replayed_kind(self, graph: str, index: int, entry: dict[str, Any]
+                       ) -> tuple[int, int, str]:
+        """(Under the lock) the ids of a replayed launch (the ``index``-th of ``graph``'s
+        ledger): a kind of its own, its names line saying the graph, and its call site's."""
+        from autoannot.keep.records import new_record
+
+        annotation = entry["annotation"]
+        group = str(annotation.get(PG_NAME, ""))
+        kind = len(self._kinds)
+        self._kinds[("replay", graph, index)] = (None, None, kind)  # type: ignore[index]
+        self._write_names({"kind": kind, "api": entry["api"], "group": group,
+                           "annotation": annotation, "graph": graph,
+                           "param_comms": new_record(entry["api"], annotation,
+                                                     entry["call_site"], {}).param_comms})
+        site_text = entry["call_site"]
+        site = self._sites.get(site_text)
+        if site is None:
+            site = self._sites[site_text] = len(self._sites)
+            self._write_names({"site": site, "call_site": site_text})
+        return kind, site, group
 
     def returned(self, failed: bool = False, result: Any = None) -> None:
         """The launch this thread entered last returned ``result`` (or raised: ``failed``).
