@@ -3,9 +3,10 @@
 * ``CUDAGraph.capture_begin`` / ``capture_end`` are wrapped to count captures (the collective
   wrappers only read the count), to name each graph ``autoannot.graph.<n>`` and to start and
   stop the launch observers for it (``Captures.began`` / ``ended``);
-* ``CUDAGraph.replay`` is wrapped while a profiler records (put on and taken off at the
-  profiler's start and stop, so a replay with no profiler runs torch's own method), to mark
-  each replay;
+* ``CUDAGraph.replay`` is wrapped while a profiler records, to mark each replay, and while a
+  ring that keeps replays is open (``AUTOANNOT_RING``), to write each replay's launches to it
+  (put on and taken off as these start and stop, so a replay with neither runs torch's own
+  method);
 * where torch's own path works (``mark_kernels`` + ``cudaGraphNodeGetToolsId``), every
   ``torch.cuda.graph`` capture gets ``enable_annotations=True`` unless the user said otherwise or
   ``AUTOANNOT_TORCH_ANNOTATIONS=0``.
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from types import ModuleType
 from typing import Any
 
@@ -21,7 +23,10 @@ import wrapt
 
 from autoannot.agent.patching import Patch, SwitchedPatch, wrap_attribute
 from autoannot.base import features
+from autoannot.base.ring_format import FAILED
 from autoannot.keep.captures import Captures, said
+
+monotonic_ns = time.monotonic_ns
 
 
 def capture_hooks(captures: Captures) -> dict[str, Any]:
@@ -50,13 +55,27 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
     def replay(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
         try:
             marker = captures.replay_marker(graph)
-        except Exception as exc:  # the replay runs, unmarked
+            kept = captures.replay_kept(graph) if captures.replay_keepers else None
+        except Exception as exc:  # the replay runs, unmarked and unkept
             said("replay", exc)
-            marker = None
-        if marker is None:
-            return wrapped(*args, **kwargs)
-        with marker:
-            return wrapped(*args, **kwargs)
+            marker = kept = None
+        if kept is None:
+            if marker is None:
+                return wrapped(*args, **kwargs)
+            with marker:
+                return wrapped(*args, **kwargs)
+        entered = monotonic_ns()
+        returned = FAILED
+        try:
+            if marker is None:
+                result = wrapped(*args, **kwargs)
+            else:
+                with marker:
+                    result = wrapped(*args, **kwargs)
+            returned = monotonic_ns()
+        finally:
+            captures.replayed(kept, entered, returned)
+        return result
 
     return {"capture_begin": capture_begin, "capture_end": capture_end, "replay": replay}
 
@@ -84,10 +103,12 @@ def profiler_notices() -> ModuleType | None:
 
 
 def mark_replays_while_profiling(graph_class: Any, replay: Any, agent: Any) -> list[Patch]:
-    """Put ``replay`` (the marker's wrapper) over ``graph_class.replay`` only while a profiler
-    records: on at the profiler's start notice, off at its stop (``agent.captures``' switches);
-    for the whole process where there is no notice (``profiler_notices``)."""
+    """Put ``replay`` (the marker's and ring's wrapper) over ``graph_class.replay`` only while a
+    profiler records or a ring keeps replays: on at the profiler's start notice or as the
+    ring opens, off when neither is left (``agent.captures``' switches); for the whole process
+    where there is no notice (``profiler_notices``)."""
     notices = profiler_notices()
+    agent.state.add_listener(agent.captures.state_changed)  # (the rings that keep replays)
     if notices is None:
         return wrap_attribute(graph_class, "replay", replay, agent.proxies)
     original = graph_class.__dict__.get("replay") if graph_class is not None else None
@@ -103,9 +124,9 @@ def mark_replays_while_profiling(graph_class: Any, replay: Any, agent: Any) -> l
     def notice(on: bool) -> Any:
         def noticed(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             result = wrapped(*args, **kwargs)
+            captures.profiling = on
             if agent.state.live:
-                for switch in captures.replay_switches:
-                    switch.switch(on)
+                captures.switch_replays()
             return result
 
         return noticed
@@ -113,8 +134,9 @@ def mark_replays_while_profiling(graph_class: Any, replay: Any, agent: Any) -> l
     patches: list[Patch] = [switched]
     patches += wrap_attribute(notices, "_run_on_profiler_start", notice(True), agent.proxies)
     patches += wrap_attribute(notices, "_run_on_profiler_stop", notice(False), agent.proxies)
-    if getattr(notices, "_is_profiler_enabled", False):  # one records now
-        switched.switch(True)
+    captures.profiling = bool(getattr(notices, "_is_profiler_enabled", False))  # one records
+    if agent.state.live:
+        captures.switch_replays()
     return patches
 
 

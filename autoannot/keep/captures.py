@@ -8,6 +8,8 @@ goes into, what beginning and ending a capture does, and the marker of each repl
 * Each replay of a graph with a ledger, while a profiler records, runs inside
   ``record_function("autoannot.replay:<graph>")`` (``replay_marker``), so the trace tools can
   tell which graph each ``cudaGraphLaunch`` launched.
+* Each replay of a graph with a ledger, while a ring that keeps replays is open, writes a
+  record for each of its launches to it (``replay_kept``, ``replayed``).
 
 ``agent.graph_patches`` puts these on torch's ``CUDAGraph``.
 """
@@ -41,8 +43,13 @@ class Captures:
         self.capturing = Capturing()
         self.identity = CaptureIdentity(self.ledgers, self.capturing)
         self._numbers = itertools.count()
-        #: The replay wrappers switched on and off by the profiler's notices (copy-on-write).
+        #: The replay wrappers switched on and off by the profiler's notices and the rings
+        #: that keep replays (copy-on-write).
         self.replay_switches: list[Any] = []
+        #: Whether a profiler records (as its notices said).
+        self.profiling = False
+        #: The journals open that keep each replay (rings with files), while the agent is on.
+        self.replay_keepers: tuple[Any, ...] = ()
         #: torch's ``mark_kernels`` where it records in the captures in progress, else None:
         #: asked when a capture begins (torch turns its annotations on before), not per launch.
         self.torch_marks: Any = None
@@ -153,6 +160,46 @@ class Captures:
             raise
         except Exception as exc:  # the comparison itself failed: the capture stands
             said("capture_end (AUTOANNOT_VERIFY)", exc)
+
+    def state_changed(self, state: Any) -> None:
+        """(A listener of the agent's state) the rings that keep replays, and the replay
+        wrappers on while one is open or a profiler records."""
+        self.replay_keepers = tuple(j for j in state.journals if getattr(j, "replays", False)
+                                    ) if state.live else ()
+        if state.live:
+            self.switch_replays()
+        else:  # (disabled: the patches are undone next; an enable makes new switches)
+            switches, self.replay_switches = self.replay_switches, []
+            for switch in switches:
+                switch.switch(False)
+
+    def switch_replays(self) -> None:
+        """Each replay wrapper on while a profiler records or a ring keeps replays."""
+        on = self.profiling or bool(self.replay_keepers)
+        for switch in self.replay_switches:
+            switch.switch(on)
+
+    def replay_kept(self, graph: Any) -> tuple[str, list[dict[str, Any]], tuple[Any, ...]] | None:
+        """What a replay of ``graph`` writes to the rings that keep replays: its ledger's name
+        and entries, and the rings; None if no ring keeps replays, or the graph was captured
+        with no ledger or no launch."""
+        keepers = self.replay_keepers
+        ledger = self.ledger_of(graph)
+        if not keepers or ledger is None or ledger.capturing:
+            return None
+        entries = ledger.entries
+        return (ledger.name, entries, keepers) if entries else None
+
+    def replayed(self, kept: tuple[str, list[dict[str, Any]], tuple[Any, ...]],
+                 entered_ns: int, returned_ns: int) -> None:
+        """A replay (``replay_kept``'s ``kept``) called at ``entered_ns``, returned at
+        ``returned_ns`` (or raised: ``FAILED``): its launches written to the rings."""
+        name, entries, keepers = kept
+        for ring in keepers:
+            try:
+                ring.replayed(name, entries, entered_ns, returned_ns)
+            except Exception as exc:  # the replay stands; this ring misses its launches
+                said("replay (writing its launches to the ring)", exc)
 
     def replay_marker(self, graph: Any) -> Any:
         """``record_function("autoannot.replay:<graph>")`` while a profiler records; else
