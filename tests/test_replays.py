@@ -140,3 +140,35 @@ def test_with_on_demand_tracing_configured_replays_stay_wrapped(setting: str,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == wrapped
+
+
+@needs_notices
+def test_a_ring_keeps_replays_wrapped_through_a_profilers_start_and_stop(graphs,
+                                                                       tmp_path) -> None:
+    """While a ring that keeps replays is open, a profiler's stop leaves the replay wrapper on
+    (the ring still needs it); the ring's close takes it off; a profiler's window (a ring held
+    in memory) never asks for it."""
+    from autoannot.keep.ring import Ring
+
+    original = graphs.CUDAGraph.__dict__["replay"]
+    state = hooks.AGENT.state
+    window = Ring(None)
+    state.open_journal(window)
+    try:
+        assert graphs.CUDAGraph.__dict__["replay"] is original
+    finally:
+        state.close_journal(window)
+    ring = Ring(str(tmp_path / "rings"))
+    state.open_journal(ring)
+    try:
+        assert graphs.CUDAGraph.__dict__["replay"] is not original
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            assert graphs.CUDAGraph.__dict__["replay"] is not original
+        assert graphs.CUDAGraph.__dict__["replay"] is not original
+    finally:
+        state.close_journal(ring)
+        ring.close()
+    assert graphs.CUDAGraph.__dict__["replay"] is original
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert graphs.CUDAGraph.__dict__["replay"] is not original
+    assert graphs.CUDAGraph.__dict__["replay"] is original

@@ -61,6 +61,7 @@ def of_ring(one: ring_files.RingRead, tail: int, published_ns: int | None = None
         if len(group["tail"]) < tail:
             before = returned[i - 1] if i > 0 else 0
             outside = (records["entered_ns"][i] - before) // 1000 if before > 0 else -1
+            outside = outside if outside >= 0 else -1  # (a graph replay's launches: unknown)
             group["tail"].append([seq, int(entered_us[i]), int(outside)])
     return {"v": VERSION, "rank": one.rank, "run": one.meta.get("run"),
             "host": one.meta.get("host"), "count": one.count,

@@ -1,7 +1,8 @@
 """What a ring's launches add up to, counted as the ring fills: per group, the launches of
 each collective, and the time from each launch's entry to its return (a blocking call's
 completion: gloo's, and any ``async_op=False`` call on the CPU; for a Work or a GPU stream, its
-issue), each launch counted once, once it returned. Read again and again (``update``), a tally
+issue; none for a graph replay's launches, which share the replay's), each launch counted once,
+once it returned. Read again and again (``update``), a tally
 reads only what the ring entered since, and the launches still running the last time.
 
 The figures of the live watch's metrics (``render.metrics``: from rings of this host) and of
@@ -69,7 +70,9 @@ class Tally:
                                                                     kind["api"]))
                 launches[(group, collective)] = launches.get((group, collective), 0) + 1
             ended = int(records["returned_ns"][k])
-            if ended > 0:
+            if "graph" in kind:  # (a graph replay's launch: its return is the replay's, shared
+                pending.pop(index, None)  # by the graph's launches: no time of its own)
+            elif ended > 0:
                 took = max(0, ended - int(records["entered_ns"][k])) / 1e9
                 seconds[group] = seconds.get(group, 0.0) + took
                 pending.pop(index, None)

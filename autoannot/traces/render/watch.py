@@ -144,6 +144,7 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple
         ended[ended <= 0] = np.nan  # (still running, or raised)
         outside_us = np.full(len(records), np.nan)
         outside_us[1:] = (records["entered_ns"][1:] - ended[:-1]) / 1e3
+        outside_us[outside_us < 0] = np.nan  # (a replay's launches: entered as one, unknown)
         for k, kind in one.kinds.items():
             annotation = kind.get("annotation") or {}
             group = kind["group"]
