@@ -7,10 +7,13 @@ Inference as it is served: a graph per batch size (1, 8, 32), each a decoder ste
 ``LAYERS`` layers (two ``Linear(HIDDEN)`` and a tensor-parallel all-reduce each); a decode
 loop replays the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times
 in one process: "agent off" (graphs captured with the agent off), "ring on" (the agent on,
-its ring open, graphs captured with it: their ledgers kept). Each round captures the graphs
-anew in its mode, then times a decode loop per batch size (CUDA events around the loop; the
-replays are back to back, as a server's). Per replay: the median over rounds of loop time /
-``STEPS``. Prints a table, then one line of JSON (also written to OUT.json).
+its ring open, graphs captured with it: their ledgers kept, each replay's launches written to
+the ring). Each round captures the graphs anew in its mode, then times a decode loop per batch
+size (CUDA events around the loop; the replays are back to back, as a server's). Per replay: the median over rounds of loop time /
+``STEPS``; beside it, the host's time a replay call takes (the loop's ``replay()`` calls,
+timed on the CPU) and how many records the ring got for the loop (each replay writes one a
+launch of its graph: ``LAYERS``). Prints a table, then one line of JSON (also written to
+OUT.json).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -52,6 +56,9 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
 
     folder = tempfile.mkdtemp(prefix="autoannot-decode-")
     times: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in MODES}
+    host_us: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in MODES}
+    records: dict[int, list[int]] = {b: [] for b in BATCHES}
+    writer: dict[int, list[bool]] = {b: [] for b in BATCHES}
     ring = None
     with torch.no_grad():
         for r in range(ROUNDS):
@@ -78,12 +85,19 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                     graph.replay()
                     begin = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
+                    count = ring.count if mode == "ring on" else 0
                     begin.record()
+                    host = time.perf_counter()
                     for _ in range(STEPS):
                         graph.replay()
+                    host = time.perf_counter() - host
                     end.record()
                     torch.cuda.synchronize()
                     times[mode][batch].append(begin.elapsed_time(end) * 1e3 / STEPS)
+                    host_us[mode][batch].append(host * 1e6 / STEPS)
+                    if mode == "ring on":  # (the ring's records of these replays)
+                        records[batch].append(ring.count - count)
+                        writer[batch].append(ring.writer is not None)
                 del graphs
                 if mode == "ring on":
                     autoannot.disable()
@@ -93,16 +107,23 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
         medians = {m: {b: statistics.median(t) for b, t in by.items()} for m, by in times.items()}
         print(f"decode loop, {LAYERS} layers x Linear({HIDDEN}) + all-reduce, {world} GPU(s): "
               f"us a replay, median of {ROUNDS} rounds x {STEPS} replays")
-        print(f"{'batch':>6} {'agent off':>10} {'ring on':>10} {'x':>7}")
+        hosts = {m: {b: statistics.median(t) for b, t in by.items()}
+                 for m, by in host_us.items()}
+        print(f"{'batch':>6} {'agent off':>10} {'ring on':>10} {'x':>7}   host us a replay call:"
+              f" off, on; ring records a replay")
         for b in BATCHES:
             off, on = medians["agent off"][b], medians["ring on"][b]
-            print(f"{b:>6} {off:10.2f} {on:10.2f} {on / off:7.4f}")
+            print(f"{b:>6} {off:10.2f} {on:10.2f} {on / off:7.4f}   {hosts['agent off'][b]:.2f}, "
+                  f"{hosts['ring on'][b]:.2f}; {set(records[b])} / {STEPS}")
         result = {"torch": torch.__version__, "gpus": torch.cuda.get_device_name(),
                   "world": world, "layers": LAYERS, "hidden": HIDDEN, "steps": STEPS,
                   "rounds": ROUNDS, "replay_us": medians,
                   "ratios": {b: round(medians["ring on"][b] / medians["agent off"][b], 4)
                              for b in BATCHES},
-                  "samples": times}
+                  "host_us": hosts,
+                  "ring_records": {b: sorted(set(n)) for b, n in records.items()},
+                  "native_writer": {b: sorted(set(w)) for b, w in writer.items()},
+                  "samples": times, "host_samples": host_us}
         print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
         if out_path:
             with open(out_path, "x") as f:
