@@ -3,17 +3,17 @@ decode loop: per replay, on 1 GPU (a 1-rank NCCL group) or 2 (``WORLD=2``).
 
     PYTHONPATH=. python benchmarks/gpu_decode.py [OUT.json]
 
-Inference as it is served: a graph per batch size (1, 8, 32), each a decoder step of
-``LAYERS`` layers (two ``Linear(HIDDEN)`` and a tensor-parallel all-reduce each); a decode
-loop replays the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times
-in one process: "agent off" (graphs captured with the agent off), "ring on" (the agent on,
-its ring open, graphs captured with it: their ledgers kept, each replay's launches written to
-the ring). Each round captures the graphs anew in its mode, then times a decode loop per batch
-size (CUDA events around the loop; the replays are back to back, as a server's). Per replay: the median over rounds of loop time /
-``STEPS``; beside it, the host's time a replay call takes (the loop's ``replay()`` calls,
-timed on the CPU) and how many records the ring got for the loop (each replay writes one a
-launch of its graph: ``LAYERS``). Prints a table, then one line of JSON (also written to
-OUT.json).
+Inference as it is served: a graph per batch size (1, 8, 32), each a decoder step of ``LAYERS``
+layers (two ``Linear(HIDDEN)`` and a tensor-parallel all-reduce each); a decode loop replays
+the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times in one process:
+"agent off" (graphs captured with the agent off), "ring on" (the agent on, its ring open,
+graphs captured with it: their ledgers kept, each replay's launches written to the ring). Each
+round captures the graphs anew in its mode, then times a decode loop per batch size (CUDA
+events around the loop; the replays are back to back, as a server's). Per replay: the median
+over rounds of loop time / ``STEPS``; beside it, the host's time a replay call takes (the
+loop's ``replay()`` calls, timed on the CPU) and how many records the ring got for the loop
+(each replay writes one a launch of its graph: ``LAYERS``). Prints a table, then one line of
+JSON (also written to OUT.json).
 """
 
 from __future__ import annotations

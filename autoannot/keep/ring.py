@@ -17,7 +17,13 @@ Two files a rank, ``rank{R}.ring`` and beside it ``rank{R}.ring.names``:
   "capacity", "record_bytes", "monotonic_ns", "wall_ns"}``: the two clocks read at one
   moment), then a line for each kind and call site the first time one is seen
   (``{"kind": K, "api", "group", "annotation", "param_comms"}``, ``{"site": S, "call_site"}``):
-  a ``write()`` for a launch of a kind or from a line not seen before, none after.
+  a ``write()`` for a launch of a kind or from a line not seen before, none after. A kind of a
+  graph replay's launches also says the graph (``"graph": "autoannot.graph.N"``).
+
+A replay of a captured graph (``replayed``: the agent's ``CUDAGraph.replay`` wrapper, while a
+ring with files is open) writes a record for each launch of the graph's ledger, in capture
+order: each its group's next seq, all entered when ``replay()`` was called and returned when
+it returned (the graph's launch on the CPU; its kernels run later, on the GPU).
 
 A launch's return time is when the call returned: for a collective that blocks (gloo's, and
 any ``async_op=False`` call on the CPU) its completion; for one that returns a Work or runs on
