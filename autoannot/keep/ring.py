@@ -49,6 +49,7 @@ keeps of a profiler's window (``keep.window``).
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import time
 from _thread import get_ident, get_native_id
@@ -129,8 +130,11 @@ class Ring:
         #: the ledgers name).
         self.replays = folder is not None
         #: A graph's ledger name -> (its entries, how many were planned, each one's (kind,
-        #: site, group)): what a replay writes.
+        #: site, group)): what a replay writes; and with the writer attached, their ids
+        #: packed for it (``_replay_ids``, by name: the attach they were packed for, the ids).
         self._replay_plans: dict[str, tuple[list[Any], int, list[tuple[int, int, str]]]] = {}
+        self._replay_ids: dict[str, tuple[int, bytes]] = {}
+        self._attaches = 0  # (one more at each writer attached: slots are an attach's)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
 
@@ -162,6 +166,7 @@ class Ring:
             self._slots = {group: slot for slot, group in enumerate(groups)}
             self._running = {}
             self._writer = writer
+            self._attaches += 1
             return True
 
     def attach_writer(self, writer: Any) -> bool:
@@ -263,7 +268,7 @@ class Ring:
         if self._opened_by is not None:
             self._count, self._seq, self._running = 0, {}, {}
             self._kinds, self._sites, self._by_kind = {}, {}, {}
-            self._replay_plans = {}
+            self._replay_plans, self._replay_ids = {}, {}
         try:
             self._open()
         except OSError as exc:  # (no ring, said once; the launches go on, never retried)
@@ -380,16 +385,21 @@ class Ring:
         with self._lock:
             if self._map is None and not self._opened():
                 return
-            plan = self._replay_plans.get(graph)
+            plan = fresh = self._replay_plans.get(graph)
             if plan is None or plan[0] is not entries or plan[1] != len(entries):
                 if len(self._replay_plans) >= 4096:
                     self._replay_plans.clear()
+                    self._replay_ids.clear()
                 plan = self._replay_plans[graph] = (entries, len(entries), [
                     self._replayed_kind(graph, i, entry) for i, entry in enumerate(entries)])
             writer = self._writer
             if writer is not None:
-                for kind, site, group in plan[2]:
-                    writer.ring_write(kind, site, self._slot(group), entered_ns, returned_ns)
+                ids = self._replay_ids.get(graph)
+                if ids is None or ids[0] != self._attaches or plan is not fresh:
+                    ids = self._replay_ids[graph] = (self._attaches, b"".join(
+                        _REPLAY_IDS.pack(kind, site, self._slot(group))
+                        for kind, site, group in plan[2]))
+                writer.ring_write_many(ids[1], entered_ns, returned_ns)
                 return
             ring, capacity, seqs, count = self._map, self.capacity, self._seq, self._count
             for kind, site, group in plan[2]:
@@ -476,6 +486,9 @@ _pack_count = COUNT.pack_into
 _pack_returned = RETURNED.pack_into
 _monotonic_ns = time.monotonic_ns
 _RECORD_BYTES = RECORD.size
+#: A replayed launch's ids as the native writer's ``ring_write_many`` reads them: kind, site,
+#: its group's slot.
+_REPLAY_IDS = struct.Struct("<III")
 
 _WORK: list[Any] = []
 

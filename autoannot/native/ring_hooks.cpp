@@ -2,7 +2,7 @@
 //
 // The writer: the ring's mapped file (autoannot/keep/ring.py describes its layout) written in
 // C++. Once a ring is attached (ring_attach) every record of it is written here, by Python (the
-// proxies' launches: ring_enter, ring_returned; a graph replay's launches: ring_write) and by
+// proxies' launches: ring_enter, ring_returned; a graph replay's launches: ring_write_many) and by
 // the hooks below alike, so one counter orders the ring; Python keeps the kinds' and call
 // sites' ids (each written to the names file the first time it is seen).
 //
@@ -109,26 +109,6 @@ bool enter(uint32_t kind, uint32_t site, uint32_t slot) {
   t_running = Running{at, w.count, w.generation, true};
   w.count += 1;
   std::memcpy(w.base + kCountAt, &w.count, sizeof w.count);  // (after the record: readers)
-  return true;
-}
-
-// The record of a launch entered and returned at the times given (a graph replay's launches:
-// written once the replay returned); false where no ring is attached.
-bool write_done(uint32_t kind, uint32_t site, uint32_t slot, int64_t entered_ns,
-                int64_t returned_ns) {
-  std::lock_guard<std::mutex> lock(g_writer.mutex);
-  Writer& w = g_writer;
-  if (w.base == nullptr) {
-    return false;
-  }
-  if (slot >= w.seqs.size()) {
-    w.seqs.resize(slot + 1, 0);
-  }
-  Record record{w.seqs[slot]++, entered_ns, returned_ns, 0, kind, site, 0, 0};
-  uint64_t at = kHeaderBytes + (w.count % w.capacity) * sizeof(Record);
-  std::memcpy(w.base + at, &record, sizeof record);
-  w.count += 1;
-  std::memcpy(w.base + kCountAt, &w.count, sizeof w.count);
   return true;
 }
 
@@ -271,34 +251,55 @@ PyObject* ring_returned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
   Py_RETURN_NONE;
 }
 
-// ring_write(kind, site, slot, entered_ns, returned_ns): a replayed launch's record.
-PyObject* ring_write(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
-  if (count != 5) {
-    PyErr_SetString(PyExc_TypeError, "ring_write(kind, site, slot, entered_ns, returned_ns)");
+// ring_write_many(ids, entered_ns, returned_ns): a record for each (kind, site, slot) packed in
+// ids ("<III" each: a graph replay's launches, in order), each its group's next seq, entered
+// and returned at the times given (the replay's), under one lock.
+PyObject* ring_write_many(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  if (count != 3) {
+    PyErr_SetString(PyExc_TypeError, "ring_write_many(ids, entered_ns, returned_ns)");
     return nullptr;
-  }
-  unsigned long ids[3];
-  for (int i = 0; i < 3; ++i) {
-    ids[i] = PyLong_AsUnsignedLong(args[i]);
-    if (ids[i] == static_cast<unsigned long>(-1) && PyErr_Occurred()) {
-      return nullptr;
-    }
   }
   long long times[2];
   for (int i = 0; i < 2; ++i) {
-    times[i] = PyLong_AsLongLong(args[3 + i]);
+    times[i] = PyLong_AsLongLong(args[1 + i]);
     if (times[i] == -1 && PyErr_Occurred()) {
       return nullptr;
     }
   }
-  return PyBool_FromLong(write_done(static_cast<uint32_t>(ids[0]), static_cast<uint32_t>(ids[1]),
-                                    static_cast<uint32_t>(ids[2]), times[0], times[1]));
+  Py_buffer ids{};
+  if (PyObject_GetBuffer(args[0], &ids, PyBUF_SIMPLE) != 0) {
+    return nullptr;
+  }
+  size_t n = static_cast<size_t>(ids.len) / (3 * sizeof(uint32_t));
+  bool written = false;
+  {
+    std::lock_guard<std::mutex> lock(g_writer.mutex);
+    Writer& w = g_writer;
+    if (w.base != nullptr) {
+      const char* at_id = static_cast<const char*>(ids.buf);
+      for (size_t i = 0; i < n; ++i, at_id += 3 * sizeof(uint32_t)) {
+        uint32_t id[3];
+        std::memcpy(id, at_id, sizeof id);
+        if (id[2] >= w.seqs.size()) {
+          w.seqs.resize(id[2] + 1, 0);
+        }
+        Record record{w.seqs[id[2]]++, times[0], times[1], 0, id[0], id[1], 0, 0};
+        std::memcpy(w.base + kHeaderBytes + (w.count % w.capacity) * sizeof(Record), &record,
+                    sizeof record);
+        w.count += 1;
+      }
+      std::memcpy(w.base + kCountAt, &w.count, sizeof w.count);
+      written = true;
+    }
+  }
+  PyBuffer_Release(&ids);
+  return PyBool_FromLong(written);
 }
 
-PyMethodDef g_ring_write = {"ring_write", reinterpret_cast<PyCFunction>(ring_write),
-                            METH_FASTCALL,
-                            "ring_write(kind, site, slot, entered_ns, returned_ns): a launch "
-                            "entered and returned at these times (a graph replay's)"};
+PyMethodDef g_ring_write_many = {"ring_write_many", reinterpret_cast<PyCFunction>(ring_write_many),
+                                 METH_FASTCALL,
+                                 "ring_write_many(ids, entered_ns, returned_ns): a record for "
+                                 "each (kind, site, slot) packed in ids ('<III' each)"};
 PyMethodDef g_ring_enter = {"ring_enter", reinterpret_cast<PyCFunction>(ring_enter),
                             METH_FASTCALL, "ring_enter(kind, site, slot): a launch entered now"};
 PyMethodDef g_ring_returned = {"ring_returned", reinterpret_cast<PyCFunction>(ring_returned),
@@ -650,8 +651,8 @@ void autoannot_add_ring_hooks(py::module_& m) {
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_ring_enter, nullptr, nullptr));
   m.attr("ring_returned") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_ring_returned, nullptr, nullptr));
-  m.attr("ring_write") =
-      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_ring_write, nullptr, nullptr));
+  m.attr("ring_write_many") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&g_ring_write_many, nullptr, nullptr));
   m.attr("GROUP_HOOKS") = bool(AUTOANNOT_GROUP_HOOKS);
 #if AUTOANNOT_GROUP_HOOKS
   m.def("hook_group", &hook_group, py::arg("group"), py::arg("key"), py::arg("hook_id"),
