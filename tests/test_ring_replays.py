@@ -14,6 +14,7 @@ import replay_cases as cases
 from harness import run_ranks
 
 from autoannot.base.ring_format import FAILED
+from autoannot.traces.read import ring_tally
 from autoannot.traces.render import watch
 
 STEPS, LATE_S = 20, 0.03
@@ -68,6 +69,16 @@ def test_each_replay_is_in_the_ring_as_its_graphs_launches(native: bool, late_ra
         assert result["restored"]
         # Written by the native writer once the ring's first eager launch attached it.
         assert all(result["writer_at_replays"][1:]) is native
+    # Counted as the watch's metrics count: every replayed launch once, and no time in
+    # collectives for any (each replay took 2 ms: 21 replays would add 42 ms to each group).
+    main, sub = results[0]["world_group"], results[0]["sub"]
+    for rank, result in enumerate(results):
+        tally = ring_tally.Tally()
+        tally.update(folder / f"rank{rank}.ring")
+        assert tally.launches[(sub, "allreduce")] == 1 + STEPS + 1
+        assert tally.launches[(main, "_allgather_base")] == 1 + STEPS + 1
+        captured_sub = (result["returned"][2] - result["entered"][2]) / 1e9  # (its one launch
+        assert tally.seconds[sub] == pytest.approx(captured_sub, abs=1e-6)  # not replayed)
     # The rank late to its replays is named in the graph's two groups, by about its delay;
     # not in the eager launches' group, where it waited no longer outside than the others.
     found = watch.stragglers_of(folder)
