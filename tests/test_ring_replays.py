@@ -14,7 +14,8 @@ import replay_cases as cases
 from harness import run_ranks
 
 from autoannot.base.ring_format import FAILED
-from autoannot.traces.read import ring_tally
+from autoannot.traces.analysis import stragglers
+from autoannot.traces.read import rank_progress, ring_files, ring_tally
 from autoannot.traces.render import watch
 
 STEPS, LATE_S = 20, 0.03
@@ -81,7 +82,15 @@ def test_each_replay_is_in_the_ring_as_its_graphs_launches(native: bool, late_ra
         assert tally.seconds[sub] == pytest.approx(captured_sub, abs=1e-6)  # not replayed)
     # The rank late to its replays is named in the graph's two groups, by about its delay;
     # not in the eager launches' group, where it waited no longer outside than the others.
+    # Read from the rings on this host, and from the progress documents ranks publish to a
+    # store (another host's watcher) alike.
     found = watch.stragglers_of(folder)
+    documents = [rank_progress.of_ring(ring_files.read(folder / f"rank{rank}.ring"), watch.TAIL)
+                 for rank in range(world)]
+    entered, gaps, members, _, clocks = rank_progress.tails_of(documents)
+    published = {(s.rank, s.group) for s in stragglers.stragglers(entered, members, gaps=gaps,
+                                                                  clocks=clocks)}
+    assert published == set(found)
     if late_rank < 0:
         assert found == {}
     else:
