@@ -22,24 +22,8 @@ import statistics
 import sys
 import tempfile
 import time
-import types
+from pathlib import Path
 from typing import Any
-
-
-def _graphs() -> types.ModuleType:
-    class CUDAGraph:
-        def capture_begin(self) -> None:
-            pass
-
-        def capture_end(self) -> None:
-            pass
-
-        def replay(self) -> None:
-            pass
-
-    module = types.ModuleType("stand_in_graphs")
-    module.CUDAGraph = CUDAGraph  # type: ignore[attr-defined]
-    return module
 
 
 def _time(graph: Any, replays: int) -> float:
@@ -68,10 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     from autoannot.agent.instrumentation import INSTRUMENTATION as agent
     from autoannot.keep.ring import Ring
 
+    sys.path.insert(0, str(Path(__file__).parent))
+    import overhead
+
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     agent.captures.by_thread()
     autoannot.enable()
-    graphs = _graphs()
+    graphs = overhead.stand_in_graphs()
     patches = graph_patches.install(graphs, agent)
     graph = graphs.CUDAGraph()
     x = torch.ones(1024)

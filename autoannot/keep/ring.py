@@ -215,11 +215,15 @@ class Ring:
     def site_id(self, site: str) -> int:
         """A call site's id in this ring (written to the names file the first time)."""
         with self._lock:
-            found = self._sites.get(site)
-            if found is None:
-                found = self._sites[site] = len(self._sites)
-                self._write_names({"site": found, "call_site": site})
-            return found
+            return self._site_of(site)
+
+    def _site_of(self, site: str) -> int:
+        """(Under the lock) ``site_id``."""
+        found = self._sites.get(site)
+        if found is None:
+            found = self._sites[site] = len(self._sites)
+            self._write_names({"site": found, "call_site": site})
+        return found
 
     def _open(self) -> None:
         import json
@@ -350,9 +354,8 @@ class Ring:
     def _write(self, kind: int, site_text: str, group: str) -> None:
         """(Under the lock) the record of a launch entered now."""
         site = self._sites.get(site_text)
-        if site is None:
-            site = self._sites[site_text] = len(self._sites)
-            self._write_names({"site": site, "call_site": site_text})
+        if site is None:  # (the lookup inline: a launch pays no call for a site seen before)
+            site = self._site_of(site_text)
         if self._writer is not None:
             self._writer.ring_enter(kind, site, self._slot(group))
             return
@@ -425,12 +428,7 @@ class Ring:
                            "annotation": annotation, "graph": graph,
                            "param_comms": new_record(entry["api"], annotation,
                                                      entry["call_site"], {}).param_comms})
-        site_text = entry["call_site"]
-        site = self._sites.get(site_text)
-        if site is None:
-            site = self._sites[site_text] = len(self._sites)
-            self._write_names({"site": site, "call_site": site_text})
-        return kind, site, group
+        return kind, self._site_of(entry["call_site"]), group
 
     def returned(self, failed: bool = False, result: Any = None) -> None:
         """The launch this thread entered last returned ``result`` (or raised: ``failed``).
