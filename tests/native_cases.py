@@ -536,3 +536,77 @@ def _raised(call: Any) -> list[str] | None:
     except Exception as exc:
         return [type(exc).__name__, str(exc)]
     return None
+
+
+def ring_below_the_python_api(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """The always-on ring (opened before ``enable()``, as ``AUTOANNOT_RING`` opens it) around
+    what no proxy sees, each at a line the case knows: three steps of DDP (its reducer's
+    bucket all-reduces, from C++), ``pg.allreduce`` and a proxied ``dist.all_reduce``; a
+    ``pg.allreduce`` on another thread, one on a second group, a ``pg.allgather`` that raises in
+    gloo, one with a recorder open. DDP's own account of its buckets (its logging data) is the
+    truth of what a backward launches; the ring's records are read back from its files."""
+    import threading
+
+    from autoannot.agent.instrumentation import INSTRUMENTATION
+    from autoannot.keep.ring import Ring
+    from autoannot.traces.read import ring_files
+
+    ring = Ring(folder)
+    INSTRUMENTATION.state.open_journal(ring)
+    autoannot.enable()
+    observer = INSTRUMENTATION.observer
+    module = observer.module if observer is not None else None
+    group = dist.new_group(list(range(world)))
+    other = dist.new_group(list(range(world)))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]), process_group=group,
+        bucket_cap_mb=0.02)
+    for _ in range(2):  # (DDP rebuilds its buckets after its first step)
+        model(torch.ones(2, 64)).sum().backward()
+    before = ring.count
+    written_before = module.ring_kernel_counts()[0] if module is not None else 0
+    lines: dict[str, int] = {}
+    for _ in range(3):
+        lines["backward"] = _line_below()
+        model(torch.ones(2, 64)).sum().backward()
+        lines["pg.allreduce"] = _line_below()
+        group.allreduce([torch.ones(3)]).wait()
+        lines["dist.all_reduce"] = _line_below()
+        dist.all_reduce(torch.ones(5), group=group)
+    lines["thread"] = _line_below()
+    elsewhere = threading.Thread(target=lambda: group.allreduce([torch.ones(11)]).wait())
+    elsewhere.start()
+    elsewhere.join()
+    lines["other group"] = _line_below()
+    other.allreduce([torch.ones(13)]).wait()
+    lines["raised"] = _line_below()
+    raised = _raised(lambda: group.allgather([[torch.ones(2)]], [torch.ones(2)]))
+    written = (module.ring_kernel_counts()[0] if module is not None else 0) - written_before
+    operators_watched = module.registered() if module is not None else None
+    with autoannot.record() as recorded:  # (the operators' callback's, meanwhile)
+        lines["recorded"] = _line_below()
+        group.allreduce([torch.ones(3)]).wait()
+    path, count = ring.ring_path, ring.count
+    INSTRUMENTATION.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    raised_off = _raised(lambda: group.allgather([[torch.ones(2)]], [torch.ones(2)]))
+    buckets = model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+    read = ring_files.read(Path(path))
+    return {
+        "native": module is not None, "written": written, "count": count, "before": before,
+        "operators_watched": operators_watched,
+        "kernel_after_disable": torch._C._dispatch_has_kernel_for_dispatch_key(
+            "c10d::allreduce_", "BackendSelect"),
+        "raised": raised, "raised_off": raised_off,
+        "recorded": [(r.annotation.get(V.IN_NELEMS), r.call_site) for r in recorded],
+        "bucket_bytes": sorted(int(size) for size in buckets.split(",")),
+        "lines": lines, "file": __file__,
+        "group": dist.distributed_c10d._get_process_group_name(group),
+        "other": dist.distributed_c10d._get_process_group_name(other),
+        "launches": [(launch.group, launch.seq, launch.collective, launch.size_bytes,
+                      launch.call_site) for launch in ring_files.launches_of(read)],
+        "returned": [int(r) for r in read.records["returned_ns"]],
+        "entered": [int(e) for e in read.records["entered_ns"]],
+    }

@@ -1,6 +1,7 @@
 """The optional native module: the observer (``observer.cpp``: collective launches seen through
-torch's RecordFunction callbacks, in C++), and the ring's writer with torch's process-group
-hooks in C++ where torch's groups take hooks (``ring_hooks.cpp``).
+torch's RecordFunction callbacks, in C++), the ring's writer with torch's process-group
+hooks in C++ where torch's groups take hooks (``ring_hooks.cpp``), and the c10d kernels that
+write the ring's launches below the Python API where they take none (``ring_kernels.cpp``).
 
 It is compiled against the torch it runs with (a torch extension: a C++ ABI per torch build),
 once, by ``autoannot build-native`` (``torch.utils.cpp_extension``: a C++ compiler and ninja),
@@ -19,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCES = [Path(__file__).with_name(name) for name in ("observer.cpp", "ring_hooks.cpp")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("observer.cpp", "ring_hooks.cpp", "ring_kernels.cpp")]
 HEADERS = [Path(__file__).with_name("shared.h")]
 #: -DNDEBUG: torch's headers declare some classes (RecordFunction) with other members without
 #: it; an extension must see them as torch's release build was compiled.

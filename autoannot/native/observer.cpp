@@ -1501,6 +1501,72 @@ PyObject* autoannot_caller_site() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// For the c10d kernels (ring_kernels.cpp): the table's operators, a launch's key, the thread's
+// claims, and a new key's launch handed to Python.
+
+const void* autoannot_table_op(const std::string& name) {
+  auto found = g_ops.find(std::string_view(name));
+  return found != g_ops.end() ? found->second : nullptr;
+}
+
+bool autoannot_launch_key(const void* op, c10::ArrayRef<const c10::IValue> inputs,
+                          std::string& key) {
+  for (const auto& value : inputs) {
+    if (!holds_data(value)) {
+      return false;  // (tracing: nothing launches)
+    }
+  }
+  return args_key(static_cast<const Op*>(op), inputs, key);
+}
+
+bool autoannot_claimed() { return t_claimed > 0 || t_launch.depth > 0; }
+
+void autoannot_claim(int delta) { t_claimed += delta; }
+
+PyObject* g_kernel_entered = nullptr;  // (owned) entered(op, kind id, described, site)
+
+void autoannot_set_kernel_entered(PyObject* entered) {
+  Py_XDECREF(g_kernel_entered);
+  g_kernel_entered = entered;
+  Py_XINCREF(g_kernel_entered);
+}
+
+PyObject* autoannot_kernel_entered(const void* op, const std::string& key,
+                                   c10::ArrayRef<const c10::IValue> inputs, PyObject* site) {
+  if (g_kernel_entered == nullptr) {
+    Py_RETURN_NONE;
+  }
+  Launch launch;  // (its kind: the observer's id for this key, described where new)
+  launch.op = static_cast<const Op*>(op);
+  launch.key = key;
+  launch.keyed = true;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_kinds.find(key) == g_kinds.end()) {
+      describe_all(inputs, launch.args);
+      launch.described = true;
+    }
+  }
+  std::shared_ptr<Kind> kind = kind_of(launch);
+  if (!kind) {
+    Py_RETURN_NONE;
+  }
+  PyObject* told = nullptr;
+  try {
+    py::object what = kind->given.load() ? py::none() : described(kind->args, nullptr);
+    told = PyObject_CallFunction(g_kernel_entered, "sKOO", launch.op->name.c_str(),
+                                 static_cast<unsigned long long>(kind->id), what.ptr(), site);
+  } catch (py::error_already_set& error) {
+    error.restore();
+  }
+  if (told != nullptr && told != Py_None && told != Py_False) {
+    kind->given.store(true);  // Python keeps it by its id
+    kind->args.clear();
+  }
+  return told;
+}
+
+// ---------------------------------------------------------------------------------------------
 // fork(): a forked child has only the forking thread. A mutex another thread held at that
 // moment would stay locked in the child for good (its first launch, or Python asking the
 // observer anything, would hang): every mutex of the observer is taken before fork() and
@@ -1643,4 +1709,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("launch_as_nccl", &launch_as_nccl);
   autoannot_add_ring_hooks(m);
+  autoannot_add_ring_kernels(m);
+  m.def("set_kernel_entered", [](py::object entered) {
+    autoannot_set_kernel_entered(entered.is_none() ? nullptr : entered.ptr());
+  }, py::arg("entered"), "the c10d kernels' new keys go to entered(op, kind, described, site)");
 }

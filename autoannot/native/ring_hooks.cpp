@@ -444,24 +444,7 @@ bool write_here(int64_t group, const c10d::PreHookArgs& args, std::string& key, 
   return true;
 }
 
-void warn(const char* what) {
-  // (with the GIL, a Python error set) said once by Python's diagnostics, where it can be
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyErr_NormalizeException(&type, &value, &traceback);
-  PyObject* diagnostics = PyImport_ImportModule("autoannot.base.diagnostics");
-  PyObject* warn_once = diagnostics ? PyObject_GetAttrString(diagnostics, "warn_once") : nullptr;
-  PyObject* result = warn_once ? PyObject_CallFunction(warn_once, "ssO", "process group hooks",
-                                                       what, value ? value : Py_None)
-                               : nullptr;
-  Py_XDECREF(result);
-  Py_XDECREF(warn_once);
-  Py_XDECREF(diagnostics);
-  PyErr_Clear();
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(traceback);
-}
+void warn(const char* what) { autoannot_warn("process group hooks", what); }
 
 // (with the GIL) Python's fn(group, args), what it returned; None where it raised (said once).
 template <typename Args>
@@ -609,6 +592,24 @@ bool autoannot_inside_a_call(PyObject* inside) {
     PyErr_Clear();
   }
   return found == 1;
+}
+
+void autoannot_warn(const char* subject, const char* what) {
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  PyObject* diagnostics = PyImport_ImportModule("autoannot.base.diagnostics");
+  PyObject* warn_once = diagnostics ? PyObject_GetAttrString(diagnostics, "warn_once") : nullptr;
+  PyObject* result = warn_once ? PyObject_CallFunction(warn_once, "ssO", subject, what,
+                                                       value ? value : Py_None)
+                               : nullptr;
+  Py_XDECREF(result);
+  Py_XDECREF(warn_once);
+  Py_XDECREF(diagnostics);
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
 }
 
 bool autoannot_ring_attached() { return g_attached.load(std::memory_order_relaxed); }

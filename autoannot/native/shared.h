@@ -1,6 +1,6 @@
-// What the native module's two sources share: observer.cpp (the RecordFunction observer, the
-// call-site walk, the module's definition) and ring_hooks.cpp (the ring writer and torch's
-// process-group hooks).
+// What the native module's sources share: observer.cpp (the RecordFunction observer, the
+// call-site walk, the module's definition), ring_hooks.cpp (the ring writer and torch's
+// process-group hooks) and ring_kernels.cpp (the c10d kernels).
 #pragma once
 
 #include <torch/extension.h>
@@ -23,8 +23,29 @@ void autoannot_ring_returned(bool failed);
 // state.inside (thread ident -> depth; null: none).
 bool autoannot_inside_a_call(PyObject* inside);
 
-// The ring writer's and the process-group hooks' functions, added to the module.
+// (with the GIL, a Python error set) the error said once by Python's diagnostics, as
+// "`subject`: `what`", and cleared.
+void autoannot_warn(const char* subject, const char* what);
+
+// For the c10d kernels (ring_kernels.cpp), from the observer (observer.cpp): the table's
+// operator of this name (null: not observed); a launch's key from its arguments (false: not a
+// launch of real tensors, or no key); whether this thread's launch is another's now (a proxy's
+// claimed call, an operator the observer watches), and a claim taken (+1) or let go (-1);
+// (with the GIL) a launch of a new key handed to Python's entered(op, kind id, described, site):
+// what it answered (a new reference; null with a Python error set).
+const void* autoannot_table_op(const std::string& name);
+bool autoannot_launch_key(const void* op, c10::ArrayRef<const c10::IValue> inputs,
+                          std::string& key);
+bool autoannot_claimed();
+void autoannot_claim(int delta);
+void autoannot_set_kernel_entered(PyObject* entered);
+PyObject* autoannot_kernel_entered(const void* op, const std::string& key,
+                                   c10::ArrayRef<const c10::IValue> inputs, PyObject* site);
+
+// The ring writer's and the process-group hooks' functions, added to the module; the c10d
+// kernels' likewise.
 void autoannot_add_ring_hooks(pybind11::module_& m);
+void autoannot_add_ring_kernels(pybind11::module_& m);
 
 // fork(): the ring writer's mutexes taken before, released on both sides after.
 void autoannot_ring_hooks_before_fork();

@@ -7,6 +7,10 @@ threads, compiled code, C++), seen through torch's RecordFunction callbacks (see
   ledger when the capture ends (``capture_ended``).
 * While a recorder or journal is open it asks for every operator (their RecordFunction, with
   inputs) and calls ``_told`` with each launch: records and journal lines at once.
+* While one ring with files is open and nothing else (the always-on case), the c10d kernels
+  (``native/ring_kernels.cpp``) write the launches made below the Python API to the ring
+  instead, and no operator pays anything: a launch of a key seen before with no Python call, a
+  new key's through ``_kernel_entered`` (its kind derived here, written by the ring).
 
 A launch is described by torch's record of it (the eager fields, exact by construction) or,
 where the process group makes none (gloo), by its operator's arguments, which the table derives
@@ -53,6 +57,11 @@ class NativeObserver:
         # a group gone: its address may be reused, launches described by it get new kinds
         groups.on_group_gone(module.forget_kinds)
         groups.on_group_gone(module.forget_handed)  # (the proxies' C wrappers key by group id)
+        self._kernels: list[str] | None = None  # the c10d kernels registered (None: not yet)
+        if hasattr(module, "register_ring_kernels"):
+            module.set_kernel_entered(self._kernel_entered)
+            module.set_ring_kernels_python(self._kernel_ended, agent.state.inside)
+            groups.on_group_gone(module.forget_ring_kernel_keys)
         atexit.register(self.at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self.after_fork_in_child)
@@ -69,14 +78,71 @@ class NativeObserver:
         the proxies' captured launches to it while captures are the only demand."""
         live = state.live
         capturing = live and state.captures > 0
-        journaling = live and bool(state.journals)
+        kernels = self._ring_kernels_wanted(state)
+        if kernels:  # (on before the callback goes: a launch between is claimed, not twice)
+            self.module.set_ring_kernels_mode(2)
+        journaling = live and bool(state.journals) and not kernels
         recording = live and (any(not r.python_api_only for r in state.recorders)
                               or (journaling and (self._journal_needs_operators() or any(
                                   getattr(j, "every_launch", False) for j in state.journals))))
         self.module.set_demand(capturing, recording, journaling)
+        if not kernels and self._kernels:  # (off once the callback is back)
+            self.module.set_ring_kernels_mode(0)
+            if not live:  # disable(): torch's dispatcher as it was
+                self.module.unregister_ring_kernels()
+                self._kernels = None
         self.module.set_handoff(
             capturing and not state.recorders and not state.journals and not state.blocks
             and self.agent.captures.torch_marks is None)
+
+    def _ring_kernels_wanted(self, state: Any) -> bool:
+        """Whether the c10d kernels write the launches below the Python API now: one ring with
+        files open and nothing else (no capture, recorder or coalescing block), where this
+        module has them; registered at the first such moment (and kept until ``disable()``).
+        On torch's dispatcher only where no other kernel is on their operators' key (said
+        once where one is: the operators' callback serves those)."""
+        rings = state.rings
+        if not (state.live and rings is not None and len(rings) == 1
+                and rings[0].folder is not None and not state.captures and not state.recorders
+                and not state.blocks and hasattr(self.module, "register_ring_kernels")):
+            return False
+        if self._kernels is None:
+            names = [name for name in self._ops if name.startswith("c10d::")]
+            try:
+                self._kernels = self.module.register_ring_kernels(names)
+            except Exception as exc:
+                diagnostics.warn_once("the c10d kernels", "registering", exc)
+                self._kernels = []
+            if len(self._kernels) < len(names):
+                diagnostics.say_once(
+                    "ring kernels", "autoannot: the ring's launches of "
+                    f"{', '.join(sorted(set(names) - set(self._kernels)))} are seen through "
+                    "the operators' callback (another kernel is on torch's BackendSelect key "
+                    "for them)")
+        return bool(self._kernels)
+
+    def _kernel_entered(self, op: str, kind_id: int, described: Any,
+                        site: str) -> tuple[int, int] | bool:
+        """(Called by the c10d kernels, with the GIL) A launch of a key they have not seen
+        (for this ring's attach): written to the ring here. Its ids in the ring (kind, group
+        slot) where the native writer wrote it (the kernels write that key's launches from
+        now on, and end this one); True where Python wrote it (``_kernel_ended`` ends it);
+        False where it was not written."""
+        kind = self._kind(op, kind_id, described, None)
+        rings = self.agent.state.rings
+        if kind is None or not rings or len(rings) != 1:
+            return False
+        ring = rings[0]
+        attached = ring.attach_writer(self.module)
+        ring.enter_kind(kind, site)
+        ids = ring.ids_of(kind) if attached else None
+        return True if ids is None else ids
+
+    def _kernel_ended(self, failed: bool) -> None:
+        """(Called by the c10d kernels, with the GIL) The launch ``_kernel_entered`` wrote in
+        Python returned (or raised: ``failed``)."""
+        for ring in self.agent.state.rings or ():
+            ring.returned(failed)
 
     def _journal_needs_operators(self) -> bool:
         """Whether a journal asks for every operator, as a recorder does: where the job's
@@ -97,6 +163,9 @@ class NativeObserver:
         try:
             self.module.set_demand(False, False, False)
             self.module.set_listener(None)
+            if hasattr(self.module, "register_ring_kernels"):
+                self.module.set_ring_kernels_python(None, None)
+                self.module.set_kernel_entered(None)
         except Exception:  # (exit goes on)
             pass
 

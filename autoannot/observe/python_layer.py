@@ -2,9 +2,10 @@
 C++ compiler): Python kernels on torch's dispatcher, reached only on threads that hold the
 agent's dispatch key.
 
-This is the one place the agent borrows a dispatch key, because pure Python has no other way
-to see a launch made from C++ (torch offers RecordFunction callbacks to C++ only; the native
-observer uses them). Its blast radius is kept small:
+This is one of the two places the agent borrows a dispatch key (the native module's c10d
+kernels, ``native/ring_kernels.cpp``, the other), because pure Python has no other way to see a
+launch made from C++ (torch offers RecordFunction callbacks to C++ only; the native observer
+uses them). Its blast radius is kept small:
 
 * The key is ``DeferredInit`` (torchdistx's; torch itself never includes it). Nothing is put
   on the dispatcher at import or at ``enable()``: the first *hold* registers a fall-through
