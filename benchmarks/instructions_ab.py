@@ -122,6 +122,13 @@ def child(folder: str, calls: int) -> None:
             if before is not None and rank == 0 and ring.count - before < calls:
                 raise RuntimeError(f"{name}: {ring.count - before} of {calls} calls in the ring")
         INSTRUMENTATION.state.close_journal(ring)
+    if rank == 0:  # what saw the launches below the Python API (checked by the parent)
+        from autoannot.agent import instrumentation
+
+        agent = instrumentation.INSTRUMENTATION
+        native = (getattr(agent, "observer", None) is not None
+                  or getattr(getattr(agent, "hooks", None), "native", None) is not None)
+        Path(folder, "observer").write_text("native" if native else "python")
     autoannot.disable()
     dist.destroy_process_group()
 
@@ -142,7 +149,8 @@ def count_version(tree: Path, native: bool, calls: int, gloo: bool) -> dict[str,
         source.write_text(instructions.HELPER)
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(Path(folder, "counting.so")),
                         str(source)], check=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
+        env = {k: v for k, v in os.environ.items()  # (each tree's build, where it is)
+               if not k.startswith("AUTOANNOT") or k == "AUTOANNOT_NATIVE_DIR"}
         env.update(PYTHONPATH=str(tree), PYTHONHASHSEED="0")
         if not native:
             env["AUTOANNOT_NATIVE"] = "0"
@@ -165,6 +173,11 @@ def count_version(tree: Path, native: bool, calls: int, gloo: bool) -> dict[str,
             peer.wait()
         if ran.returncode != 0:
             raise RuntimeError(f"counting {tree} failed:\n{ran.stderr[-3000:]}")
+        observer = Path(folder, "observer")
+        if native and observer.exists() and observer.read_text() != "native":
+            raise RuntimeError(f"{tree}: no native module built for it in AUTOANNOT_NATIVE_DIR "
+                               "(python -m autoannot build-native there first), or it failed "
+                               "to load: its native figures would be the Python layer's")
         return {mode: total / calls for mode, total in instructions._totals(folder).items()}
 
 
