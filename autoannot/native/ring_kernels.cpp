@@ -58,7 +58,9 @@ PyObject* g_inside = nullptr;
 std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>& g_known =
     *new std::unordered_map<std::string, std::pair<uint32_t, uint32_t>>();
 uint64_t g_known_generation = 0;
-std::unique_ptr<torch::Library> g_library;  // (with the GIL) the kernels, while registered
+// (with the GIL) the kernels, while registered; never destroyed at exit (torch's dispatcher may
+// be gone by then), only by unregister_kernels (disable())
+torch::Library* g_library = nullptr;
 std::vector<std::string>& g_registered = *new std::vector<std::string>();
 
 std::atomic<uint64_t> g_written_here{0};  // (tests, benchmarks: written with no Python call)
@@ -134,6 +136,7 @@ struct RingKernel final : c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
+    const void* observed = op;  // (nothing of this object is read after: see unregister)
     c10::DispatchKeySet below = keys & kBelow;
     if (g_mode.load(std::memory_order_relaxed) != 2 || autoannot_claimed() ||
         !Py_IsInitialized()) {
@@ -145,7 +148,7 @@ struct RingKernel final : c10::OperatorKernel {
     Ends ends;
     {
       PyGILState_STATE gil = PyGILState_Ensure();
-      ends = enter(op, inputs);
+      ends = enter(observed, inputs);
       PyGILState_Release(gil);
     }
     if (ends == Ends::kNothing) {
@@ -186,7 +189,7 @@ struct RingKernel final : c10::OperatorKernel {
 // Register a kernel on each named operator of the table that has none at BackendSelect; the
 // names registered. Once (a second call: those already registered).
 std::vector<std::string> register_kernels(const std::vector<std::string>& names) {
-  if (g_library) {
+  if (g_library != nullptr) {
     return g_registered;
   }
   auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d",
@@ -204,14 +207,18 @@ std::vector<std::string> register_kernels(const std::vector<std::string>& names)
                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RingKernel>(op)));
     registered.push_back(name);
   }
-  g_library = std::move(library);
+  g_library = library.release();
   g_registered = registered;
   return registered;
 }
 
+// The kernels off torch's dispatcher (disable()). A launch already in a kernel goes on: torch
+// keeps what the kernel's object holds alive no longer than its table entry, so a kernel reads
+// nothing of its object after its first line.
 void unregister_kernels() {
   g_mode.store(0);
-  g_library.reset();
+  delete g_library;
+  g_library = nullptr;
   g_registered.clear();
 }
 
