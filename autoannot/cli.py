@@ -854,7 +854,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `autoannot ... | head`: the reader left; leave quietly too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _an_interrupt(exc):
+            raise
         from autoannot.traces import files
 
         files.remove_temporary_files()
@@ -865,6 +867,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if status == BAD_INPUT:
         _remove_created()
     return status
+
+
+def _an_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C, or was raised by one: Python wraps what a class's
+    ``__set_name__`` raises in a RuntimeError (3.11), so a Ctrl-C that lands while an import
+    makes a class reaches the command as that error, caused by the interrupt."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 #: Whether ``main()`` runs as the process (``run()``): it then ends once the command has.
