@@ -247,6 +247,7 @@ def test_build_native_cli_exit_codes_and_doctor(tmp_path, built) -> None:
                             capture_output=True, text=True, timeout=600)
     assert f"native observer: built ({built})" in doctor.stdout
     assert "annotated by the native observer" in doctor.stdout
+    assert "C++ kernels on the c10d:: ops (torch's BackendSelect key" in doctor.stdout
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     failed = subprocess.run([sys.executable, "-m", "autoannot", "build-native"],

@@ -140,7 +140,8 @@ def _below_the_api(settings: Any) -> tuple[str, str]:
 
     if settings.native and native.built_path() is not None:
         line = ("annotated by the native observer (torch's RecordFunction callbacks, on every "
-                "thread; no dispatch key)")
+                "thread; no dispatch key) — for the always-on ring alone, by its C++ kernels on "
+                "the c10d:: ops (torch's BackendSelect key) instead")
         return line, line
     from autoannot.observe import python_layer
 
@@ -196,7 +197,9 @@ def _native_observer(settings: Any) -> str:
                 "Python API go through the Python layer")
     return (f"built ({path}): launches below the Python API are seen through torch's "
             "RecordFunction callbacks; captured launches are noted in C++ from torch's own "
-            "record of them")
+            "record of them; while the always-on ring is all that is open, its C++ kernels on "
+            "the c10d:: ops (torch's BackendSelect key, registered then, removed at disable()) "
+            "write them to the ring, and no operator pays")
 
 
 #: The report's answers about launches, each with what it is said as.
