@@ -610,3 +610,45 @@ def ring_below_the_python_api(rank: int, world: int, folder: str) -> dict[str, A
         "returned": [int(r) for r in read.records["returned_ns"]],
         "entered": [int(e) for e in read.records["entered_ns"]],
     }
+
+
+def ring_beside_a_kernel_of_anothers(rank: int, world: int, folder: str) -> dict[str, Any]:
+    """The always-on ring where another library has a kernel on ``c10d::allreduce_`` at torch's
+    ``BackendSelect`` key (registered first, as a library's would be when it loads): the c10d
+    kernels step aside, said once, and the operators' callback keeps the ring, as before."""
+    import warnings
+
+    from autoannot.agent.instrumentation import INSTRUMENTATION
+    from autoannot.keep.ring import Ring
+    from autoannot.traces.read import ring_files
+
+    below = torch._C._dispatch_keyset_full_after(torch._C._dispatch_key_parse("BackendSelect"))
+    op = torch.ops.c10d.allreduce_.default
+    theirs: list[int] = []
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        theirs.append(1)
+        return op.redispatch(keyset & below, *args, **kwargs)
+
+    library = torch.library.Library("c10d", "IMPL")
+    library.impl("allreduce_", kernel, "BackendSelect", with_keyset=True)
+    ring = Ring(folder)
+    INSTRUMENTATION.state.open_journal(ring)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        autoannot.enable()
+        module = INSTRUMENTATION.observer.module
+        lines = []
+        for _ in range(3):
+            lines.append(_line_below())
+            dist.group.WORLD.allreduce([torch.ones(3)]).wait()
+        kernels, watched = module.ring_kernels(), module.registered()
+    path = ring.ring_path
+    INSTRUMENTATION.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    launches = [] if path is None else ring_files.launches_of(ring_files.read(Path(path)))
+    return {"kernels": kernels, "watched": watched, "theirs": len(theirs), "lines": lines,
+            "file": __file__, "said": [str(w.message) for w in said],
+            "launches": [(launch.collective, launch.size_bytes, launch.call_site)
+                         for launch in launches]}

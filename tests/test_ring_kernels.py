@@ -120,3 +120,24 @@ def test_a_forked_child_writes_a_ring_of_its_own(monkeypatch, tmp_path, native_b
     assert [int(s) for s in ring_files.read(parent).records["seq"]] == [0, 1, 2, 3]
     assert [int(s) for s in ring_files.read(child).records["seq"]] == [0, 1]
     assert ".pid" in child.name
+
+
+def test_the_kernels_step_aside_where_another_kernel_is_on_their_key(monkeypatch, tmp_path,
+                                                                     native_build) -> None:
+    """Another library's kernel on ``c10d::allreduce_`` at ``BackendSelect`` (registered
+    first): no kernel of ours stays on torch's dispatcher, it is said once, and every launch
+    is in the ring at its line all the same (the operators' callback, watching again), having
+    run through the other kernel. Before: the other ops' kernels stayed and the callback was
+    off, so the all-reduces went unwritten."""
+    monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(Path(native_build).parent.parent))
+    (result,) = run_ranks(cases.ring_beside_a_kernel_of_anothers, 2, "fake",
+                          args=(str(tmp_path / "r"),), ranks=(0,))
+    assert result["kernels"] == [] and result["watched"] is True
+    assert result["theirs"] == 3
+    assert [s for s in result["said"] if "BackendSelect" in s] == [
+        "autoannot: the ring's launches below the Python API are seen through the native "
+        "observer's callback on every operator: another kernel is on torch's BackendSelect key "
+        "for c10d::allreduce_"]
+    here = f"{Path(result['file']).resolve()}:{{}}"
+    assert result["launches"] == [["allreduce", 3 * 4, here.format(line)]
+                                  for line in result["lines"]]

@@ -15,7 +15,8 @@
 // it; a meta tensor does, and is let through), and redispatches to the keys below its own:
 // torch's kernel for the tensors' device. This borrows a key torch keeps for another purpose;
 // its blast radius: the table's c10d operators only, each checked to have no BackendSelect
-// kernel first (one there: that operator is left to the observer's callback); registered
+// kernel first (one there: the kernels are taken off again and the observer's callback serves
+// the ring, as before); registered
 // through torch::Library, the registration TORCH_LIBRARY_IMPL makes, built and destroyed at run
 // time as torch.library's Python Library does; only while a ring is open on such a torch; taken
 // off at disable().
@@ -186,22 +187,27 @@ struct RingKernel final : c10::OperatorKernel {
   const void* op;
 };
 
-// Register a kernel on each named operator of the table that has none at BackendSelect; the
-// names registered. Once (a second call: those already registered).
-std::vector<std::string> register_kernels(const std::vector<std::string>& names) {
+// Register a kernel on each named operator of the table that has none at BackendSelect: the
+// names registered, and those left alone (another kernel there). Once (a second call: those
+// already registered).
+std::pair<std::vector<std::string>, std::vector<std::string>> register_kernels(
+    const std::vector<std::string>& names) {
   if (g_library != nullptr) {
-    return g_registered;
+    return {g_registered, {}};
   }
   auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d",
                                                   c10::DispatchKey::BackendSelect, __FILE__,
                                                   __LINE__);
-  std::vector<std::string> registered;
+  std::vector<std::string> registered, taken;
   for (const std::string& name : names) {
     const void* op = autoannot_table_op(name);
     auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
-    if (op == nullptr || !handle.has_value() || name.rfind("c10d::", 0) != 0 ||
-        handle->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect)) {
-      continue;  // (not in this torch, or someone's kernel there: left to the observer)
+    if (op == nullptr || !handle.has_value() || name.rfind("c10d::", 0) != 0) {
+      continue;  // (not in this torch)
+    }
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect)) {
+      taken.push_back(name);  // (someone's kernel there: left alone)
+      continue;
     }
     library->impl(name.substr(6).c_str(),
                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RingKernel>(op)));
@@ -209,7 +215,7 @@ std::vector<std::string> register_kernels(const std::vector<std::string>& names)
   }
   g_library = library.release();
   g_registered = registered;
-  return registered;
+  return {registered, taken};
 }
 
 // The kernels off torch's dispatcher (disable()). A launch already in a kernel goes on: torch
@@ -239,8 +245,8 @@ void set_python(py::object ended, py::object inside) {
 
 void autoannot_add_ring_kernels(py::module_& m) {
   m.def("register_ring_kernels", &register_kernels, py::arg("names"),
-        "the c10d kernels on these operators of the table (those with no BackendSelect kernel): "
-        "the names registered");
+        "the c10d kernels on these operators of the table that have no BackendSelect kernel: "
+        "(the names registered, those left alone)");
   m.def("unregister_ring_kernels", &unregister_kernels);
   m.def("ring_kernels", []() { return g_registered; });
   m.def("set_ring_kernels_python", &set_python, py::arg("ended"), py::arg("inside"));

@@ -98,28 +98,34 @@ class NativeObserver:
     def _ring_kernels_wanted(self, state: Any) -> bool:
         """Whether the c10d kernels write the launches below the Python API now: one ring with
         files open and nothing else (no capture, recorder or coalescing block), where this
-        module has them; registered at the first such moment (and kept until ``disable()``).
-        On torch's dispatcher only where no other kernel is on their operators' key (said
-        once where one is: the operators' callback serves those)."""
+        module has them; registered at the first such moment (and kept until ``disable()``)."""
         rings = state.rings
         if not (state.live and rings is not None and len(rings) == 1
                 and rings[0].folder is not None and not state.captures and not state.recorders
                 and not state.blocks and hasattr(self.module, "register_ring_kernels")):
             return False
         if self._kernels is None:
-            names = [name for name in self._ops if name.startswith("c10d::")]
-            try:
-                self._kernels = self.module.register_ring_kernels(names)
-            except Exception as exc:
-                diagnostics.warn_once("the c10d kernels", "registering", exc)
-                self._kernels = []
-            if len(self._kernels) < len(names):
-                diagnostics.say_once(
-                    "ring kernels", "autoannot: the ring's launches of "
-                    f"{', '.join(sorted(set(names) - set(self._kernels)))} are seen through "
-                    "the operators' callback (another kernel is on torch's BackendSelect key "
-                    "for them)")
+            self._kernels = self._register_kernels()
         return bool(self._kernels)
+
+    def _register_kernels(self) -> list[str]:
+        """The c10d kernels on torch's dispatcher: the ops registered; none where another
+        kernel is on one of them at their key (the kernels then come off at once, said once:
+        the operators' callback serves the ring, as it did before them)."""
+        names = [name for name in self._ops if name.startswith("c10d::")]
+        try:
+            registered, taken = self.module.register_ring_kernels(names)
+        except Exception as exc:
+            diagnostics.warn_once("the c10d kernels", "registering", exc)
+            return []
+        if taken:
+            self.module.unregister_ring_kernels()
+            diagnostics.say_once(
+                "ring kernels", "autoannot: the ring's launches below the Python API are seen "
+                "through the native observer's callback on every operator: another kernel is "
+                f"on torch's BackendSelect key for {', '.join(sorted(taken))}")
+            return []
+        return list(registered)
 
     def _kernel_entered(self, op: str, kind_id: int, described: Any,
                         site: str) -> tuple[int, int] | bool:
