@@ -156,3 +156,50 @@ def launch_on_gpus(worker: Callable[..., Any], world: int, out: Path) -> bool:
     mp.start_processes(worker, args=(world, str(out), free_port()), nprocs=world, join=True,
                        start_method="spawn")
     return True
+
+
+FORKED_RING = """
+import json, os, sys
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import autoannot
+from autoannot.agent.instrumentation import INSTRUMENTATION
+from autoannot.keep.ring import Ring
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+ring = Ring(sys.argv[1])
+INSTRUMENTATION.state.open_journal(ring)
+autoannot.enable()
+pg = dist.group.WORLD
+for _ in range(3):
+    pg.allreduce([torch.ones(4)])
+attached = ring.writer is not None
+child = os.fork()
+if child == 0:  # its own ring, its own seqs; the parent's file untouched
+    for _ in range(2):
+        pg.allreduce([torch.ones(4)])
+    os._exit(0 if ring.count == 2 else 3)
+_, status = os.waitpid(child, 0)
+pg.allreduce([torch.ones(4)])
+print(json.dumps({"attached": attached, "child": status, "count": ring.count,
+                  "written_here": WRITTEN_HERE}))
+"""
+
+
+def forked_ring(folder: Path, written_here: str) -> tuple[dict[str, Any], Path, Path]:
+    """A process with the always-on ring open, 3 ``pg.allreduce`` on a fake group, a child forked
+    that makes 2 more, then one more in the parent: what it said (``written_here``: a Python
+    expression there, the launches the native module wrote with no Python call), and its two
+    rings' files, the parent's and the child's."""
+    import json
+    import subprocess
+    import sys
+
+    from autoannot.traces.read import ring_files
+
+    script = FORKED_RING.replace("WRITTEN_HERE", written_here)
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    parent, child = sorted(ring_files.in_folder(folder), key=lambda p: len(p.name))
+    return said, parent, child

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import native_cases as cases
 import pytest
-from harness import run_ranks
+from harness import forked_ring, run_ranks
 
 from autoannot.base.ring_format import FAILED
 
@@ -69,54 +69,19 @@ def test_the_ring_holds_each_launch_below_the_python_api_at_its_line(native: boo
             assert result["written"] == 3 * len(buckets) + 2
 
 
-FORKED = """
-import json, os, sys
-import torch, torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
-import autoannot
-from autoannot.agent.instrumentation import INSTRUMENTATION
-from autoannot.keep.ring import Ring
-dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-ring = Ring(sys.argv[1])
-INSTRUMENTATION.state.open_journal(ring)
-autoannot.enable()
-module = INSTRUMENTATION.observer.module
-pg = dist.group.WORLD
-for _ in range(3):
-    pg.allreduce([torch.ones(4)])
-attached = ring.writer is not None
-child = os.fork()
-if child == 0:  # its own ring, its own seqs; the parent's file untouched
-    for _ in range(2):
-        pg.allreduce([torch.ones(4)])
-    os._exit(0 if ring.count == 2 else 3)
-_, status = os.waitpid(child, 0)
-pg.allreduce([torch.ones(4)])
-print(json.dumps({"attached": attached, "child": status, "count": ring.count,
-                  "written_here": module.ring_kernel_counts()[0]}))
-"""
-
 
 def test_a_forked_child_writes_a_ring_of_its_own(monkeypatch, tmp_path, native_build) -> None:
     """A child forked while the c10d kernels write the parent's ring (a DataLoader worker)
     opens its own at its first launch, with its own sequence numbers (the key the kernels knew
     is asked of Python again there); the parent's ring goes on from where it was, with no
     record of the child's."""
-    import json
-    import subprocess
-    import sys
-
     from autoannot.traces.read import ring_files
 
     monkeypatch.setenv("AUTOANNOT_NATIVE_DIR", str(Path(native_build).parent.parent))
-    folder = tmp_path / "rings"
-    done = subprocess.run([sys.executable, "-c", FORKED, str(folder)], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
+    said, parent, child = forked_ring(tmp_path / "rings",
+                                      "INSTRUMENTATION.observer.module.ring_kernel_counts()[0]")
     assert said["attached"] and said["child"] == 0 and said["count"] == 4
     assert said["written_here"] == 3  # (the first a new key: Python's; the child's not counted)
-    parent, child = sorted(ring_files.in_folder(folder), key=lambda p: len(p.name))
     assert [int(s) for s in ring_files.read(parent).records["seq"]] == [0, 1, 2, 3]
     assert [int(s) for s in ring_files.read(child).records["seq"]] == [0, 1]
     assert ".pid" in child.name
