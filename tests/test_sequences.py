@@ -61,7 +61,7 @@ def test_check_names_the_first_divergence_with_call_sites(tmp_path: Path, capsys
     assert cli.main(["check", str(doctored)]) == 1
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.startswith("DIVERGES")]
-    assert "group 0, collective #3" in line
+    assert "group 0 (default_pg), collective #3" in line
     assert "rank 0: allreduce 8->8 elements, Float" in line
     assert f"rank 1: _allgather_base 8->8 elements, Float, at {__file__}:{lines[1]}" in line
 

@@ -116,7 +116,7 @@ def test_a_rank_with_no_files_is_named_by_every_tool(jobs, capsys, tmp_path: Pat
     assert said["lead"][0].startswith("MISSING: group 0 (default_pg): rank 3 left no record")
     assert cli.main(["check", str(out)]) == 1
     text = capsys.readouterr().out
-    assert text.startswith("MISSING: group 0: rank 3 of its 4 ranks left no record")
+    assert text.startswith("MISSING: group 0 (default_pg): rank 3 of its 4 ranks left no record")
     page = tmp_path / "page.html"
     assert cli.main(["report", "-q", str(out), "-o", str(page)]) == 1
     first = re.search(r'<p class="lead[^"]*" id="(\w+)">(.*?)</p>', page.read_text())

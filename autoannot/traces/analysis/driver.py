@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from autoannot.traces import names
 from autoannot.traces.analysis import partitions as parts
 from autoannot.traces.analysis.partitions import SEQ_BITS, Partitioning
 from autoannot.traces.analysis.results import (
@@ -338,7 +339,7 @@ def mismatches(plan: Partitioning, joined: Joined, analysis: Any) -> list[str]:
                 f"{rank_list(sorted(ranks))} launched {name} ({size_text(size)}"
                 + (f", {dtype}" if dtype else "") + ")"
                 for (name, size, dtype), ranks in sorted(kinds.items(), key=lambda i: i[1]))
-            said.append(f"MISMATCH: group {group}" + (f" ({desc})" if desc else "")
+            said.append(f"MISMATCH: group {names.group_label(group, desc)}"
                         + f" #{one & ((1 << SEQ_BITS) - 1)}: {launched}: one collective's "
                         "ranks must launch the same collective, size and dtype (the job hangs "
                         "or fails there)")

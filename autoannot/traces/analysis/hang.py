@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoannot.traces import names
+
 
 @dataclass
 class GroupProgress:
@@ -308,4 +310,4 @@ def as_json(hang: Hang, groups: list[GroupProgress],
 
 
 def _group_name(g: GroupProgress) -> str:
-    return f"{g.name} ({g.desc})" if g.desc else g.name
+    return names.group_label(g.name, g.desc, g.members)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoannot.traces import files
+from autoannot.traces import files, names
 from autoannot.traces.analysis import partitions as parts
 from autoannot.traces.analysis.partitions import SEQ_BITS, Partitioning, Source
 
@@ -49,7 +49,9 @@ def plan_of(ranks_rows: list[Any]) -> Partitioning:
         for g in one.groups:
             gid = group_id[str(g["name"])]
             group_size[gid] = max(int(group_size[gid]), int(g.get("size", 1)))
-            group_desc[gid] = group_desc[gid] or str(g.get("desc", ""))
+            desc = str(g.get("desc", ""))
+            if desc not in names.NO_DESCRIPTION:
+                group_desc[gid] = group_desc[gid] or desc
             if isinstance(g.get("ranks"), list) and group_members[gid] is None:
                 group_members[gid] = tuple(int(r) for r in g["ranks"])
         # send and recv are one instance's two sides: compared as one
@@ -80,6 +82,8 @@ def plan_of(ranks_rows: list[Any]) -> Partitioning:
             source.data_offset = int(one.data_offset or 0)
         sources.append(source)
         surveys.append(_survey_of_head(one, group_map))
+    # a group made without a description is called by its ranks, in every answer
+    group_desc = [names.group_desc(d, m) for d, m in zip(group_desc, group_members, strict=True)]
     plan = Partitioning(sources, [r.rank for r in ranks_rows], group_keys, group_size, group_desc,
                 group_members,
                 [n for n, _ in sorted(collectives.items(), key=lambda item: item[1])],

@@ -9,6 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from autoannot.traces import names
+
 #: A rank stands out of the job's own noise (``Analysis.standing_out``) where it was this many
 #: times later than the others, and at least ``STAND_OUT_FLOOR_US`` late; steadily where it
 #: was last at ``STEADY_SHARE`` of at least ``STEADY_LEAST`` instances of a group.
@@ -340,8 +342,7 @@ def describe_missing(entry: dict[str, Any]) -> str:
     rank 3 left no record; ranks 0-2 reached broadcast #13', 'rank 3's last launch was
     allreduce #8 (it never entered #9)'."""
     reached = entry["reached"]
-    name = f"group {entry['group']}" + (f" ({entry['group_desc']})" if entry["group_desc"]
-                                         else "")
+    name = f"group {names.group_label(entry['group'], entry['group_desc'], entry['members'])}"
     said = []
     if entry["no_record"]:
         said.append(f"{rank_list(entry['no_record'])} left no record")

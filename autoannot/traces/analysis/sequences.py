@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.describe import vocabulary as V
-from autoannot.traces import files
+from autoannot.traces import files, names
 
 #: What must agree across ranks, from an annotation.
 FIELDS = V.SEQUENCE_FIELDS
@@ -61,19 +61,22 @@ def step_of(annotation: dict[str, Any], call_site: str | None = None,
 #: (scope, group) -> rank -> its steps. scope: "eager", or a captured graph's name.
 Sequences = dict[tuple[str, str], dict[int, list[Step]]]
 
-#: group -> (its size, its member ranks where an input names them all).
-Members = dict[str, tuple[int, tuple[int, ...] | None]]
+#: group -> (its size, its member ranks where an input names them all, its description).
+Members = dict[str, tuple[int, tuple[int, ...] | None, str]]
 
 
 def note_members(members: Members, group: str, annotation: dict[str, Any]) -> None:
-    """What an annotation says of its group's members (size; ranks where torch lists all)."""
+    """What an annotation says of its group: its size; its ranks where torch lists all; its
+    description."""
     from autoannot.traces.read.rank_files import group_ranks
 
     size = annotation.get(V.GROUP_SIZE)
     if not isinstance(size, int):
         return
-    known = members.get(group, (size, None))
-    members[group] = (max(size, known[0]), known[1] or group_ranks(annotation))
+    known = members.get(group, (size, None, ""))
+    desc = str(annotation.get(V.PG_DESC) or "")
+    members[group] = (max(size, known[0]), known[1] or group_ranks(annotation),
+                      known[2] if desc in names.NO_DESCRIPTION else desc)
 
 
 def missing_ranks(sequences: Sequences, members: Members) -> list[str]:
@@ -85,15 +88,16 @@ def missing_ranks(sequences: Sequences, members: Members) -> list[str]:
     for (_, group), per_rank in sequences.items():
         held[group] |= set(per_rank)
     found = []
-    for group, (size, ranks) in sorted(members.items()):
+    for group, (size, ranks, desc) in sorted(members.items()):
         present = held.get(group, set())
+        label = names.group_label(group, desc, ranks)
         if ranks is not None:
             absent = sorted(set(ranks) - present)
             if absent:
-                found.append(f"group {group}: {rank_list(absent)} of its {size} ranks left no "
+                found.append(f"group {label}: {rank_list(absent)} of its {size} ranks left no "
                              f"record (here: {rank_list(sorted(present))})")
         elif len(present) < size:
-            found.append(f"group {group}: {size - len(present)} of its {size} ranks left no "
+            found.append(f"group {label}: {size - len(present)} of its {size} ranks left no "
                          f"record (here: {rank_list(sorted(present))}; the inputs do not name "
                          "the group's ranks)")
     return found
@@ -175,7 +179,8 @@ def steps_of_rows(one: Any, by_seq: dict[str, dict[int, dict[int, Step]]],
     for g in one.groups if members is not None else ():
         ranks = g.get("ranks")
         annotation = {V.GROUP_SIZE: int(g.get("size", 1)),
-                      V.PG_RANKS: str(ranks) if isinstance(ranks, list) else None}
+                      V.PG_RANKS: str(ranks) if isinstance(ranks, list) else None,
+                      V.PG_DESC: str(g.get("desc", ""))}
         note_members(members, str(g["name"]), annotation)
     for i in range(len(one)):
         group = str(one.groups[c["group"][i]]["name"])
@@ -214,7 +219,7 @@ def from_trace(path: Path, position: int, sequences: Sequences,
         per_group[launch.group].append(Step((launch.collective, launch.size_bytes), None))
         if members is not None:
             note_members(members, launch.group, {
-                V.GROUP_SIZE: launch.group_size,
+                V.GROUP_SIZE: launch.group_size, V.PG_DESC: launch.group_desc,
                 V.PG_RANKS: None if launch.group_ranks is None else str(list(launch.group_ranks))})
     for group, steps in per_group.items():
         sequences[("eager (traces)", group)][rank] = steps
@@ -227,11 +232,12 @@ class Divergence:
     group: str
     position: int
     ranks: dict[int, str]  # rank -> what it launched there ("nothing": its sequence ended)
+    label: str = ""  # the group as said (``names.group_label``; "": its name alone)
 
     def describe(self) -> str:
         where = self.scope if self.scope.startswith("eager") else f"graph {self.scope}"
         parts = "; ".join(f"rank {r}: {what}" for r, what in sorted(self.ranks.items()))
-        return f"{where}, group {self.group}, collective #{self.position}: {parts}"
+        return f"{where}, group {self.label or self.group}, collective #{self.position}: {parts}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"scope": self.scope, "group": self.group, "position": self.position,
@@ -319,6 +325,11 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
 
         raise gloo_needs_records([p for p, _ in gloo_only], sum(n for _, n in gloo_only))
     divergences, compared = compare(sequences)
+    for divergence in divergences:
+        size_ranks_desc = members.get(divergence.group)
+        if size_ranks_desc is not None:
+            divergence.label = names.group_label(divergence.group, size_ranks_desc[2],
+                                                 size_ranks_desc[1])
     if missing is not None:
         missing += missing_ranks(sequences, members)
     if hang_lead is not None:
@@ -351,9 +362,9 @@ def hang_of(sequences: Sequences, members: Members,
     for group, per_rank in sorted((rows_by_seq or {}).items()):
         steps_of.setdefault(group, {}).update(per_rank)
     for group, per_rank in sorted(steps_of.items()):
-        size, named = members.get(group, (len(per_rank), None))
-        groups.append(hang.GroupProgress(  # (check names groups by their names alone)
-            group, "", size, named, {r: (max(steps) if isinstance(steps, dict) else
+        size, named, desc = members.get(group, (len(per_rank), None, ""))
+        groups.append(hang.GroupProgress(
+            group, desc, size, named, {r: (max(steps) if isinstance(steps, dict) else
                                          len(steps) - 1) for r, steps in per_rank.items()
                                      if steps}))
     found = hang.wait_for(groups)

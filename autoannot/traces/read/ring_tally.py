@@ -15,18 +15,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autoannot.describe import vocabulary as V
+from autoannot.traces import names
 from autoannot.traces.read import ring_files
+from autoannot.traces.read.rank_files import group_ranks
 
 
 class Tally:
     """The running figures of one ring. ``launches[(group, collective)]`` and
     ``seconds[group]``: totals since the tally's first read (or since the ring's run began
-    anew); ``rank``: the ring's; ``lost``: whether more launches than the ring holds came
-    between two reads (those written over were not counted)."""
+    anew); ``called[group]``: what the group is called (``names.group_desc``: its
+    description, or its ranks); ``rank``: the ring's; ``lost``: whether more launches than the
+    ring holds came between two reads (those written over were not counted)."""
 
     def __init__(self) -> None:
         self.launches: dict[tuple[str, str], int] = {}
         self.seconds: dict[str, float] = {}
+        self.called: dict[str, str] = {}
         self.lost = False
         self.rank: int | None = None  # the ring's rank, once read
         self._next = 0  # the first launch not yet counted
@@ -65,6 +70,10 @@ class Tally:
             if kind is None:
                 continue
             group = str(kind["group"])
+            if group not in self.called:
+                annotation = kind.get("annotation") or {}
+                self.called[group] = names.group_desc(annotation.get(V.PG_DESC),
+                                                      group_ranks(annotation))
             if index >= start:
                 collective = str((kind.get("annotation") or {}).get("Collective name",
                                                                     kind["api"]))
@@ -90,10 +99,15 @@ class Tally:
 
     def totals(self) -> dict[str, dict[str, Any]]:
         """The totals by group, as a rank publishes them: ``{group: {"launches":
-        {collective: n}, "seconds": s}}``."""
+        {collective: n}, "seconds": s, "called": what it is called}}``."""
         found: dict[str, dict[str, Any]] = {}
+
+        def of(group: str) -> dict[str, Any]:
+            return found.setdefault(group, {"launches": {}, "seconds": 0.0,
+                                            "called": self.called.get(group, "")})
+
         for (group, collective), n in self.launches.items():
-            found.setdefault(group, {"launches": {}, "seconds": 0.0})["launches"][collective] = n
+            of(group)["launches"][collective] = n
         for group, took in self.seconds.items():
-            found.setdefault(group, {"launches": {}, "seconds": 0.0})["seconds"] = round(took, 6)
+            of(group)["seconds"] = round(took, 6)
         return found

@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from autoannot.traces import names
 from autoannot.traces.analysis.matching import Analysis
 from autoannot.traces.render.skew import us_text
 
@@ -144,7 +145,7 @@ def _heat_map(analysis: Analysis) -> tuple[Any, str]:
         cells = np.full((-(-len(members) // block), len(steps)), -np.inf)
         np.maximum.at(cells, (rows.reshape(-1), cols.reshape(-1)), late / scale)
         cells[np.isneginf(cells)] = np.nan
-        name = f"{f.group_descs[g] or '?'} ({f.group_names[g]})"
+        name = names.group_column(f.group_names[g], f.group_descs[g])
         labels.append(name)
         tallest = max(tallest, len(cells))
         traces.append(dict(  # (the keys in the order plotly writes them)
@@ -412,7 +413,7 @@ def render(analysis: Analysis, inputs: list[str], title: str | None = None,
     parts.append(_table(
         ["group", "collective", "dtype", "size", "instances", "ranks",
          f"median transfer ({transfer_unit})", "median bus bw (GB/s)"],
-        [[r.get("label") or f"{r['group_desc'] or '?'} ({r['group']})", r["collective"],
+        [[r.get("label") or names.group_column(r["group"], r["group_desc"]), r["collective"],
           r["dtype"] or "?",
           _size(r["size_bytes"]), r["instances"], r["ranks"],
           "unknown" if r["median_transfer_us"] is None

@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from autoannot.traces import files
+from autoannot.traces import files, names
 from autoannot.traces.analysis.matching import IN_STEP_US, Analysis, describe_missing
 from autoannot.traces.analysis.matching import count as count_of
 
@@ -87,7 +87,7 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
                   f"{'rank':>4} {'blamed':>10} {'late by':>10} {'step':>4}  {'group':14} "
                   f"{'#':>5} {'collective':24} call site"]
         for o in origins:
-            group = f"{o['group_desc'] or '?'} ({o['group']})"
+            group = names.group_column(o["group"], o["group_desc"])
             lines.append(f"{o['rank']:>4} {us_text(o['blamed_us']):>10} "
                          f"{us_text(o['late_us']):>10} "
                          f"{o['step'] if o['step'] >= 0 else '-':>4}  {group[:14]:14} "
@@ -101,7 +101,7 @@ def format_report(analysis: Analysis, top: int = 10) -> str:
         straggler, skew, transfer, _ = analysis.summary_of(instance)
         site = (analysis.site(instance.index, column[straggler]) if straggler is not None
                 else None)
-        group = f"{instance.group_desc or '?'} ({instance.group})"
+        group = names.group_column(instance.group, instance.group_desc)
         lines.append(f"{group[:14]:14} {instance.seq:>5} {instance.collective[:24]:24} "
                      f"{_size(instance.size_bytes):>10} "
                      f"{'-' if straggler is None else straggler:>5} {us_text(round(skew, 3)):>10} "

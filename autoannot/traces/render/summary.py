@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.describe import vocabulary as V
-from autoannot.traces import files
+from autoannot.traces import files, names
 from autoannot.traces.paths import DEFAULT_FOLDER
+from autoannot.traces.read.rank_files import group_ranks
 from autoannot.traces.units import DTYPE_BYTES, bus_factor
 from autoannot.traces.units import size_text as _size
 
@@ -168,7 +169,8 @@ def read_trace(job: tuple[Path, bool]) -> TraceContents:
         collective = args[V.COLLECTIVE_NAME]
         nelems = max(int(args.get(V.IN_NELEMS, 0)), int(args.get(V.OUT_NELEMS, 0)))
         dtype = str(args.get(V.DTYPE, "?"))
-        group = f"{args.get(V.PG_DESC, '?')} ({args.get(V.PG_NAME, '?')})"
+        group = names.group_column(str(args.get(V.PG_NAME, "?")), args.get(V.PG_DESC),
+                                   group_ranks(args))
         key = Key(group, collective, dtype, nelems * DTYPE_BYTES.get(dtype, 0),
                   int(args.get(V.GROUP_SIZE, 1)), str(args.get(V.PG_NAME, "?")))
         contents.durations[key].append(float(event.get("dur", 0)))
@@ -214,7 +216,8 @@ def record_rows(paths: list[Path], run: str | None = None) -> list[dict[str, Any
             rank = entry.get("rank")
             rank = rank if isinstance(rank, int) else position
             dtype, _, size = record_files.size_of(a)
-            group = f"{a.get(V.PG_DESC, '')} ({entry.get('group', a.get(V.PG_NAME, '?'))})"
+            group = names.group_column(str(entry.get("group", a.get(V.PG_NAME, "?"))),
+                                       a.get(V.PG_DESC), group_ranks(a))
             key = (group, str(a[V.COLLECTIVE_NAME]), dtype, size, int(a.get(V.GROUP_SIZE, 1)))
             counts[key][rank] += 1
     rows = []
@@ -247,7 +250,7 @@ def format_instance_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'group':22} {'collective':32} {'size':>10} {'instances':>9} {'ranks':>5} "
              f"{'median transfer':>15} {'busbw GB/s':>10}   (rows: the last rank's transfer)"]
     for r in rows:
-        group = f"{r['group_desc'] or '?'} ({r['group']})"
+        group = names.group_column(r["group"], r["group_desc"])
         transfer = r["median_transfer_us"]
         busbw = r["median_busbw_gbps"]
         lines.append(f"{_fit(group, 22):22} {r['collective'][:32]:32} "
