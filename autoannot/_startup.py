@@ -1,7 +1,8 @@
 """Run at interpreter start-up when AUTOANNOT is set (by ``autoannot-startup.pth`` or the
 ``sitecustomize`` of ``autoannot/_hook``): turn the agent on if its value says so (an unknown
 value is reported and leaves it off), open ``AUTOANNOT_RECORD``'s file and ``AUTOANNOT_RING``'s
-ring, and with ``AUTOANNOT_WATCH`` watch the job from rank 0. Imports neither
+ring (its run's folder where only the watch asks for one), and with ``AUTOANNOT_WATCH``
+watch the job from rank 0. Imports neither
 torch nor wrapt."""
 
 from autoannot.base import config
@@ -14,7 +15,7 @@ if config.agent_requested():
         from autoannot.keep import journal
 
         journal.open_from_environment(INSTRUMENTATION.state)
-    if config.ring_folder() is not None:
+    if config.ring_wanted():
         from autoannot.keep import ring
 
         opened = ring.open_from_environment(INSTRUMENTATION.state)

@@ -570,30 +570,38 @@ def _watch(args: argparse.Namespace) -> int:
             return _bad_input("watch", f"--store {args.store}: no store answers "
                               f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
     else:
-        if args.folder is None:
-            return _bad_input("watch", "give AUTOANNOT_RING's folder, or --store HOST:PORT")
-        folder = Path(args.folder)
+        if args.folder is None:  # the newest run of a job that kept its rings where the
+            from autoannot.base import run_folders  # watch keeps them (AUTOANNOT_RING unset)
+
+            folder = watch.newest_run(args.interval, lambda line: print(line, flush=True),
+                                      attached=not args.once)
+            if folder is None:
+                return _bad_input("watch", f"give AUTOANNOT_RING's folder, or --store HOST:PORT "
+                                  f"(no run's rings under {run_folders.root()}, where a job "
+                                  "run with AUTOANNOT_WATCH=1 alone keeps them)")
+            print(f"autoannot watch: the newest run's rings, {folder}",
+                  file=sys.stderr if args.once else sys.stdout, flush=True)
+        else:
+            folder = Path(args.folder)
         if not folder.is_dir():
             return _bad_input("watch", f"{folder}: no such folder (give AUTOANNOT_RING's "
                               "folder)")
         source = watch.RingsFolder(folder)
     if args.once:
         try:
-            source.counts()
-            found = source.verdict()
+            code, said, found = watch.once(source)
         except files.TraceError as exc:
             return _bad_input("watch", str(exc))
-        for note in found.notes:
+        for note in found.notes + found.unreadable:
             _say("watch", note)
         if args.json:
             print(json.dumps({"run": found.run, "ranks": sorted(found.counts),
                               "launches": {str(r): n for r, n in sorted(found.counts.items())},
-                              "hang": found.lines, "notes": found.notes}, indent=1))
-        else:
-            print("\n".join(found.lines) if found.lines else
-                  f"no hang: {len(found.counts)} ranks' "
-                  f"{'progress' if args.store else 'rings'}, no rank waits on another")
-        return 1 if found.lines or not found.counts else 0
+                              "hang": found.lines, "notes": found.notes,
+                              "unreadable": found.unreadable}, indent=1))
+        elif said:
+            print("\n".join(said))
+        return code
     metrics = None
     if args.prometheus is not None:
         from autoannot.traces.render.metrics import JobMetrics
@@ -787,14 +795,18 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     plot.set_defaults(func=_plot)
     watch_ = sub.add_parser(
-        "watch", help="name a live job's hang while it hangs (AUTOANNOT_RING's rings)",
+        "watch", help="name a live job's hang while it hangs, and its stragglers (the rings)",
         description="Look at the rings a job writes (AUTOANNOT_RING=FOLDER) while it runs: "
         "once no rank has launched a collective for --stall seconds, say the hang, as check "
         "says it: the rank that holds the job up, its last launch and call site, and who waits "
         "on it where. The rings must be on this host's disk; --store HOST:PORT reads instead "
         "the progress every rank publishes there (AUTOANNOT_WATCH_STORE), from any host. "
-        "--once: what they show now (exit 1 for a hang or no rings, 0 for none; 2 bad input).")
-    watch_.add_argument("folder", metavar="FOLDER", nargs="?", help="AUTOANNOT_RING's folder")
+        "With no FOLDER: the newest run's rings of a job run with AUTOANNOT_WATCH=1 and no "
+        "AUTOANNOT_RING (kept under the system's temporary folder). "
+        "--once: what they show now (exit 0: no hang; 1: a hang; 2: bad input, or a ring that "
+        "cannot be read, or none).")
+    watch_.add_argument("folder", metavar="FOLDER", nargs="?",
+                        help="AUTOANNOT_RING's folder (default: the newest run's rings)")
     watch_.add_argument("--store", metavar="HOST:PORT",
                         help="the c10d store (a TCPStore) the ranks publish their progress to")
     watch_.add_argument("--interval", type=_seconds, default=1.0, metavar="S",

@@ -17,8 +17,17 @@ answer comes from the plant, never from the tools.
   continued (``SIGCONT``); then the job finishes.
 * ``late``: the mesh, ``LONG_STEPS`` steps, where rank 2 sleeps ``LATE_S`` before each step's
   broadcast: a straggler.
+* ``late_tp``: the mesh, where rank 2 sleeps ``LATE_S`` before its tp all-reduce {2, 3} in each
+  of the first ``late_steps`` steps (all of them by default): a straggler of a two-rank group,
+  as long as the plant lasts.
+* ``blip``: the mesh, where rank 1 sleeps ``LATE_S`` before its tp all-reduce {0, 1} in
+  ``BLIP_STEPS`` steps in a row (a fast job's 20 collectives: a blip, no straggler).
 * ``steady``: the mesh, ``LONG_STEPS`` steps of ``STEADY_STEP_S`` of "compute" each, nothing
   planted: no straggler.
+
+``steps`` sets the number of steps of the long kinds (``late``, ``late_tp``, ``blip``,
+``steady``); ``described=False`` makes the tp and dp groups without a description (torch
+records them as ``undefined``).
 * ``clean``: the mesh with nothing planted (each step after ``CLEAN_STEP_S`` of "compute", for
   a watcher to look at it running).
 * ``mismatch``: rank 1 calls an all-gather where the others call an all-reduce, at step 2 of
@@ -46,32 +55,37 @@ DUMP_REQUEST = "dump-now"
 FROZEN_PID = "frozen.pid"
 CLEAN_STEP_S = 0.1
 LONG_STEPS, LATE_RANK, LATE_S, STEADY_STEP_S = 200, 2, 0.02, 0.005
+LONG_KINDS = ("late", "late_tp", "blip", "steady")
+BLIP_RANK, BLIP_FROM, BLIP_STEPS = 1, 40, 20
 
 
 def _here() -> int:
     return inspect.currentframe().f_back.f_lineno + 1  # type: ignore[union-attr]
 
 
-def _group(ranks: list[int], desc: str) -> Any:
-    if "group_desc" in inspect.signature(dist.new_group).parameters:
+def _group(ranks: list[int], desc: str | None) -> Any:
+    if desc and "group_desc" in inspect.signature(dist.new_group).parameters:
         return dist.new_group(ranks, group_desc=desc)
     return dist.new_group(ranks)
 
 
-def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
+def train(rank: int, world: int, out: str, kind: str, steps: int | None = None,
+          late_steps: int | None = None, described: bool = True) -> dict[str, Any]:
     """The job ``kind``; returns the call sites of its collectives and where it stopped."""
     import autoannot
 
     assert autoannot.is_enabled(), "AUTOANNOT=1 must reach the ranks"
-    tp = [_group([0, 1], "tp"), _group([2, 3], "tp")]
-    dp = [_group([0, 2], "dp"), _group([1, 3], "dp")]
+    tp = [_group([0, 1], "tp" if described else None), _group([2, 3], "tp" if described else None)]
+    dp = [_group([0, 2], "dp" if described else None), _group([1, 3], "dp" if described else None)]
     mine_tp, mine_dp = tp[rank // 2], dp[rank % 2]
     if kind == "sleep" and os.environ.get("TORCH_FR_BUFFER_SIZE"):
         _dump_when_asked(out, rank)
     x = torch.ones(64)
     sites: dict[str, str] = {}
     stuck = None
-    for step in range(LONG_STEPS if kind in ("late", "steady") else STEPS):
+    steps = steps or (LONG_STEPS if kind in LONG_KINDS else STEPS)
+    late_steps = steps if late_steps is None else late_steps
+    for step in range(steps):
         try:
             if kind == "two":
                 if TWO_STOPS.get(rank) == step:
@@ -81,6 +95,10 @@ def train(rank: int, world: int, out: str, kind: str) -> dict[str, Any]:
                 continue
             if kind in ("clean", "steady"):  # (a step's compute)
                 time.sleep(CLEAN_STEP_S if kind == "clean" else STEADY_STEP_S)
+            if ((kind == "late_tp" and rank == LATE_RANK and step < late_steps)
+                    or (kind == "blip" and rank == BLIP_RANK
+                        and BLIP_FROM <= step < BLIP_FROM + BLIP_STEPS)):
+                time.sleep(LATE_S)
             sites.setdefault("tp", f"{__file__}:{_here()}")
             dist.all_reduce(x, group=mine_tp)
             if rank == 3 and step == STOP_STEP and kind in ("mesh", "sleep", "frozen"):
@@ -151,11 +169,15 @@ def dump_both(rank: int, world: int, out: str) -> str:
     return site
 
 
-def run(kind: str, out: Path, timeout_s: float = 20) -> list[dict[str, Any]]:
-    """Run the ``kind`` job into ``out`` (each rank's record file); each rank's result."""
+def run(kind: str, out: Path, timeout_s: float = 20, record: str | None = "rank{rank}.jsonl",
+        steps: int | None = None, late_steps: int | None = None, described: bool = True
+        ) -> list[dict[str, Any]]:
+    """Run the ``kind`` job into ``out`` (each rank's record file, unless ``record`` is None);
+    each rank's result."""
     from harness import run_job
 
-    return run_job(train, WORLD, out, (str(out), kind), timeout_s=timeout_s)
+    return run_job(train, WORLD, out, (str(out), kind, steps, late_steps, described),
+                   timeout_s=timeout_s, record=record)
 
 
 if __name__ == "__main__":  # python tests/hang_jobs.py KIND OUT: a job to look at by hand

@@ -84,17 +84,22 @@ def test_each_replay_is_in_the_ring_as_its_graphs_launches(native: bool, late_ra
     # not in the eager launches' group, where it waited no longer outside than the others.
     # Read from the rings on this host, and from the progress documents ranks publish to a
     # store (another host's watcher) alike.
-    found = watch.stragglers_of(folder)
+    # (one window of the 20 replays names it here: the rule's persistence over windows and
+    # seconds is the watch's tests')
+    rule = {"windows": 1, "span_s": 0.0}
+    tails = watch.tails_of_rings(folder)
+    found = {(s.rank, s.group): s for s in stragglers.persistent(
+        tails.entered, tails.members, tails.gaps, tails.clocks, **rule)}
     documents = [rank_progress.of_ring(ring_files.read(folder / f"rank{rank}.ring"), watch.TAIL)
                  for rank in range(world)]
-    entered, gaps, members, _, clocks = rank_progress.tails_of(documents)
-    published = {(s.rank, s.group) for s in stragglers.stragglers(entered, members, gaps=gaps,
-                                                                  clocks=clocks)}
-    assert published == set(found)
+    published = rank_progress.tails_of(documents)
+    assert {(s.rank, s.group) for s in stragglers.persistent(
+        published.entered, published.members, published.gaps, published.clocks, **rule)
+            } == set(found)
     if late_rank < 0:
         assert found == {}
     else:
         graph_groups = {results[0]["world_group"], results[0]["sub"]}
         assert set(found) == {(late_rank, group) for group in graph_groups}
-        for straggler, line in found.values():
-            assert 0.6 * LATE_S * 1e6 <= straggler.late_by_us <= 2 * LATE_S * 1e6, line
+        for straggler in found.values():
+            assert 0.6 * LATE_S * 1e6 <= straggler.late_by_us <= 2 * LATE_S * 1e6, straggler

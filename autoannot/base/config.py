@@ -86,6 +86,13 @@ def ring_folder(env: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if env is None else env).get("AUTOANNOT_RING") or None
 
 
+def ring_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a ring is kept: ``AUTOANNOT_RING`` names its folder, or the watch asks for one
+    (``AUTOANNOT_WATCH``, ``AUTOANNOT_WATCH_STORE``: then in its run's folder,
+    ``base.run_folders``)."""
+    return (ring_folder(env) is not None or watch_requested(env) or watch_store_set(env))
+
+
 def ring_launches(env: Mapping[str, str] | None = None) -> int:
     """``AUTOANNOT_RING_LAUNCHES``: how many launches a rank's ring keeps (65,536 by default;
     48 bytes each). ValueError for a value that is no positive whole number."""

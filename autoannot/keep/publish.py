@@ -27,8 +27,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-#: The launches of each group's straggler window a document carries.
-TAIL = 32
+#: The launches of each group a document carries for the straggler windows: enough for one
+#: whole window however a read falls (two windows' worth).
+TAIL = 40
 #: How long a store request may take before the publishing ends (seconds).
 TIMEOUT_S = 5.0
 

@@ -99,10 +99,14 @@ class Ring:
     #: alone, and DDP's gloo launches would go unwritten).
     every_launch = True
 
-    def __init__(self, folder: str | None, capacity: int = DEFAULT_LAUNCHES) -> None:
+    def __init__(self, folder: str | None, capacity: int = DEFAULT_LAUNCHES,
+                 per_run: bool = False) -> None:
         if capacity < 1:
             raise ValueError(f"a ring of {capacity} launches")
         self.folder = folder
+        #: Its folder is its run's under ``base.run_folders`` (``folder``: theirs), known at
+        #: its opening (where the ranks agree on their run).
+        self.per_run = per_run
         self.capacity = capacity
         self.ring_path: str | None = None  # once opened
         self.rank: int | None = None
@@ -245,6 +249,8 @@ class Ring:
                            "wall_ns": time.time_ns()}]
             self._opened_by = os.getpid()
             return
+        if self.per_run and self._opened_by is None:
+            self._open_run_folder(meta["run"])
         os.makedirs(self.folder, exist_ok=True)
         name = f"rank{self.rank}" if self.rank is not None else f"pid{os.getpid()}"
         if self._opened_by is not None and self.rank is not None:  # a forked child's own
@@ -265,6 +271,19 @@ class Ring:
         self._opened_by = os.getpid()
         for call in self.on_open:
             call(self)
+
+    def _open_run_folder(self, run: str) -> None:
+        """(At its opening) its run's folder under ``base.run_folders`` (made by the first of
+        the host's ranks, which clears old runs' folders), said once in the job's log: by rank
+        0, and by each host's first rank (``LOCAL_RANK`` 0)."""
+        from autoannot.base import run_folders
+
+        self.folder, _ = run_folders.make(run)
+        if self.rank == 0 or os.environ.get("LOCAL_RANK") == "0":
+            sys.stderr.write(
+                f"autoannot: AUTOANNOT_RING unset: the ranks' rings are kept in {self.folder} "
+                f"(this run's; `autoannot watch` reads the newest run's; the newest "
+                f"{run_folders.KEEP_RUNS} runs' are kept, older ones removed)\n")
 
     def _open_anew(self) -> None:
         """Open the ring: at the first launch, or at a forked child's first (its own files,
@@ -519,15 +538,20 @@ class _Finished:
 
 
 def open_from_environment(state: Any) -> Ring | None:
-    """The ring ``AUTOANNOT_RING`` asks for, opened in ``state``; None if unset. A value that
-    cannot be used is said on stderr, once; the job runs without it."""
-    from autoannot.base import config
+    """The ring ``AUTOANNOT_RING`` asks for, opened in ``state``; where it is unset but the
+    watch is asked for (``AUTOANNOT_WATCH``, ``AUTOANNOT_WATCH_STORE``), one in its run's folder
+    (``base.run_folders``); None where neither is. A value that cannot be used is said on
+    stderr, once; the job runs without it."""
+    from autoannot.base import config, run_folders
 
     folder = config.ring_folder()
-    if folder is None:
-        return None
+    per_run = folder is None
+    if per_run:
+        if not config.watch_requested() and not config.watch_store_set():
+            return None
+        folder = run_folders.root()
     try:
-        ring = Ring(folder, config.ring_launches())
+        ring = Ring(folder, config.ring_launches(), per_run=per_run)
     except ValueError as exc:
         sys.stderr.write(f"autoannot: AUTOANNOT_RING_LAUNCHES: {exc}: no ring is kept\n")
         return None

@@ -1,7 +1,7 @@
 """A rank's progress, as it publishes it to the job's store for a watcher on another host
 (``keep.publish``): from its ring, per group, its last launches (what each was, its call site,
 when it was entered) and the entry times and time outside collectives of its last
-``stragglers.WINDOW`` (the straggler window). One small JSON document a rank; the watcher
+``publish.TAIL`` (the straggler windows). One small JSON document a rank; the watcher
 turns the documents of all ranks into the steps the hang analysis and the straggler window
 read (``watch.steps_of_documents``, ``tails_of``), as it does rings read whole.
 
@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import math
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
+from autoannot.traces import names
 from autoannot.traces.read import ring_files
 
 #: The version of the document.
@@ -53,6 +54,7 @@ def of_ring(one: ring_files.RingRead, tail: int, published_ns: int | None = None
         if group is None:
             group = groups[kind["group"]] = {
                 "size": annotation.get("Group size"), **_members(group_ranks(annotation)),
+                "desc": annotation.get("Process Group Description") or "",
                 "last": [], "tail": []}
         seq = int(records["seq"][i])
         if len(group["last"]) < LAST:
@@ -118,15 +120,25 @@ def stale_culprit(documents: list[dict[str, Any]], culprit: int) -> str | None:
             "has its last launch)")
 
 
-def tails_of(documents: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, dict]:
-    """The straggler window's inputs (``stragglers.stragglers``: entries and times outside,
-    group -> rank -> {seq: us}; the groups' members; each rank's clock, its host: entries of
-    different hosts are never compared), and each (group, rank)'s last call site."""
-    entered: dict[str, dict[int, dict[int, float]]] = {}
-    gaps: dict[str, dict[int, dict[int, float]]] = {}
-    members: dict[str, tuple[int, ...]] = {}
-    sites: dict[tuple[str, int], str] = {}
-    clocks: dict[int, str | None] = {}
+class Tails(NamedTuple):
+    """The ranks' last launches as the straggler windows read them (``stragglers.Tracker``):
+    entries and times outside collectives before each, group -> rank -> {seq: us}; the groups'
+    members; each (group, rank)'s last call site; each rank's clock, its host (entries of
+    different hosts are never compared); each group's label and what it is called
+    (``names.group_label``, ``names.group_desc``)."""
+
+    entered: dict[str, dict[int, dict[int, float]]]
+    gaps: dict[str, dict[int, dict[int, float]]]
+    members: dict[str, tuple[int, ...]]
+    sites: dict[tuple[str, int], str]
+    clocks: dict[int, str | None]
+    labels: dict[str, tuple[str, str]]
+
+
+def tails_of(documents: list[dict[str, Any]]) -> Tails:
+    """The straggler windows' inputs from the ranks' documents."""
+    tails = Tails({}, {}, {}, {}, {}, {})
+    entered, gaps, members, sites, clocks, labels = tails
     for document in documents:
         rank = int(document["rank"])
         clocks[rank] = document.get("host")
@@ -135,6 +147,10 @@ def tails_of(documents: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, d
             ranks = members_of(held)
             if ranks:
                 members.setdefault(group, ranks)
+            if group not in labels or (held.get("desc") and ranks):
+                desc = held.get("desc")
+                labels[group] = (names.group_label(group, desc, ranks),
+                                 names.group_desc(desc, ranks))
             mine = entered.setdefault(group, {}).setdefault(rank, {})
             outside = gaps.setdefault(group, {}).setdefault(rank, {})
             for seq, at_us, out_us in held["tail"]:
@@ -142,4 +158,4 @@ def tails_of(documents: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, d
                 outside[int(seq)] = math.nan if out_us < 0 else float(out_us)
             if held["last"] and held["last"][0][2]:
                 sites[(group, rank)] = held["last"][0][2]
-    return entered, gaps, members, sites, clocks
+    return tails

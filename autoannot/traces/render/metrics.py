@@ -2,14 +2,18 @@
 (prometheus-client, ``pip install 'autoannot[watch]'``), updated at each of the watcher's
 looks from the rings (``traces/render/watch.py``):
 
-* ``autoannot_collectives_total{rank, group, collective}``: launches entered;
-* ``autoannot_collective_seconds_total{rank, group}``: time from each launch's entry to its
-  return, counted once it returned (a blocking call's completion: gloo's, and any
+* ``autoannot_collectives_total{rank, group, group_desc, collective}``: launches entered;
+* ``autoannot_collective_seconds_total{rank, group, group_desc}``: time from each launch's
+  entry to its return, counted once it returned (a blocking call's completion: gloo's, and any
   ``async_op=False`` call on the CPU; for a Work or a GPU stream, its issue);
-* ``autoannot_straggler_wait_seconds{rank, group}``: how long the others wait for a rank that
-  stands out as a straggler (the median over the watcher's window; the series is there only
-  while it stands out);
+* ``autoannot_straggler_wait_seconds{rank, group, group_desc}``: how long the others wait for a
+  rank that stands out as a straggler (the median over the windows it was named by, the
+  watcher's rule: ``analysis.stragglers``; the series is there from when it is named until it
+  is said to no longer stand out);
 * ``autoannot_hang_culprit_rank``: the rank a hang waits on, -1 while none.
+
+``group`` is torch's name of the group; ``group_desc`` what it is called: its description, or
+where it has none, its ranks (``[0, 2]``; ``names.group_desc``).
 
 From rings (a folder of this host) the counts are the watcher's own, from when it started: a
 launch that left a ring before a look saw it (more than the ring's launches between two looks)
@@ -36,12 +40,14 @@ class JobMetrics:
 
         self.registry = CollectorRegistry()
         self.launches = Counter("autoannot_collectives", "Collective launches entered",
-                                ["rank", "group", "collective"], registry=self.registry)
+                                ["rank", "group", "group_desc", "collective"],
+                                registry=self.registry)
         self.seconds = Counter("autoannot_collective_seconds", "Time from a collective's "
-                               "entry to its return", ["rank", "group"], registry=self.registry)
+                               "entry to its return", ["rank", "group", "group_desc"],
+                               registry=self.registry)
         self.straggler = Gauge("autoannot_straggler_wait_seconds", "How long the others wait "
                                "for a rank that stands out as a straggler (median)",
-                               ["rank", "group"], registry=self.registry)
+                               ["rank", "group", "group_desc"], registry=self.registry)
         self.culprit = Gauge("autoannot_hang_culprit_rank", "The rank a hang waits on; -1: none",
                              registry=self.registry)
         self.culprit.set(-1)
@@ -49,7 +55,7 @@ class JobMetrics:
         self._tallies: dict[Path, Any] = {}  # ring -> its ``ring_tally.Tally``
         self._published: dict[tuple[str, str, str], float] = {}  # what a store's ranks said
         self._lost_said = False
-        self._stragglers: set[tuple[str, str]] = set()
+        self._stragglers: set[tuple[str, str, str]] = set()
 
     def update(self, folder: Path) -> None:
         """Count what each ring entered, and what returned, since the last update."""
@@ -65,9 +71,9 @@ class JobMetrics:
                 continue
             rank = str(tally.rank)
             for (group, collective), n in launches.items():
-                self.launches.labels(rank, group, collective).inc(n)
+                self.launches.labels(rank, group, tally.called.get(group, ""), collective).inc(n)
             for group, took in seconds.items():
-                self.seconds.labels(rank, group).inc(took)
+                self.seconds.labels(rank, group, tally.called.get(group, "")).inc(took)
             if tally.lost and self.say and not self._lost_said:
                 self._lost_said = True
                 self.say(f"autoannot watch: {path.name} entered more than its launches "
@@ -80,10 +86,11 @@ class JobMetrics:
         for document in documents:
             rank = str(document.get("rank"))
             for group, totals in (document.get("totals") or {}).items():
+                called = str(totals.get("called") or "")
                 for collective, n in (totals.get("launches") or {}).items():
-                    self._grow(self.launches.labels(rank, group, collective),
+                    self._grow(self.launches.labels(rank, group, called, collective),
                                (rank, group, collective), float(n))
-                self._grow(self.seconds.labels(rank, group), (rank, group, ""),
+                self._grow(self.seconds.labels(rank, group, called), (rank, group, ""),
                            float(totals.get("seconds", 0.0)))
 
     def _grow(self, counter: Any, key: tuple[str, str, str], total: float) -> None:
@@ -98,11 +105,13 @@ class JobMetrics:
         self.culprit.set(-1 if culprit is None else culprit)
 
     def stragglers(self, found: dict[tuple[int, str], Any]) -> None:
-        """Set the straggler gauge of each rank that stands out; remove the others'."""
+        """Set the straggler gauge of each rank named a straggler (``found``: (rank, group) ->
+        its ``stragglers.Straggler``); remove the others'."""
         now = set()
         for (rank, group), straggler in found.items():
-            now.add((str(rank), group))
-            self.straggler.labels(str(rank), group).set(straggler.late_by_us / 1e6)
+            labels = (str(rank), group, straggler.called)
+            now.add(labels)
+            self.straggler.labels(*labels).set(straggler.late_by_us / 1e6)
         for gone in self._stragglers - now:
             self.straggler.remove(*gone)
         self._stragglers = now

@@ -18,6 +18,7 @@ from each rank's last launches per group.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.base import ring_format as ring
-from autoannot.traces import files
+from autoannot.traces import files, names
+from autoannot.traces.analysis import stragglers
 from autoannot.traces.read import ring_files
 
 #: Each rank's last launches per group read to describe a hang (its last, and the few before).
@@ -35,26 +37,42 @@ LAST_PER_GROUP = 4
 @dataclass
 class Verdict:
     """What a look at the rings found: the hang's lead lines (empty: none), the ranks read
-    (by rank: launches entered so far), the run, and what could not be read."""
+    (by rank: launches entered so far), the run, what else there is to know (``notes``), and
+    what could not be read (``unreadable``: no answer is given about those ranks)."""
 
     lines: list[str]
     counts: dict[int, int]
     run: str | None = None
     notes: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
 
 
-def counts_of(folder: Path) -> dict[Path, int]:
-    """How many launches each ring in ``folder`` entered so far (its header alone)."""
-    found = {}
+def counts_of(folder: Path) -> tuple[dict[Path, int], dict[Path, str]]:
+    """How many launches each ring in ``folder`` entered so far (its header alone), and why
+    each ring that cannot be read cannot (no ring's header, cut short, no names beside it)."""
+    found, unreadable = {}, {}
     for path in ring_files.in_folder(folder):
         try:
             with open(path, "rb") as f:
                 head = f.read(ring.HEADER_BYTES)
-        except OSError:
+                size = os.fstat(f.fileno()).st_size
+        except OSError as exc:
+            unreadable[path] = str(exc.strerror or exc)
             continue
-        if len(head) == ring.HEADER_BYTES and head[:8] == ring.MAGIC:
-            found[path] = ring.COUNT.unpack_from(head, ring.COUNT_AT)[0]
-    return found
+        if len(head) < ring.HEADER_BYTES or head[:8] != ring.MAGIC:
+            unreadable[path] = "not an autoannot ring file of this version"
+            continue
+        _, record_bytes, capacity = ring.HEADER.unpack_from(head)
+        if record_bytes != ring.RECORD.size or size < ring.ring_bytes(capacity):
+            unreadable[path] = (f"cut short: {size} of a ring's {ring.ring_bytes(capacity)} "
+                                "bytes" if record_bytes == ring.RECORD.size else
+                                f"records of {record_bytes} bytes")
+            continue
+        if not ring_files.names_of(path).is_file():
+            unreadable[path] = f"no {ring_files.names_of(path).name} beside it"
+            continue
+        found[path] = ring.COUNT.unpack_from(head, ring.COUNT_AT)[0]
+    return found, unreadable
 
 
 def verdict(folder: Path) -> Verdict:
@@ -62,14 +80,15 @@ def verdict(folder: Path) -> Verdict:
     where the folder holds rings of several; the others said in ``notes``)."""
     from autoannot.traces.analysis import sequences as S
 
-    reads, notes = [], []
+    reads, notes, unreadable = [], [], []
     for path in ring_files.in_folder(folder):
         try:
             reads.append(ring_files.read(path))
         except (files.TraceError, ValueError) as exc:
-            notes.append(f"{path}: not read ({exc})")
+            unreadable.append(f"{path}: cannot be read ({_without_path(exc, path)})")
     if not reads:
-        return Verdict([], {}, None, notes or [f"{folder}: no ring files (*{ring.SUFFIX})"])
+        return Verdict([], {}, None, notes, unreadable or [
+            f"{folder}: no ring files (*{ring.SUFFIX}) yet"])
     newest = max(reads, key=lambda r: r.meta.get("wall_ns", 0)).meta.get("run")
     others = sorted({str(r.meta.get("run")) for r in reads if r.meta.get("run") != newest})
     if others:
@@ -80,7 +99,13 @@ def verdict(folder: Path) -> Verdict:
     for one in reads:
         _last_steps(one, by_seq, members)
     return Verdict(S.hang_of({}, members, by_seq), {r.rank: r.count for r in reads},
-                   newest, notes)
+                   newest, notes, unreadable)
+
+
+def _without_path(exc: Exception, path: Path) -> str:
+    """An error's words without the path they begin with (said before them already)."""
+    text = str(exc)
+    return text.removeprefix(f"{path}: ")
 
 
 def _last_steps(one: ring_files.RingRead, by_seq: dict[str, dict[int, dict[int, Any]]],
@@ -107,17 +132,17 @@ def _last_steps(one: ring_files.RingRead, by_seq: dict[str, dict[int, dict[int, 
             S.step_of(annotation, site, int(wall[i])))
 
 
-#: The launches of each ring read to look for stragglers (the tail: 32 bytes each).
+#: The launches of each ring read to look for stragglers (the tail: 48 bytes each).
 TAIL = 1024
 
 
-def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple[Any, str]]:
-    """The ranks that stand out as stragglers in the rings of ``folder`` (their last ``tail``
-    launches; ``analysis.stragglers``): (rank, group) -> (the ``Straggler``, its line)."""
+def tails_of_rings(folder: Path, tail: int = TAIL) -> Any:
+    """The last ``tail`` launches of each ring of ``folder`` (its newest run), as the
+    straggler windows read them (``rank_progress.Tails``); None where no ring can be read."""
     import numpy as np
 
-    from autoannot.traces.analysis import stragglers
     from autoannot.traces.read.rank_files import group_ranks
+    from autoannot.traces.read.rank_progress import Tails
 
     reads = []
     for path in ring_files.in_folder(folder):
@@ -126,14 +151,10 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple
         except (files.TraceError, ValueError):
             continue
     if not reads:
-        return {}
+        return None
     newest = max(reads, key=lambda r: r.meta.get("wall_ns", 0)).meta.get("run")
-    entered: dict[str, dict[int, dict[int, float]]] = {}
-    gaps: dict[str, dict[int, dict[int, float]]] = {}  # (its time outside collectives before)
-    members: dict[str, tuple[int, ...]] = {}
-    named: dict[str, str] = {}
-    sites: dict[tuple[str, int], str] = {}  # (group, rank) -> its last call site there
-    clocks: dict[int, str | None] = {}  # rank -> its host (its monotonic clock's)
+    tails = Tails({}, {}, {}, {}, {}, {})
+    entered, gaps, members, sites, clocks, labels = tails
     for one in reads:
         if one.meta.get("run") != newest or one.rank is None:
             continue
@@ -151,7 +172,8 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple
             if group not in members and (ranks := group_ranks(annotation)) is not None:
                 members[group] = ranks
                 desc = annotation.get("Process Group Description")
-                named[group] = f"{group} ({desc})" if desc else group
+                labels[group] = (names.group_label(group, desc, ranks),
+                                 names.group_desc(desc, ranks))
             mine = records["kind"] == k
             if mine.any():
                 seqs = records["seq"][mine].tolist()
@@ -162,9 +184,47 @@ def stragglers_of(folder: Path, tail: int = TAIL) -> dict[tuple[int, str], tuple
                 site = one.sites.get(int(records["site"][mine][-1]))
                 if site:
                     sites[(group, one.rank)] = site
-    return {(s.rank, s.group): (s, s.line(named.get(s.group, s.group),
-                                          sites.get((s.group, s.rank))))
-            for s in stragglers.stragglers(entered, members, gaps=gaps, clocks=clocks)}
+    return tails
+
+
+def once(source: Any) -> tuple[int, list[str], Verdict]:
+    """One look (``autoannot watch --once``): its exit code (2: nothing, or not everything,
+    could be read; 1: a hang; 0: none), what it says, and the verdict (its notes and what
+    could not be read: for stderr). No all-clear is given about a rank whose ring or progress
+    could not be read."""
+    source.counts()
+    found = source.verdict()
+    what = "progress" if isinstance(source, StoreProgress) else "rings"
+    read = f"{len(found.counts)} ranks' {what}"
+    if found.lines:
+        said = list(found.lines)
+    elif not found.counts:
+        said = []
+    elif found.unreadable:
+        from autoannot.traces.analysis.matching import rank_list
+
+        said = [f"no hang among the {what} read ({rank_list(sorted(found.counts))}'s): none "
+                f"of them waits on another; {len(found.unreadable)} could not be read, and "
+                "nothing is said of their ranks"]
+    else:
+        said = [f"no hang: {read}, no rank waits on another"]
+    code = 2 if found.unreadable or not found.counts else 1 if found.lines else 0
+    return code, said, found
+
+
+def newest_run(interval: float, say: Callable[[str], None], attached: bool) -> Path | None:
+    """The newest run's folder of rings (``base.run_folders``: a job that asked for the watch
+    without ``AUTOANNOT_RING``); where there is none, None, or (``attached``) once one appears,
+    said to be looked for."""
+    from autoannot.base import run_folders
+
+    found = run_folders.newest()
+    if found is None and attached:
+        say(f"autoannot watch: no run's rings under {run_folders.root()} yet: still looking")
+        while found is None:
+            time.sleep(interval)
+            found = run_folders.newest()
+    return None if found is None else Path(found)
 
 
 def culprit_of(lines: list[str]) -> int | None:
@@ -182,18 +242,29 @@ class RingsFolder:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self._unreadable: dict[Path, str] = {}
+        self._empty = False
 
     def __str__(self) -> str:
         return f"their rings in {self.folder}"
 
     def counts(self) -> dict[Any, int]:
-        return counts_of(self.folder)
+        found, self._unreadable = counts_of(self.folder)
+        self._empty = not found and not self._unreadable
+        return found
+
+    def notes(self) -> list[str]:
+        """What the last look could not read: no ring yet, or rings it cannot read."""
+        if self._empty:
+            return [f"no ring in {self.folder} yet (*{ring.SUFFIX}): still looking"]
+        return [f"{path}: cannot be read ({why}): still looking"
+                for path, why in sorted(self._unreadable.items())]
 
     def verdict(self) -> Verdict:
         return verdict(self.folder)
 
-    def stragglers(self) -> dict[tuple[int, str], tuple[Any, str]]:
-        return stragglers_of(self.folder)
+    def tails(self) -> Any:
+        return tails_of_rings(self.folder)
 
     def update_metrics(self, metrics: Any) -> None:
         metrics.update(self.folder)
@@ -215,11 +286,13 @@ class StoreProgress:
         self._ranks = 0  # ranks 0 .. _ranks - 1 have published
         self._run: str | None = None
         self._next_straggler_look = 0.0
-        self._stragglers: dict[tuple[int, str], tuple[Any, str]] = {}
         self._unmetered: list[dict[str, Any]] | None = None  # documents read, not yet metered
 
     def __str__(self) -> str:
         return f"the store at {self.label}"
+
+    def notes(self) -> list[str]:
+        return [] if self._ranks else [f"no rank has published to {self} yet: still looking"]
 
     def counts(self) -> dict[Any, int]:
         key_of = ring.count_key
@@ -255,22 +328,20 @@ class StoreProgress:
         lines = S.hang_of({}, members, by_seq)
         culprit = culprit_of(lines)
         stale = None if culprit is None else rank_progress.stale_culprit(documents, culprit)
-        return Verdict(lines + ([stale] if stale else []), counts, self._run,
+        return Verdict(lines + ([stale] if stale else []), counts, self._run, [],
                        [] if documents else [f"{self}: no rank has published"])
 
-    def stragglers(self) -> dict[tuple[int, str], tuple[Any, str]]:
-        from autoannot.traces.analysis import stragglers
+    def tails(self) -> Any:
+        """The ranks' last launches from their documents, read again no more than a quarter
+        of the time (None between)."""
         from autoannot.traces.read import rank_progress
 
         began = self.clock()
         if began < self._next_straggler_look:
-            return self._stragglers
-        entered, gaps, members, sites, clocks = rank_progress.tails_of(self._documents())
-        self._stragglers = {(s.rank, s.group): (s, s.line(s.group, sites.get((s.group, s.rank))))
-                            for s in stragglers.stragglers(entered, members, gaps=gaps,
-                                                           clocks=clocks)}
+            return None
+        tails = rank_progress.tails_of(self._documents())
         self._next_straggler_look = began + 4 * (self.clock() - began)
-        return self._stragglers
+        return tails
 
     def update_metrics(self, metrics: Any) -> None:
         """The ranks' published totals, from the documents last read (at most a quarter of
@@ -295,8 +366,9 @@ def steps_of_documents(documents: list[dict[str, Any]]) -> tuple[Any, Any, dict[
         for group, held in document["groups"].items():
             size = held.get("size")
             if isinstance(size, int):
-                known = members.get(group, (size, None))
-                members[group] = (max(size, known[0]), known[1] or rank_progress.members_of(held))
+                known = members.get(group, (size, None, ""))
+                members[group] = (max(size, known[0]), known[1] or rank_progress.members_of(held),
+                                  known[2] or str(held.get("desc") or ""))
             for seq, what, site, at_ns in held["last"]:
                 by_seq.setdefault(group, {}).setdefault(rank, {})[int(seq)] = S.Step(
                     tuple(what), site, at_ns)
@@ -319,12 +391,14 @@ class Watcher:
         self._counts: dict[Path, int] = {}
         self._since = clock()  # when the counts last changed
         self._said: list[str] | None = None  # the hang said, until the job moves
-        self._stragglers: dict[tuple[int, str], str] = {}  # (rank, group) -> its line
+        self.stragglers = stragglers.Tracker()  # (named: while they stand out)
+        self._noted: dict[str, bool] = {}  # what could not be read: said (True) or seen once
 
     def look(self) -> list[str] | None:
         """One look: the hang's lines where one is said now (None otherwise)."""
         now = self.clock()
         counts = self.source.counts()
+        self._note(self.source.notes())
         if self.metrics is not None:
             self.source.update_metrics(self.metrics)
         if counts != self._counts:
@@ -351,18 +425,29 @@ class Watcher:
             return found.lines
         return None
 
+    def _note(self, notes: list[str]) -> None:
+        """Say what cannot be read, once, where two looks in a row saw it (a ring being made
+        as it is looked at is not said)."""
+        seen = {note: self._noted.get(note) is not None for note in notes}
+        for note, twice in seen.items():
+            if twice and not self._noted[note]:
+                self.say(f"autoannot watch: {note}")
+        self._noted = {note: twice for note, twice in seen.items()}
+
     def _look_for_stragglers(self) -> None:
-        """Say each rank that now stands out as a straggler (once), and each that no longer
-        does."""
-        now = self.source.stragglers()
+        """Read the windows the job completed since the last look: say each rank named a
+        straggler now (once), and each that no longer stands out (``stragglers.Tracker``)."""
+        tails = self.source.tails()
+        if tails is None:
+            return
+        named, ended = self.stragglers.update(
+            tails.entered, tails.members, tails.gaps, tails.clocks, tails.sites, tails.labels)
+        for straggler in named:
+            self.say(f"autoannot watch: {straggler.line()}")
+        for line in ended:
+            self.say(f"autoannot watch: {line}")
         if self.metrics is not None:
-            self.metrics.stragglers({key: found for key, (found, _) in now.items()})
-        for key, (_, line) in now.items():
-            if key not in self._stragglers:
-                self.say(f"autoannot watch: {line}")
-        for rank, group in sorted(self._stragglers.keys() - now.keys()):
-            self.say(f"autoannot watch: rank {rank} no longer stands out in group {group}")
-        self._stragglers = now
+            self.metrics.stragglers(self.stragglers.named)
 
     def run(self, interval: float, stop: Any = None) -> None:
         """Look every ``interval`` seconds until ``stop`` (a ``threading.Event``) is set."""
