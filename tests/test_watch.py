@@ -606,14 +606,14 @@ def test_the_watch_as_a_user_turns_it_on(capfd, monkeypatch, tmp_path: Path) -> 
     against a noise that is measured (more than 0), once; nothing else is said of a straggler
     or a hang; ``autoannot watch --once`` with no folder finds that run's rings (before: no ring
     and no watch, and no word of it)."""
-    from autoannot.base import run_folders
-
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setenv("AUTOANNOT_WATCH", "1")
     monkeypatch.delenv("AUTOANNOT_RING", raising=False)
     results, said, began = _said_while_it_runs("late_tp", tmp_path, capfd, steps=400)
     kept = _lines(said, "AUTOANNOT_RING unset: the ranks' rings are kept in ")
     assert len(kept) == 1, said
+    from autoannot.base import run_folders
+
     folder = Path(kept[0][1].split(" are kept in ")[1].split(" (this run's")[0])
     assert folder.parent == Path(run_folders.root()) and folder.is_relative_to(tmp_path)
     assert sorted(p.name for p in folder.glob(f"*{ring.SUFFIX}")) == [
