@@ -127,6 +127,11 @@ class Window:
     spread: np.ndarray = field(repr=False)
     by_time_outside: bool = False
 
+    @property
+    def last_of(self) -> np.ndarray:
+        """The rank that arrived last at each instance (its global rank)."""
+        return np.asarray(self.ranks)[self.last_rank]
+
 
 def windows(entered: Entered, members: dict[str, tuple[int, ...]], after: dict[str, int],
             size: int = WINDOW, gaps: Entered | None = None,
@@ -253,8 +258,7 @@ class Tracker:
     def noise(self, rank: int) -> tuple[float | None, int]:
         """The job's own noise for ``rank`` (us; None: unmeasured) and over how many
         collectives."""
-        waits = [w.waited[np.array(w.ranks)[w.last_rank] != rank]
-                 for recent in self._recent.values() for w in recent]
+        waits = [w.waited[w.last_of != rank] for recent in self._recent.values() for w in recent]
         spreads = [w.spread for recent in self._recent.values() for w in recent]
         pooled = np.concatenate(waits + spreads) if waits or spreads else np.empty(0)
         if not len(pooled):
