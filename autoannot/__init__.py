@@ -32,7 +32,7 @@ _EXPORTS = {
     "AnnotationContext": "autoannot.observe.annotation",
     "describe_call": "autoannot.helper",
     "AutoannotWarning": "autoannot.base.diagnostics",
-    "SequenceMismatch": "autoannot.keep.verify",
+    "SequenceMismatch": "autoannot.live.verify",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

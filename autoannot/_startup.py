@@ -20,10 +20,10 @@ if config.agent_requested():
 
         opened = ring.open_from_environment(INSTRUMENTATION.state)
         if opened is not None and config.watch_store_set():
-            from autoannot.keep import publish
+            from autoannot.live import publish
 
             publish.start_from_environment(opened)
         if opened is not None and config.watch_requested():
-            from autoannot.keep import watch_thread
+            from autoannot.live import watch_thread
 
             watch_thread.start_on_rank_0(opened)

@@ -552,13 +552,13 @@ def _plot(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     """``autoannot watch FOLDER``: the rings' hang said while the job runs; ``--once``: what
     they show now."""
+    from autoannot.live import watch
     from autoannot.traces import files
-    from autoannot.traces.render import watch
 
     source: Any
     if args.store is not None:  # the progress the ranks publish (AUTOANNOT_WATCH_STORE)
         from autoannot.base import config
-        from autoannot.keep.publish import connect
+        from autoannot.live.publish import connect
 
         try:
             address = config.watch_store({"AUTOANNOT_WATCH_STORE": args.store})
@@ -604,7 +604,7 @@ def _watch(args: argparse.Namespace) -> int:
         return code
     metrics = None
     if args.prometheus is not None:
-        from autoannot.traces.render.metrics import JobMetrics
+        from autoannot.live.metrics import JobMetrics
 
         try:
             metrics = JobMetrics(lambda line: print(line, flush=True))

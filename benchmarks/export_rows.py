@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> int:
     import trace_tool
 
-    from autoannot.keep import export
+    from autoannot.live import export
     from autoannot.traces.read import annotate, rank_files
     from autoannot.traces.table import rows
 

@@ -91,7 +91,7 @@ def _rank(rank: int, world: int, port: int, args: Any, folder: str) -> None:
     from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
     from autoannot.keep.journal import Journal
     from autoannot.keep.ring import Ring
-    from autoannot.traces.render.watch import Watcher
+    from autoannot.live.watch import Watcher
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

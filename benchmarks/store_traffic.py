@@ -3,7 +3,7 @@ local TCPStore (torch's, the server a job's rank 0 runs) with many client proces
 down, and estimated for 65,536 ranks.
 
 Each rank sets two keys in one request (``multi_set``) an interval at most: its launch count
-(a few dozen bytes) and its progress document (``traces.read.rank_progress``: a real one, made
+(a few dozen bytes) and its progress document (``live.progress``: a real one, made
 here from the ring of a real 1-rank gloo job of 3 groups with the agent on). Rank 0's watcher
 reads every rank's count with one ``multi_get`` a look, and the documents only to say a hang
 and, no more than a quarter of its time, to look for stragglers. Measured:
@@ -69,7 +69,8 @@ def real_document() -> bytes:
     for _ in range(40):
         for group in groups:
             dist.all_reduce(tensor, group=group)
-    from autoannot.traces.read import rank_progress, ring_files
+    from autoannot.live import progress as rank_progress
+    from autoannot.traces.read import ring_files
 
     assert ring is not None and ring.ring_path is not None
     one = ring_files.read(Path(ring.ring_path), 1024)

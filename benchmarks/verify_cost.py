@@ -17,7 +17,7 @@ def measure(rank, world, n):
 
     import autoannot
     from autoannot import describe_call
-    from autoannot.keep import verify
+    from autoannot.live import verify
     autoannot.enable()
     ann = describe_call(dist.all_reduce, torch.ones(1024))
     entries = [{"annotation": ann, "call_site": "x.py:1"} for _ in range(n)]

@@ -11,6 +11,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "autoannot"
 #: The command-line tools and their trace readers: not loaded into an instrumented process.
 TOOLS = ("autoannot.traces", "autoannot.cli", "autoannot.__main__", "autoannot.agent.doctor")
+#: What reads the job's own files while it runs (the watch, its metrics, the progress
+#: published, the exported trace): loaded into a job only where asked, above the trace tools.
+LIVE = "autoannot.live"
 
 
 def _modules() -> dict[str, Path]:
@@ -114,7 +117,7 @@ def test_the_trace_tools_import_one_way_through_their_folders() -> None:
 #: leans on; what a launch is (its words, which the trace tools share); the trace tools; where
 #: launches go; how they are seen; the agent's owner. The modules left flat in ``autoannot/``
 #: (the public API, the command line, the start-up hook) stand above them all.
-RUNTIME_LAYERS = ("base", "native", "describe", "traces", "keep", "observe", "agent")
+RUNTIME_LAYERS = ("base", "native", "describe", "traces", "keep", "live", "observe", "agent")
 
 
 def _runtime_layer(module: str) -> int:
@@ -143,9 +146,25 @@ def test_the_runtime_imports_one_way_through_its_folders() -> None:
 
 def test_no_runtime_module_imports_the_trace_analysis() -> None:
     """The runtime takes from the trace tools only what both sides share (their face, the
-    ledger format, names, atomic writes), never the analysis."""
+    ledger format, names, atomic writes), never the analysis; only the live wing (the watch)
+    reads rings with it."""
     offenders = sorted(f"{name} -> {other}" for name, imports in _runtime().items()
+                       if not name.startswith(LIVE)
                        for other in imports if other.startswith("autoannot.traces.analysis"))
+    assert offenders == []
+
+
+#: The trace tools' words the runtime shares (what a launch, a graph and a ledger are called).
+WORDS = ("autoannot.traces.names", "autoannot.traces.read.ledger")
+
+
+def test_where_launches_are_kept_imports_only_the_trace_tools_words() -> None:
+    """Issue 64: ``keep/`` (where launches go) imports nothing of the trace tools but their
+    words; what reads rings, traces and the store while a job runs is the live wing's."""
+    offenders = sorted(f"{name} -> {other}" for name, imports in _runtime().items()
+                       if name.startswith("autoannot.keep")
+                       for other in imports if other.startswith("autoannot.traces")
+                       and other not in WORDS)
     assert offenders == []
 
 

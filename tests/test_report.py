@@ -316,7 +316,7 @@ def test_rows_of_a_graphed_trace_are_written_through_its_ledger(tmp_path: Path) 
     its ledger): its rows are the annotated trace's, and no temporary is left beside it."""
     import agent_hooks as hooks
 
-    from autoannot.keep import export
+    from autoannot.live import export
     from autoannot.traces.read import annotate
 
     data = Path(__file__).parent / "data" / "gpu" / "graphs"

@@ -14,9 +14,11 @@ import replay_cases as cases
 from harness import run_ranks
 
 from autoannot.base.ring_format import FAILED
+from autoannot.live import progress as rank_progress
+from autoannot.live import tally as ring_tally
+from autoannot.live import watch
 from autoannot.traces.analysis import stragglers
-from autoannot.traces.read import rank_progress, ring_files, ring_tally
-from autoannot.traces.render import watch
+from autoannot.traces.read import ring_files
 
 STEPS, LATE_S = 20, 0.03
 

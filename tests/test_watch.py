@@ -162,7 +162,7 @@ def test_the_rings_a_hung_job_left_name_its_culprit(capsys, monkeypatch, tmp_pat
     import torch.distributed as dist
     from harness import free_port
 
-    from autoannot.keep import publish
+    from autoannot.live import publish
 
     port = free_port()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
@@ -180,7 +180,7 @@ def test_the_rings_a_hung_job_left_name_its_culprit(capsys, monkeypatch, tmp_pat
     # rank 3's progress as a stopped process leaves it: published before the others' last
     # launch (here: before its own last launch); the culprit is said to be so
     from autoannot.base.ring_format import progress_key
-    from autoannot.traces.read import rank_progress
+    from autoannot.live import progress as rank_progress
 
     culprit = ring_files.read(rings / f"rank3{ring.SUFFIX}")
     before = int(culprit.wall_ns(culprit.records["entered_ns"].max())) - 1_000_000
@@ -298,8 +298,8 @@ def test_groups_made_without_a_description_are_named_by_their_ranks(capsys, monk
     labels (before: ``group 2 (undefined)``, and in tables ``undefined (2)``)."""
     from harness import free_port
 
-    from autoannot.traces.render.metrics import JobMetrics
-    from autoannot.traces.render.watch import Watcher
+    from autoannot.live.metrics import JobMetrics
+    from autoannot.live.watch import Watcher
 
     rings = tmp_path / "rings"
     monkeypatch.setenv("AUTOANNOT_RING", str(rings))
@@ -439,7 +439,7 @@ def test_a_tally_counts_a_launch_entered_while_it_reads(monkeypatch, tmp_path: P
     launch entered between the tally's read of the header and of the records is counted,
     once, like every other (before, the launch the read should have started at was lost for
     good: a live job's metrics fell short, 199 of 200)."""
-    from autoannot.traces.read import ring_tally
+    from autoannot.live import tally as ring_tally
 
     kept = ring.Ring(str(tmp_path), 64)
     for i in range(5):
@@ -535,7 +535,7 @@ def test_a_store_that_cannot_be_reached_leaves_the_job_as_it_was(capfd, monkeypa
     (tmp_path / "watched").mkdir()
     results = job.run("clean", tmp_path / "watched", TIMEOUT_S)
     assert [r["values"] for r in results] == [r["values"] for r in plain]
-    from autoannot.keep import publish
+    from autoannot.live import publish
 
     one = ring.Ring(str(tmp_path / "alone"), 4)
     one.enter(new_record("all_reduce", {"Collective name": "allreduce"}, "here.py:1", {}))
@@ -714,9 +714,9 @@ def _across_hosts(rings: Path, moved: int, offset_us: float) -> list[Any]:
     documents, made from the job's real rings, each with its ring's last ``watch.TAIL``
     launches), where rank ``moved`` ran on a second host whose monotonic clock reads
     ``offset_us`` more than the first's (a planted offset)."""
+    from autoannot.live import progress as rank_progress
+    from autoannot.live import watch
     from autoannot.traces.analysis import stragglers
-    from autoannot.traces.read import rank_progress
-    from autoannot.traces.render import watch
 
     documents = []
     for path in ring_files.in_folder(rings):
@@ -792,8 +792,8 @@ def test_the_metrics_of_a_late_job_are_its_launches_its_time_and_its_straggler(
     alone, no hang."""
     from harness import free_port
 
-    from autoannot.traces.render.metrics import JobMetrics
-    from autoannot.traces.render.watch import Watcher
+    from autoannot.live.metrics import JobMetrics
+    from autoannot.live.watch import Watcher
 
     rings = tmp_path / "rings"
     monkeypatch.setenv("AUTOANNOT_RING", str(rings))
@@ -822,9 +822,9 @@ def test_the_metrics_through_a_store_are_the_ranks_own_totals(monkeypatch,
     import torch.distributed as dist
     from harness import RUN_EXIT_FUNCTIONS, free_port
 
-    from autoannot.keep.publish import connect
-    from autoannot.traces.render.metrics import JobMetrics
-    from autoannot.traces.render.watch import StoreProgress, Watcher
+    from autoannot.live.metrics import JobMetrics
+    from autoannot.live.publish import connect
+    from autoannot.live.watch import StoreProgress, Watcher
 
     port = free_port()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,

@@ -29,6 +29,23 @@ from autoannot.keep.captures import Captures, said
 monotonic_ns = time.monotonic_ns
 
 
+def _verify(captures: Captures, graph: Any) -> None:
+    """``AUTOANNOT_VERIFY=1``: compare the graph's collectives with the other ranks' now
+    (``live.verify``); a difference raises ``SequenceMismatch`` (on purpose: the replay would
+    hang); a failure of the comparison itself is said once, the capture stands."""
+    from autoannot.live import verify
+
+    ledger = captures.ledger_of(graph)
+    if ledger is None:
+        return
+    try:
+        verify.verify_capture(ledger.name, ledger.entries)
+    except verify.SequenceMismatch:
+        raise
+    except Exception as exc:
+        said("capture_end (AUTOANNOT_VERIFY)", exc)
+
+
 def capture_hooks(captures: Captures) -> dict[str, Any]:
     """wrapt wrappers of ``CUDAGraph``'s methods, reporting to ``captures`` (what ``install``
     puts on the class; the stand-in capture and the tests call them on stand-in graphs)."""
@@ -49,7 +66,8 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
                 captures.ended(graph)
             except Exception as exc:
                 said("capture_end", exc)
-        captures.verify(graph)
+        if captures.agent.config.verify and captures.agent.state.live:
+            _verify(captures, graph)
         return result
 
     def replay(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:

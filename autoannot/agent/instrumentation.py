@@ -278,7 +278,8 @@ def _install_graphs(agent: Instrumentation, module: ModuleType) -> list[patching
 def _install_export(agent: Instrumentation, module: ModuleType) -> list[patching.Patch]:
     """Ledger and rows files beside each exported trace; the launches of each profiler's
     window held for its rows."""
-    from autoannot.keep import export, window
+    from autoannot.keep import window
+    from autoannot.live import export
 
     profiler = getattr(module, "_KinetoProfile", None)
     return [*patching.wrap_attribute(profiler, "export_chrome_trace", export.after_export(agent),

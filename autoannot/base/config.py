@@ -105,7 +105,7 @@ def ring_launches(env: Mapping[str, str] | None = None) -> int:
 
 
 def watch_requested(env: Mapping[str, str] | None = None) -> bool:
-    """``AUTOANNOT_WATCH=1``: rank 0 watches the job's rings live (``traces/render/watch.py``)."""
+    """``AUTOANNOT_WATCH=1``: rank 0 watches the job's rings live (``live/watch.py``)."""
     return flag("AUTOANNOT_WATCH", False, env)
 
 

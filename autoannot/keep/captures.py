@@ -143,24 +143,6 @@ class Captures:
         elif noted:  # (drained in launch order)
             ledger.launched += noted
 
-    def verify(self, graph: Any) -> None:
-        """``AUTOANNOT_VERIFY=1``: compare the graph's collectives with the other ranks' now;
-        a difference raises ``SequenceMismatch`` (on purpose: the replay would hang)."""
-        agent = self.agent
-        if not agent.config.verify or not agent.state.live:
-            return
-        from autoannot.keep import verify
-
-        ledger = self.ledger_of(graph)
-        if ledger is None:
-            return
-        try:
-            verify.verify_capture(ledger.name, ledger.entries)
-        except verify.SequenceMismatch:
-            raise
-        except Exception as exc:  # the comparison itself failed: the capture stands
-            said("capture_end (AUTOANNOT_VERIFY)", exc)
-
     def state_changed(self, state: Any) -> None:
         """(A listener of the agent's state) the rings that keep replays, and the replay
         wrappers on while one is open or a profiler records."""

@@ -1,6 +1,6 @@
 """A profiler's window, held in memory: from the moment a profiler starts recording
 (``start_trace``) until it stops (``stop_trace``), the agent keeps each launch in a ring of no
-files (``keep.ring.Ring(None)``). The rows written at its export (``keep.export``) are named
+files (``keep.ring.Ring(None)``). The rows written at its export (``live.export``) are named
 and timed by it where no record file and no ``AUTOANNOT_RING`` is open: gloo's collectives get
 their groups, sizes and call sites with ``AUTOANNOT=1`` alone, and two async launches gloo ran
 out of order keep their own timings by their Works' completion, shapes recorded or not.
@@ -42,16 +42,11 @@ class Windows:
         if ring is not None:
             self._agent.state.close_journal(ring)
 
-    def held(self, profiler: Any) -> Any:
-        """The launches of ``profiler``'s last window (``ring_files.RingRead``); None where it
-        held none."""
+    def held(self, profiler: Any) -> tuple[bytes, list[dict[str, Any]]] | None:
+        """The launches of ``profiler``'s last window: its ring's bytes and names, as a
+        reader reads a ring's files (``ring_files.read_held``); None where it held none."""
         ring = self._rings.get(profiler)
-        held = None if ring is None else ring.held()
-        if held is None:
-            return None
-        from autoannot.traces.read import ring_files
-
-        return ring_files.read_held(*held, label="the profiler's window")
+        return None if ring is None else ring.held()
 
     def close_all(self) -> None:
         """(The agent turned off) every window let go."""

@@ -8,7 +8,7 @@ NCCL kernels with collective args, per process group), and compared across the r
 have each: the first place where they differ is reported per (scope, group), with each rank's
 collective, sizes, dtype and call site.
 
-The same comparison runs inside a job (``AUTOANNOT_VERIFY=1``: the runtime's ``keep.verify``
+The same comparison runs inside a job (``AUTOANNOT_VERIFY=1``: the runtime's ``live.verify``
 asks ``first_divergence``): at the end of each capture, every rank posts its graph's sequence to
 the c10d store and compares it with the others' before the first replay can hang.
 """

@@ -89,9 +89,11 @@ def write_rows(trace_path: str, agent: Any, exported: Exported | None = None,
     exported = exported or Exported(trace_path)
     run, kept = None if journal is None else journal.run, None
     if journal is None:  # (the window's launches, with their completions, or else the
-        held = agent.windows.held(profiler) if profiler is not None else None  # ring's, name
+        window = agent.windows.held(profiler) if profiler is not None else None  # ring's,
+        held = (None if window is None else  # name gloo's as a record file's lines do)
+                ring_files.read_held(*window, label="the profiler's window"))
         ring = next((j for j in agent.state.journals if getattr(j, "ring_path", None)), None)
-        if held is None and ring is not None:  # gloo's as a record file's lines do)
+        if held is None and ring is not None:
             held = ring_files.read(Path(ring.ring_path))
         if held is not None:
             run, kept = held.meta.get("run"), (held.rank, ring_files.launches_of(held))

@@ -1,5 +1,5 @@
 """A rank's progress, as it publishes it to the job's store for a watcher on another host
-(``keep.publish``): from its ring, per group, its last launches (what each was, its call site,
+(``live.publish``): from its ring, per group, its last launches (what each was, its call site,
 when it was entered) and the entry times and time outside collectives of its last
 ``publish.TAIL`` (the straggler windows). One small JSON document a rank; the watcher
 turns the documents of all ranks into the steps the hang analysis and the straggler window
@@ -9,7 +9,7 @@ A document: ``{"v": 1, "rank", "run", "host", "count", "published_ns", "base_us"
 {group: {"size", "first" and "stride" or "ranks", "last": [[seq, what, call site, entered
 wall ns], ...], "tail": [[seq, entered us after base_us, time outside us or -1], ...]}}}``,
 about 1.5 KB for 3 groups; the publisher adds ``"totals": {group: {"launches": {collective:
-n}, "seconds": s}}`` (``ring_tally.Tally.totals``). Entry times of the tail are the rank's own
+n}, "seconds": s}}`` (``tally.Tally.totals``). Entry times of the tail are the rank's own
 monotonic clock, its host's: the straggler window compares them between ranks of one host
 only, and reads a group that spans hosts from the times outside collectives alone
 (``analysis.stragglers``).

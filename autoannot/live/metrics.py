@@ -1,6 +1,6 @@
 """A watched job's figures for the dashboards people already run: Prometheus metrics
 (prometheus-client, ``pip install 'autoannot[watch]'``), updated at each of the watcher's
-looks from the rings (``traces/render/watch.py``):
+looks from the rings (``live/watch.py``):
 
 * ``autoannot_collectives_total{rank, group, group_desc, collective}``: launches entered;
 * ``autoannot_collective_seconds_total{rank, group, group_desc}``: time from each launch's
@@ -18,7 +18,7 @@ where it has none, its ranks (``[0, 2]``; ``names.group_desc``).
 From rings (a folder of this host) the counts are the watcher's own, from when it started: a
 launch that left a ring before a look saw it (more than the ring's launches between two looks)
 is not counted, and said once. Through a store (``AUTOANNOT_WATCH_STORE``), each rank
-publishes its own totals (the same ``traces.read.ring_tally``, counted in its process from its
+publishes its own totals (the same ``live.tally``, counted in its process from its
 ring's opening), and the counters move by what they grew, at the watcher's reads of the ranks'
 documents (a quarter of its time at most).
 """
@@ -52,14 +52,14 @@ class JobMetrics:
                              registry=self.registry)
         self.culprit.set(-1)
         self.say = say
-        self._tallies: dict[Path, Any] = {}  # ring -> its ``ring_tally.Tally``
+        self._tallies: dict[Path, Any] = {}  # ring -> its ``tally.Tally``
         self._published: dict[tuple[str, str, str], float] = {}  # what a store's ranks said
         self._lost_said = False
         self._stragglers: set[tuple[str, str, str]] = set()
 
     def update(self, folder: Path) -> None:
         """Count what each ring entered, and what returned, since the last update."""
-        from autoannot.traces.read.ring_tally import Tally
+        from autoannot.live.tally import Tally
 
         for path in ring_files.in_folder(folder):
             tally = self._tallies.get(path)
@@ -80,7 +80,7 @@ class JobMetrics:
                          "between two looks: metrics count from the launches it still holds")
 
     def update_published(self, documents: list[dict[str, Any]]) -> None:
-        """Move the counters by what each rank's published totals (``keep.publish``: its
+        """Move the counters by what each rank's published totals (``live.publish``: its
         ring's ``Tally``, from every host) grew since they were last read; a total that fell
         (the rank's process began anew) counts from zero."""
         for document in documents:

@@ -1,7 +1,7 @@
 """``AUTOANNOT_WATCH=1``: rank 0 of the job watches the rings of ``AUTOANNOT_RING``'s folder in
 a thread of its own and says a hang or a straggler in the job's log (stderr) while it lasts
-(``traces/render/watch.py``); with ``AUTOANNOT_WATCH_PROMETHEUS=PORT`` it serves the job's
-metrics there (``traces/render/metrics.py``). The thread is a daemon: it never keeps the job
+(``live/watch.py``); with ``AUTOANNOT_WATCH_PROMETHEUS=PORT`` it serves the job's
+metrics there (``live/metrics.py``). The thread is a daemon: it never keeps the job
 from ending, and a failure of its own ends it, said once; the job goes on as it was."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _watch(folder: str, interval: float, stall: float, port: int | None,
     try:
         from pathlib import Path
 
-        from autoannot.traces.render.watch import StoreProgress, Watcher
+        from autoannot.live.watch import StoreProgress, Watcher
 
         def say(line: str) -> None:
             sys.stderr.write(line + "\n")
@@ -56,7 +56,7 @@ def _watch(folder: str, interval: float, stall: float, port: int | None,
 
         metrics = None
         if port is not None:
-            from autoannot.traces.render.metrics import JobMetrics
+            from autoannot.live.metrics import JobMetrics
 
             try:
                 metrics = JobMetrics(say)
@@ -69,7 +69,7 @@ def _watch(folder: str, interval: float, stall: float, port: int | None,
                     "'autoannot[watch]')")
         source: Any = Path(folder)
         if store is not None:
-            from autoannot.keep.publish import connect
+            from autoannot.live.publish import connect
 
             source = StoreProgress(connect(store), f"{store[0]}:{store[1]}")
         Watcher(source, stall, say, metrics=metrics).run(interval)

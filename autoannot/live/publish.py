@@ -1,11 +1,11 @@
-"""``AUTOANNOT_WATCH_STORE``: every rank publishes its progress (``traces.read.rank_progress``: per
+"""``AUTOANNOT_WATCH_STORE``: every rank publishes its progress (``live.progress``: per
 group its last launches and its straggler window, from its ring) to a c10d store — the job's
 own, or another — every watch interval where it launched since, for a watcher on any host
 (rank 0's, ``AUTOANNOT_WATCH=1``). One request a rank an interval at most (``multi_set`` of
 two keys: ``autoannot/count/{rank}``, its launch count, which the watcher reads at every look,
 and ``autoannot/progress/{rank}``, the document, read to say a hang, to look for stragglers and
 for the metrics: with the rank's totals since its ring opened, per group, launches of each
-collective and time in collectives, ``traces.read.ring_tally``).
+collective and time in collectives, ``live.tally``).
 
 It runs in a daemon thread of its own, through a store client of its own (torch's public
 ``TCPStore``, not the job's client object): a store that cannot be reached, or that stops
@@ -48,7 +48,7 @@ class Publisher:
     """Publishes ``ring``'s progress to ``store`` (``publish_once``: one look)."""
 
     def __init__(self, ring: Any, store: Any) -> None:
-        from autoannot.traces.read.ring_tally import Tally
+        from autoannot.live.tally import Tally
 
         self.ring = ring
         self.store = store
@@ -66,7 +66,8 @@ class Publisher:
     def _publish_once(self, anyway: bool) -> bool:
         from pathlib import Path
 
-        from autoannot.traces.read import rank_progress, ring_files
+        from autoannot.live import progress
+        from autoannot.traces.read import ring_files
 
         path = self.ring.ring_path
         if self.ended or path is None or (self.ring.count == self._published and not anyway):
@@ -74,9 +75,9 @@ class Publisher:
         self.tally.update(Path(path))
         one = ring_files.read(Path(path), 1024)
         published = time.time_ns()
-        document = rank_progress.of_ring(one, TAIL, published_ns=published)
+        document = progress.of_ring(one, TAIL, published_ns=published)
         document["totals"] = self.tally.totals()
-        data = rank_progress.encode(document)
+        data = progress.encode(document)
         rank = int(one.rank if one.rank is not None else -1)
         count = f"{one.count} {published} {one.meta.get('run')}".encode()
         self.store.multi_set([count_key(rank), progress_key(rank)], [count, data])

@@ -5,8 +5,8 @@ issue; none for a graph replay's launches, which share the replay's), each launc
 once it returned. Read again and again (``update``), a tally
 reads only what the ring entered since, and the launches still running the last time.
 
-The figures of the live watch's metrics (``render.metrics``: from rings of this host) and of
-the progress each rank publishes (``keep.publish``: through a store, from every host) are
+The figures of the live watch's metrics (``live.metrics``: from rings of this host) and of
+the progress each rank publishes (``live.publish``: through a store, from every host) are
 these, so both say the same.
 """
 

@@ -8,10 +8,10 @@ whom, over each rank's last launches per group); a hang is said once, and that t
 again once it does. A job that only pauses (every rank computing, no collective half-entered)
 has no rank waiting on another: nothing is said.
 
-Run by rank 0 of a job (``AUTOANNOT_WATCH=1``: ``keep/watch_thread.py``) or by
+Run by rank 0 of a job (``AUTOANNOT_WATCH=1``: ``live/watch_thread.py``) or by
 ``autoannot watch FOLDER``. The rings must be on the watcher's host (or a file system that
 shares writes to mapped files at once: a local disk, tmpfs; not NFS). Across hosts the ranks
-publish their progress to a c10d store (``AUTOANNOT_WATCH_STORE``, ``keep/publish.py``) and
+publish their progress to a c10d store (``AUTOANNOT_WATCH_STORE``, ``live/publish.py``) and
 the watcher reads it there (``StoreProgress``): the same hang analysis and straggler window,
 from each rank's last launches per group.
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autoannot.base import ring_format as ring
+from autoannot.live import progress
 from autoannot.traces import files, names
 from autoannot.traces.analysis import stragglers
 from autoannot.traces.read import ring_files
@@ -138,11 +139,10 @@ TAIL = 1024
 
 def tails_of_rings(folder: Path, tail: int = TAIL) -> Any:
     """The last ``tail`` launches of each ring of ``folder`` (its newest run), as the
-    straggler windows read them (``rank_progress.Tails``); None where no ring can be read."""
+    straggler windows read them (``progress.Tails``); None where no ring can be read."""
     import numpy as np
 
     from autoannot.traces.read.rank_files import group_ranks
-    from autoannot.traces.read.rank_progress import Tails
 
     reads = []
     for path in ring_files.in_folder(folder):
@@ -153,7 +153,7 @@ def tails_of_rings(folder: Path, tail: int = TAIL) -> Any:
     if not reads:
         return None
     newest = max(reads, key=lambda r: r.meta.get("wall_ns", 0)).meta.get("run")
-    tails = Tails({}, {}, {}, {}, {}, {})
+    tails = progress.Tails({}, {}, {}, {}, {}, {})
     entered, gaps, members, sites, clocks, labels = tails
     for one in reads:
         if one.meta.get("run") != newest or one.rank is None:
@@ -272,7 +272,7 @@ class RingsFolder:
 
 class StoreProgress:
     """What a watcher reads: the progress the ranks publish to a c10d store
-    (``keep.publish``); ``store``: a client of it. At every look each rank's launch count (a
+    (``live.publish``); ``store``: a client of it. At every look each rank's launch count (a
     few dozen bytes a rank); the documents to say a hang, and to look for stragglers no more
     than a quarter of the time (a read of every rank's document takes seconds at 65,536
     ranks: ``benchmarks/store_traffic.py``). Ranks 0, 1, ... are looked for until one has not
@@ -309,37 +309,34 @@ class StoreProgress:
         return {rank: f[0] for rank, f in found.items() if f[2] == self._run}
 
     def _documents(self) -> list[dict[str, Any]]:
-        from autoannot.traces.read import rank_progress
 
         if not self._ranks:
             return []
         values = self.store.multi_get([ring.progress_key(r) for r in range(self._ranks)])
-        documents = [d for d in map(rank_progress.decode, values) if d is not None]
+        documents = [d for d in map(progress.decode, values) if d is not None]
         documents = [d for d in documents if self._run is None or d.get("run") == self._run]
         self._unmetered = documents  # (the metrics' next update)
         return documents
 
     def verdict(self) -> Verdict:
         from autoannot.traces.analysis import sequences as S
-        from autoannot.traces.read import rank_progress
 
         documents = self._documents()
         members, by_seq, counts = steps_of_documents(documents)
         lines = S.hang_of({}, members, by_seq)
         culprit = culprit_of(lines)
-        stale = None if culprit is None else rank_progress.stale_culprit(documents, culprit)
+        stale = None if culprit is None else progress.stale_culprit(documents, culprit)
         return Verdict(lines + ([stale] if stale else []), counts, self._run, [],
                        [] if documents else [f"{self}: no rank has published"])
 
     def tails(self) -> Any:
         """The ranks' last launches from their documents, read again no more than a quarter
         of the time (None between)."""
-        from autoannot.traces.read import rank_progress
 
         began = self.clock()
         if began < self._next_straggler_look:
             return None
-        tails = rank_progress.tails_of(self._documents())
+        tails = progress.tails_of(self._documents())
         self._next_straggler_look = began + 4 * (self.clock() - began)
         return tails
 
@@ -355,7 +352,6 @@ def steps_of_documents(documents: list[dict[str, Any]]) -> tuple[Any, Any, dict[
     """The hang analysis's inputs from the ranks' documents (``sequences.hang_of``'s members
     and steps by seq), and each rank's launch count."""
     from autoannot.traces.analysis import sequences as S
-    from autoannot.traces.read import rank_progress
 
     members: S.Members = {}
     by_seq: dict[str, dict[int, dict[int, S.Step]]] = {}
@@ -367,7 +363,7 @@ def steps_of_documents(documents: list[dict[str, Any]]) -> tuple[Any, Any, dict[
             size = held.get("size")
             if isinstance(size, int):
                 known = members.get(group, (size, None, ""))
-                members[group] = (max(size, known[0]), known[1] or rank_progress.members_of(held),
+                members[group] = (max(size, known[0]), known[1] or progress.members_of(held),
                                   known[2] or str(held.get("desc") or ""))
             for seq, what, site, at_ns in held["last"]:
                 by_seq.setdefault(group, {}).setdefault(rank, {})[int(seq)] = S.Step(
@@ -384,7 +380,7 @@ class Watcher:
     def __init__(self, folder: Path | Any, stall: float, say: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic, metrics: Any = None) -> None:
         self.source = RingsFolder(folder) if isinstance(folder, Path) else folder
-        self.metrics = metrics  # (``traces.metrics.JobMetrics``, updated at each look)
+        self.metrics = metrics  # (``live.metrics.JobMetrics``, updated at each look)
         self.stall = stall
         self.say = say
         self.clock = clock
