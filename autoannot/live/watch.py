@@ -212,6 +212,25 @@ def once(source: Any) -> tuple[int, list[str], Verdict]:
     return code, said, found
 
 
+def store_source(address: tuple[str, int]) -> StoreProgress:
+    """The progress the ranks publish to the store at ``address`` (raises what torch raises
+    where none answers)."""
+    from autoannot.live.publish import connect
+
+    return StoreProgress(connect(address), f"{address[0]}:{address[1]}")
+
+
+def served_metrics(port: int, say: Callable[[str], None]) -> Any:
+    """The job's metrics served for Prometheus on ``port`` (``live.metrics``), said; raises
+    ImportError (no prometheus-client) or OSError (the port)."""
+    from autoannot.live.metrics import JobMetrics
+
+    metrics = JobMetrics(say)
+    metrics.serve(port)
+    say(f"autoannot watch: Prometheus metrics on port {port} (/metrics)")
+    return metrics
+
+
 def newest_run(interval: float, say: Callable[[str], None], attached: bool) -> Path | None:
     """The newest run's folder of rings (``base.run_folders``: a job that asked for the watch
     without ``AUTOANNOT_RING``); where there is none, None, or (``attached``) once one appears,

@@ -48,7 +48,7 @@ def _watch(folder: str, interval: float, stall: float, port: int | None,
     try:
         from pathlib import Path
 
-        from autoannot.live.watch import StoreProgress, Watcher
+        from autoannot.live import watch
 
         def say(line: str) -> None:
             sys.stderr.write(line + "\n")
@@ -56,23 +56,14 @@ def _watch(folder: str, interval: float, stall: float, port: int | None,
 
         metrics = None
         if port is not None:
-            from autoannot.live.metrics import JobMetrics
-
             try:
-                metrics = JobMetrics(say)
-                metrics.serve(port)
-                say(f"autoannot watch: Prometheus metrics on port {port} (/metrics)")
+                metrics = watch.served_metrics(port, say)
             except (ImportError, OSError) as exc:  # (watched all the same, without them)
-                metrics = None
                 say(f"autoannot: AUTOANNOT_WATCH_PROMETHEUS={port}: no metrics served "
                     f"({type(exc).__name__}: {exc}; prometheus-client: pip install "
                     "'autoannot[watch]')")
-        source: Any = Path(folder)
-        if store is not None:
-            from autoannot.live.publish import connect
-
-            source = StoreProgress(connect(store), f"{store[0]}:{store[1]}")
-        Watcher(source, stall, say, metrics=metrics).run(interval)
+        source = Path(folder) if store is None else watch.store_source(store)
+        watch.Watcher(source, stall, say, metrics=metrics).run(interval)
     except Exception as exc:  # never the job's: said once, the watch ends
         sys.stderr.write(f"autoannot: AUTOANNOT_WATCH stopped ({type(exc).__name__}: {exc}); "
                          "the job goes on unwatched\n")
