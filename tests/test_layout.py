@@ -248,3 +248,66 @@ def test_no_module_finds_our_parts_by_name_or_rebinds_another_modules_globals() 
                             and target.value.id in aliases):
                         offences.append(f"{name}: {ast.unparse(target)} = ...")
     assert offences == []
+
+
+#: The modules a launch passes through, from its observers to the route that writes it.
+LAUNCH_PATH = ("keep/route.py", "observe/wrappers.py", "observe/annotation.py",
+               "observe/group_hooks.py", "observe/native_observer.py", "observe/native_ring.py",
+               "keep/ring.py", "keep/captures.py")
+LONGEST_FUNCTION = 60
+CLI_LINES = 400
+
+
+def _own_lengths(tree: ast.AST) -> dict[str, int]:
+    """Each function's length in lines, less the functions nested in it (each counted on its
+    own), by its dotted name."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    nested = sum(n.end_lineno - n.lineno + 1 for n in ast.walk(child)
+                                 if n is not child
+                                 and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                 and _outermost_in(n, child))
+                    lengths[name] = child.end_lineno - child.lineno + 1 - nested
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return lengths
+
+
+def _outermost_in(node: ast.AST, function: ast.AST) -> bool:
+    """Whether ``node`` is a function nested directly in ``function`` (no function between)."""
+    for parent in ast.walk(function):
+        if parent is function:
+            continue
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in list(
+                ast.walk(parent)) and node is not parent:
+            return False
+    return True
+
+
+def test_every_function_on_the_launch_path_is_short() -> None:
+    """No function a launch passes through is over 60 lines (its nested functions counted
+    on their own): the route's rule is read in one screen, not copied inline."""
+    long = {f"{module}:{name}": n for module in LAUNCH_PATH
+            for name, n in _own_lengths(ast.parse((PACKAGE / module).read_text())).items()
+            if n > LONGEST_FUNCTION}
+    assert long == {}
+    launch = _own_lengths(ast.parse((PACKAGE / "keep/route.py").read_text()))
+    assert "launcher.launch" in launch and "Route.run_whole" in launch
+
+
+def test_the_length_check_counts_nested_functions_apart() -> None:
+    source = "def outer():\n    x = 1\n    def inner():\n        return 2\n    return inner\n"
+    assert _own_lengths(ast.parse(source)) == {"outer": 3, "outer.inner": 2}
+
+
+def test_the_command_line_is_a_thin_shell() -> None:
+    """``cli.py`` parses and dispatches: at most 400 lines, its commands' work elsewhere."""
+    assert len((PACKAGE / "cli.py").read_text().splitlines()) <= CLI_LINES

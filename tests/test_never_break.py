@@ -144,26 +144,26 @@ def test_the_agent_does_not_keep_destroyed_groups_alive() -> None:
 
 
 def test_a_launch_whose_context_cannot_be_entered_is_still_recorded(fake_world, agent) -> None:
-    """Entering the annotation fails (torch's mark_kernels, a record file): the collective
-    runs once, as the same launch (nothing below annotates it again), and the open recorders
-    still get it."""
+    """Entering the annotation fails (torch's mark_kernels, in a capture): the collective runs
+    once, as the same launch (nothing below annotates it again), and the open recorders still
+    get it."""
     import agent_hooks as hooks
 
     from autoannot.describe.kinds import Kind
-    from autoannot.keep.sink import LaunchEvent, Sink
-    from autoannot.observe import wrappers
+    from autoannot.keep import route
 
-    class Unenterable(Sink):
-        def entered(self, event: LaunchEvent) -> None:
-            raise RuntimeError("no driver")
+    def unenterable(annotation: dict) -> None:
+        raise RuntimeError("no driver")
 
     calls = []
-    event = LaunchEvent(Kind("all_reduce", {"name": "all_reduce"}, {"Rank": 0}, (), None))
+    kind = Kind("all_reduce", {"name": "all_reduce"}, {"Rank": 0}, (), None)
     with autoannot.record(dispatcher=True) as records, warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        result = Unenterable(hooks.AGENT).run(
-            event, wrappers.call_as_one_launch, hooks.AGENT.state,
-            lambda t: calls.append(t) or 7, (torch.ones(1),), {})
+        failing = route.Route(hooks.AGENT.state)
+        failing.marks = unenterable  # (torch's mark_kernels, failing)
+        result = failing.run_whole(kind, None, True, route.one_launch, hooks.AGENT.state,
+                                   route.EXCLUDES, lambda t: calls.append(t) or 7,
+                                   (torch.ones(1),), {})
         dist.all_reduce(torch.ones(2))
     assert result == 7 and len(calls) == 1
     assert [r.api for r in records] == ["all_reduce", "all_reduce"]

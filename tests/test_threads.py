@@ -38,14 +38,14 @@ def test_records_from_many_threads_exactly_once(fake_world, agent) -> None:
 def _blocked_inside_a_wrapped_call(state, entered: threading.Event,
                                    release: threading.Event) -> threading.Thread:
     """A thread held inside a wrapped call (as in a collective that waits for its peers)."""
-    from autoannot.observe import wrappers
+    from autoannot.keep import route
 
     def wait() -> None:
         entered.set()
         release.wait(30)
 
     thread = threading.Thread(
-        target=wrappers.call_as_one_launch, args=(state, wait, (), {}), daemon=True)
+        target=route.one_launch, args=(state, route.EXCLUDES, wait, (), {}), daemon=True)
     thread.start()
     assert entered.wait(30)
     return thread

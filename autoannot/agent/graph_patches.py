@@ -73,7 +73,7 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
     def replay(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
         try:
             marker = captures.replay_marker(graph)
-            kept = captures.replay_kept(graph) if captures.replay_keepers else None
+            kept = captures.replay_kept(graph)
         except Exception as exc:  # the replay runs, unmarked and unkept
             said("replay", exc)
             marker = kept = None
@@ -91,8 +91,8 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
                 with marker:
                     result = wrapped(*args, **kwargs)
             returned = monotonic_ns()
-        finally:
-            captures.replayed(kept, entered, returned)
+        finally:  # (its launches to the rings that keep replays: the route's)
+            captures.agent.state.route.replayed(*kept, entered, returned)
         return result
 
     return {"capture_begin": capture_begin, "capture_end": capture_end, "replay": replay}

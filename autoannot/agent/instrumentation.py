@@ -41,7 +41,6 @@ class Instrumentation:
         #: (``native_ring.ProxiesRing``), once those wrappers are made; else None.
         self.native_ring: Any = None
         self._captures: Any = None
-        self._sink: Any = None
         self._windows: Any = None
         self._layer: Any = _UNSET  # the Python layer (``python_layer.DispatcherLayer``), once made
         self._native_module: Any = _UNSET
@@ -61,18 +60,9 @@ class Instrumentation:
             with self._lock:
                 if self._captures is None:
                     self._captures = Captures(self)
+                    self.state.set_graphs(self._captures)
                 captures = self._captures
         return captures
-
-    @property
-    def sink(self) -> Any:
-        """``keep.sink.Sink``: where every observer hands the launches it saw."""
-        sink = self._sink
-        if sink is None:
-            from autoannot.keep.sink import Sink
-
-            sink = self._sink = Sink(self)
-        return sink
 
     @property
     def windows(self) -> Any:

@@ -1,9 +1,10 @@
 """The switches the wrappers read on every call, and the per-thread call state.
 
 The hot path reads one attribute, ``state.demand``: true only while the agent is enabled and a
-recorder or journal is open or a CUDA-graph capture is in progress. The rest is read only when
-it is true. One ``State`` belongs to the agent's ``Instrumentation``, which hands it to the
-parts that read it; every change goes through its methods, which tell its listeners (the
+recorder or journal is open or a CUDA-graph capture is in progress. Then a launch takes
+``state.route`` (``keep.route.Route``), made anew at every change: what a launch must do now.
+One ``State`` belongs to the agent's ``Instrumentation``, which hands it to the parts that read
+it; every change goes through its methods, which remake the route and tell its listeners (the
 launch observers) under its lock.
 """
 
@@ -13,6 +14,7 @@ import _thread
 import os
 
 from autoannot.base import locks
+from autoannot.keep.route import Route
 
 TYPE_CHECKING = False  # typing is not imported at start-up: it costs milliseconds
 if TYPE_CHECKING:
@@ -37,9 +39,8 @@ def _forget_other_threads(inside: dict[int, int]) -> None:
 
 
 class State:
-    __slots__ = ("__weakref__", "_listeners", "_lock", "before_launch", "blocks", "calls",
-                 "captures", "demand", "exclusion", "inside", "journals", "live", "recorders",
-                 "rings")
+    __slots__ = ("__weakref__", "_listeners", "_lock", "blocks", "calls", "captures", "demand",
+                 "exclusion", "graphs", "inside", "journals", "live", "recorders", "route")
 
     def __init__(self) -> None:
         self._lock = locks.renewed(self, "_lock")
@@ -47,15 +48,10 @@ class State:
         #: Written to as each launch is entered, before it runs (``AUTOANNOT_RECORD``'s file):
         #: objects with ``enter(record)``; copy-on-write too.
         self.journals: tuple[Any, ...] = ()
-        #: The journals, where every one is a ring (``keep.ring``: a wrapper hands it its
-        #: launches inline, ``enter_kind``/``returned``); None otherwise.
-        self.rings: tuple[Any, ...] | None = None
         self.captures = 0  # CUDA-graph captures in progress, in this process
         self.live = False  # the agent is enabled: proxies annotate
         self.demand = False  # live, and a recorder or journal is open or a capture in progress
         self.blocks = 0  # _coalescing_manager blocks open, on any thread
-        #: A block, capture or journal open: the wrappers have work before the call.
-        self.before_launch = False
         #: How a wrapper runs the call it annotates (``observe.wrappers.Exclusion``); None:
         #: plainly.
         self.exclusion: Any = None
@@ -68,6 +64,10 @@ class State:
         if hasattr(os, "register_at_fork"):
             inside = self.inside
             os.register_at_fork(after_in_child=lambda: _forget_other_threads(inside))
+        #: The agent's ``keep.captures.Captures`` once made (the ledgers, torch's marks).
+        self.graphs: Any = None
+        #: What a launch must do now (``keep.route.Route``), made anew at every change.
+        self.route = Route(self)
         #: Told of every change, under the lock: ``listener(state)``.
         self._listeners: tuple[Callable[[State], None], ...] = ()
 
@@ -75,9 +75,7 @@ class State:
         """Recompute demand (under the lock) and tell the listeners."""
         self.demand = self.live and (bool(self.recorders) or bool(self.journals)
                                      or self.captures > 0)
-        self.before_launch = self.blocks > 0 or self.captures > 0 or bool(self.journals)
-        self.rings = (self.journals if self.journals and all(
-            getattr(j, "inline", False) for j in self.journals) else None)
+        self.route = Route(self, self.graphs)
         for listener in self._listeners:
             listener(self)
 
@@ -93,6 +91,12 @@ class State:
 
     def set_exclusion(self, exclusion: Any) -> None:
         self.exclusion = exclusion
+
+    def set_graphs(self, graphs: Any) -> None:
+        """The agent's captures (``keep.captures.Captures``), once made."""
+        with self._lock:
+            self.graphs = graphs
+            self._refresh()
 
     def set_live(self, live: bool) -> None:
         with self._lock:

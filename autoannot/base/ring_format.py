@@ -1,5 +1,6 @@
-"""The ring file's layout (``AUTOANNOT_RING``), shared by the runtime that writes it
-(``keep/ring.py``, where the layout is described) and the tools that read it
+"""The ring file's layout (``AUTOANNOT_RING``), stated once: the runtime that writes it in Python
+(``keep/ring.py``, where the layout is described) and in C++ (``native/ring_format.h``, made
+from this module by ``c_header()``: a test holds the two equal), and the tools that read it
 (``traces/read/ring_files.py``): a 64-byte header — ``MAGIC``, the record size and capacity
 (``HEADER``), the launches entered so far (``COUNT`` at ``COUNT_AT``) — then ``capacity``
 records (``RECORD``: seq, entered_ns, returned_ns, finished_ns, kind, site, finished_thread).
@@ -27,6 +28,20 @@ SUFFIX = ".ring"
 NAMES_SUFFIX = ".ring.names"
 
 
+_pack_into = RECORD.pack_into
+_RECORD_BYTES = RECORD.size
+
+
+def put_record(ring: bytearray | memoryview | object, capacity: int, count: int, seq: int,
+               entered_ns: int, returned_ns: int, kind: int, site: int) -> int:
+    """The one Python packer of a record: the ``count``-th launch of a ring of ``capacity``
+    records (``ring``: its writable bytes) written at its place, not finished; where it lies.
+    Its C++ twin is ``put_record`` in ``native/ring_hooks.cpp`` (a test packs both)."""
+    at = HEADER_BYTES + (count % capacity) * _RECORD_BYTES
+    _pack_into(ring, at, seq, entered_ns, returned_ns, 0, kind, site, 0)
+    return at
+
+
 def ring_bytes(capacity: int) -> int:
     """The size of a ring file of ``capacity`` records."""
     return HEADER_BYTES + capacity * RECORD.size
@@ -44,3 +59,40 @@ def count_key(rank: int) -> str:
 
 def progress_key(rank: int) -> str:
     return PROGRESS_KEY.format(rank=rank)
+
+
+#: A record's fields as ``RECORD`` packs them, in order: (name, C type).
+FIELDS = (("seq", "int64_t"), ("entered_ns", "int64_t"), ("returned_ns", "int64_t"),
+          ("finished_ns", "int64_t"), ("kind", "uint32_t"), ("site", "uint32_t"),
+          ("finished_thread", "uint32_t"), ("pad", "uint32_t"))
+
+
+def c_header() -> str:
+    """``native/ring_format.h``: the layout above for the native writer (its record a struct
+    whose fields lie where ``RECORD`` packs them, each offset asserted at compile time)."""
+    codes = RECORD.format.lstrip("<").replace("4x", "I")  # (the pad read as a field)
+    offsets = {name: struct.calcsize("<" + codes[:i]) for i, (name, _) in enumerate(FIELDS)}
+    assert (offsets["returned_ns"], offsets["finished_ns"], offsets["finished_thread"]) == (
+        RETURNED_AT, FINISHED_AT, FINISHED_THREAD_AT)
+    fields = "\n".join(f"  {kind} {name};" for name, kind in FIELDS)
+    asserts = "\n".join(f"static_assert(offsetof(AutoannotRecord, {name}) == {at}, "
+                         f'"ring_format.RECORD: {name}");' for name, at in offsets.items())
+    return f"""// Made by autoannot/base/ring_format.py (c_header()), where the layout is said once.
+// Not to be edited: change ring_format.py and write this file anew (its test says how).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+constexpr uint64_t kRingHeaderBytes = {HEADER_BYTES};  // HEADER_BYTES
+constexpr uint64_t kRingCountAt = {COUNT_AT};  // COUNT_AT
+constexpr uint64_t kRingReturnedAt = {RETURNED_AT};  // RETURNED_AT
+constexpr int64_t kRingFailed = {FAILED};  // FAILED
+
+// One record, as RECORD packs it ("{RECORD.format}"), little-endian.
+struct AutoannotRecord {{
+{fields}
+}};
+static_assert(sizeof(AutoannotRecord) == {RECORD.size}, "ring_format.RECORD's size");
+{asserts}
+"""

@@ -48,8 +48,6 @@ class Captures:
         self.replay_switches: list[Any] = []
         #: Whether a profiler records (as its notices said).
         self.profiling = False
-        #: The journals open that keep each replay (rings with files), while the agent is on.
-        self.replay_keepers: tuple[Any, ...] = ()
         #: torch's ``mark_kernels`` where it records in the captures in progress, else None:
         #: asked when a capture begins (torch turns its annotations on before), not per launch.
         self.torch_marks: Any = None
@@ -144,10 +142,8 @@ class Captures:
             ledger.launched += noted
 
     def state_changed(self, state: Any) -> None:
-        """(A listener of the agent's state) the rings that keep replays, and the replay
-        wrappers on while one is open or a profiler records."""
-        self.replay_keepers = tuple(j for j in state.journals if getattr(j, "replays", False)
-                                    ) if state.live else ()
+        """(A listener of the agent's state) the replay wrappers on while a ring that keeps
+        replays is open (``route.replay_keepers``) or a profiler records."""
         if state.live:
             self.switch_replays()
         else:  # (disabled: the patches are undone next; an enable makes new switches)
@@ -157,31 +153,19 @@ class Captures:
 
     def switch_replays(self) -> None:
         """Each replay wrapper on while a profiler records or a ring keeps replays."""
-        on = self.profiling or bool(self.replay_keepers)
+        on = self.profiling or bool(self.agent.state.route.replay_keepers)
         for switch in self.replay_switches:
             switch.switch(on)
 
-    def replay_kept(self, graph: Any) -> tuple[str, list[dict[str, Any]], tuple[Any, ...]] | None:
-        """What a replay of ``graph`` writes to the rings that keep replays: its ledger's name
-        and entries, and the rings; None if no ring keeps replays, or the graph was captured
-        with no ledger or no launch."""
-        keepers = self.replay_keepers
+    def replay_kept(self, graph: Any) -> tuple[str, list[dict[str, Any]]] | None:
+        """What a replay of ``graph`` writes to the rings that keep replays (the route's):
+        its ledger's name and entries; None if no ring keeps replays, or the graph was
+        captured with no ledger or no launch."""
         ledger = self.ledger_of(graph)
-        if not keepers or ledger is None or ledger.capturing:
+        if (not self.agent.state.route.replay_keepers or ledger is None or ledger.capturing
+                or not ledger.entries):
             return None
-        entries = ledger.entries
-        return (ledger.name, entries, keepers) if entries else None
-
-    def replayed(self, kept: tuple[str, list[dict[str, Any]], tuple[Any, ...]],
-                 entered_ns: int, returned_ns: int) -> None:
-        """A replay (``replay_kept``'s ``kept``) called at ``entered_ns``, returned at
-        ``returned_ns`` (or raised: ``FAILED``): its launches written to the rings."""
-        name, entries, keepers = kept
-        for ring in keepers:
-            try:
-                ring.replayed(name, entries, entered_ns, returned_ns)
-            except Exception as exc:  # the replay stands; this ring misses its launches
-                said("replay (writing its launches to the ring)", exc)
+        return ledger.name, ledger.entries
 
     def replay_marker(self, graph: Any) -> Any:
         """``record_function("autoannot.replay:<graph>")`` while a profiler records; else

@@ -1,5 +1,5 @@
-"""What a launch leaves for ``record()``'s recorders and the record file: a ``Record`` (the sink,
-``keep.sink``, hands it to them)."""
+"""What a launch leaves for ``record()``'s recorders and the record file: a ``Record`` (the route,
+``keep.route``, hands it to them)."""
 
 from __future__ import annotations
 

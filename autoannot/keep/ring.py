@@ -55,6 +55,7 @@ import time
 from _thread import get_ident, get_native_id
 
 from autoannot.base import locks
+from autoannot.base.diagnostics import warn_once
 from autoannot.base.ring_format import (
     COUNT,
     COUNT_AT,
@@ -64,7 +65,6 @@ from autoannot.base.ring_format import (
     FINISHED_AT,
     FINISHED_THREAD_AT,
     HEADER,
-    HEADER_BYTES,
     MAGIC,
     NAMES_SUFFIX,
     RECORD,
@@ -72,6 +72,7 @@ from autoannot.base.ring_format import (
     RETURNED_AT,
     SUFFIX,
     THREAD,
+    put_record,
     ring_bytes,
 )
 
@@ -333,42 +334,45 @@ class Ring:
         """``enter`` of a launch of ``kind`` (``describe.kinds.Kind``) called from ``site``:
         the proxies' wrappers' inline path (no ``Record`` made but for a kind not seen
         before)."""
-        known = self._by_kind.get(id(kind))
-        with self._lock:
-            ring = self._map
-            if ring is not None and known is not None and known[0] is kind:
-                site_id = self._sites.get(site)
-                if site_id is not None:  # (``_write``, inlined: a call costs ~1.7k
-                    group = known[2]  # instructions of the ~11k a record took)
-                    writer = self._writer
-                    if writer is not None:
-                        slot = self._slots.get(group)
-                        writer.ring_enter(known[1], site_id,
-                                          self._slot(group) if slot is None else slot)
+        try:  # (a failure of the ring's own is said once, never raised to a launch)
+            known = self._by_kind.get(id(kind))
+            with self._lock:
+                ring = self._map
+                if ring is not None and known is not None and known[0] is kind:
+                    site_id = self._sites.get(site)
+                    if site_id is not None:  # (``_write``, inlined: a call costs ~1.7k
+                        group = known[2]  # instructions of the ~11k a record took)
+                        writer = self._writer
+                        if writer is not None:
+                            slot = self._slots.get(group)
+                            writer.ring_enter(known[1], site_id,
+                                              self._slot(group) if slot is None else slot)
+                            return
+                        seqs = self._seq
+                        seq = seqs.get(group, 0)
+                        seqs[group] = seq + 1
+                        count = self._count
+                        at = put_record(ring, self.capacity, count, seq, _monotonic_ns(), 0,
+                                        known[1], site_id)
+                        self._count = count + 1
+                        _pack_count(ring, COUNT_AT, count + 1)
+                        self._running[get_ident()] = (at, count)
                         return
-                    seqs = self._seq
-                    seq = seqs.get(group, 0)
-                    seqs[group] = seq + 1
-                    count = self._count
-                    at = HEADER_BYTES + (count % self.capacity) * _RECORD_BYTES
-                    _pack_record(ring, at, seq, _monotonic_ns(), 0, 0, known[1], site_id, 0)
-                    self._count = count + 1
-                    _pack_count(ring, COUNT_AT, count + 1)
-                    self._running[get_ident()] = (at, count)
-                    return
-            if ring is None:
-                if not self._opened():
-                    return
-                known = None
-            if known is None or known[0] is not kind:
-                from autoannot.keep.records import new_record
+                if ring is None:
+                    if not self._opened():
+                        return
+                    known = None
+                if known is None or known[0] is not kind:
+                    from autoannot.keep.records import new_record
 
-                entry = new_record(kind[0], kind[1], site, kind[2])
-                group = kind[1].get(PG_NAME, "")
-                if len(self._by_kind) >= 4096:
-                    self._by_kind.clear()
-                known = self._by_kind[id(kind)] = (kind, self._kind_of(entry, group), group)
-            self._write(known[1], site, known[2])
+                    entry = new_record(kind[0], kind[1], site, kind[2])
+                    group = kind[1].get(PG_NAME, "")
+                    if len(self._by_kind) >= 4096:
+                        self._by_kind.clear()
+                    known = self._by_kind[id(kind)] = (kind, self._kind_of(entry, group), group)
+                self._write(known[1], site, known[2])
+        except Exception as exc:
+            warn_once(kind[0], "writing the launch to the ring", exc)
 
     def _write(self, kind: int, site_text: str, group: str) -> None:
         """(Under the lock) the record of a launch entered now."""
@@ -381,8 +385,7 @@ class Ring:
         seq = self._seq.get(group, 0)
         self._seq[group] = seq + 1
         count = self._count
-        at = HEADER_BYTES + (count % self.capacity) * RECORD.size
-        RECORD.pack_into(self._map, at, seq, time.monotonic_ns(), 0, 0, kind, site, 0)
+        at = put_record(self._map, self.capacity, count, seq, time.monotonic_ns(), 0, kind, site)
         self._count = count + 1
         COUNT.pack_into(self._map, COUNT_AT, count + 1)
         self._running[get_ident()] = (at, count)
@@ -427,8 +430,7 @@ class Ring:
             for kind, site, group in plan[2]:
                 seq = seqs.get(group, 0)
                 seqs[group] = seq + 1
-                _pack_record(ring, HEADER_BYTES + (count % capacity) * _RECORD_BYTES, seq,
-                             entered_ns, returned_ns, 0, kind, site, 0)
+                put_record(ring, capacity, count, seq, entered_ns, returned_ns, kind, site)
                 count += 1
             self._count = count
             _pack_count(ring, COUNT_AT, count)
@@ -453,18 +455,21 @@ class Ring:
         """The launch this thread entered last returned ``result`` (or raised: ``failed``).
         A Work's completion is written when its future runs its callbacks, if its result lies
         on the CPU."""
-        writer = self._writer
-        if writer is not None:  # (it keeps each thread's running record)
-            writer.ring_returned(failed)
-            return
-        running = self._running.pop(get_ident(), None)
-        ring = self._map
-        if running is None or ring is None:
-            return
-        _pack_returned(ring, running[0] + RETURNED_AT, FAILED if failed else _monotonic_ns())
-        if (self.completions and result is not None and not failed
-                and result.__class__ is _work_type()):
-            result.get_future().add_done_callback(_Finished(self, running))
+        try:  # (a failure of the ring's own is said once, never raised to a launch)
+            writer = self._writer
+            if writer is not None:  # (it keeps each thread's running record)
+                writer.ring_returned(failed)
+                return
+            running = self._running.pop(get_ident(), None)
+            ring = self._map
+            if running is None or ring is None:
+                return
+            _pack_returned(ring, running[0] + RETURNED_AT, FAILED if failed else _monotonic_ns())
+            if (self.completions and result is not None and not failed
+                    and result.__class__ is _work_type()):
+                result.get_future().add_done_callback(_Finished(self, running))
+        except Exception as exc:
+            warn_once("ring", "writing the launch's end to the ring", exc)
 
     def finished(self, running: tuple[int, int]) -> None:
         """The launch entered as ``running`` (its record's offset, its count) completed now,
@@ -498,11 +503,9 @@ class Ring:
 
 
 #: Bound once: a record's hot path reads module globals, not attributes of ``struct``/``time``.
-_pack_record = RECORD.pack_into
 _pack_count = COUNT.pack_into
 _pack_returned = RETURNED.pack_into
 _monotonic_ns = time.monotonic_ns
-_RECORD_BYTES = RECORD.size
 #: A replayed launch's ids as the native writer's ``ring_write_many`` reads them: kind, site,
 #: its group's slot.
 _REPLAY_IDS = struct.Struct("<III")

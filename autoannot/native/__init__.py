@@ -22,7 +22,7 @@ from typing import Any
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("observer.cpp", "ring_hooks.cpp", "ring_kernels.cpp")]
-HEADERS = [Path(__file__).with_name("shared.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("shared.h", "ring_format.h")]
 #: -DNDEBUG: torch's headers declare some classes (RecordFunction) with other members without
 #: it; an extension must see them as torch's release build was compiled.
 CFLAGS = ["-O2", "-DNDEBUG"]

@@ -1035,12 +1035,11 @@ struct Handed {
   std::unordered_map<std::string, PyObject*> known;  // key -> (annotation, kernels) (owned)
   // (owned, or null) ring_ids(args, kwargs) -> (kind id, group slot) in the ring attached to
   // the writer, of the launch the Python wrapper just wrote there, or None; and what it told,
-  // by key, for the writer's attach `ring_generation` (kNotForTheWriter: Python writes them)
+  // by key, for the writer's attach `ring_generation` (kNotTheWriters: Python writes them)
   PyObject* ring_ids = nullptr;
   uint64_t ring_generation = 0;
   std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> ring_known;
 };
-constexpr uint32_t kNotForTheWriter = UINT32_MAX;
 
 // The proxies' ring path (set_proxies_ring): on while one ring with files is the only thing
 // open (no capture, recorder or coalescing block); `inside` is the agent's state.inside
@@ -1315,16 +1314,8 @@ PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ss
     PyObject* told = keywords != nullptr
         ? PyObject_CallFunctionObjArgs(handed.ring_ids, args[2], keywords, nullptr) : nullptr;
     Py_XDECREF(keywords);
-    std::pair<uint32_t, uint32_t> ids{kNotForTheWriter, 0};
-    if (told != nullptr && PyTuple_CheckExact(told) && PyTuple_GET_SIZE(told) == 2) {
-      unsigned long kind = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 0));
-      unsigned long slot = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 1));
-      if (!PyErr_Occurred() && kind < kNotForTheWriter && slot < kNotForTheWriter) {
-        ids = {static_cast<uint32_t>(kind), static_cast<uint32_t>(slot)};
-      }
-    }
-    Py_XDECREF(told);
-    PyErr_Clear();  // (the collective's result stands)
+    std::pair<uint32_t, uint32_t> ids = autoannot_ids_told(told);  // (no error left: the
+    Py_XDECREF(told);  // collective's result stands)
     uint64_t now = autoannot_ring_generation();  // (the ring may have been attached by it)
     if (handed.ring_generation != now || handed.ring_known.size() >= 4096) {
       handed.ring_known.clear();
@@ -1334,7 +1325,7 @@ PyObject* ring_call(Handed& handed, PyObject* self, PyObject* const* args, Py_ss
     return result;
   }
   const std::pair<uint32_t, uint32_t> ids = found->second;  // (the site's id may call Python)
-  if (ids.first == kNotForTheWriter) {
+  if (ids.first == kNotTheWriters) {
     return nullptr;
   }
   uint32_t site = 0;

@@ -23,6 +23,7 @@
 // recorder finds it (autoannot_caller_site), an interned string: its id is kept by the string.
 
 #include "shared.h"
+#include "ring_format.h"
 
 #include <time.h>
 
@@ -53,17 +54,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The ring writer
 
-constexpr uint64_t kHeaderBytes = 64;  // ring_format.HEADER_BYTES
-constexpr uint64_t kCountAt = 16;      // ring_format.COUNT_AT
-constexpr uint64_t kReturnedAt = 16;   // ring_format.RETURNED_AT
-constexpr int64_t kFailed = -1;        // ring_format.FAILED
-
-// One record, as ring_format.RECORD packs it ("<qqqqIII4x").
-struct Record {
-  int64_t seq, entered_ns, returned_ns, finished_ns;
-  uint32_t kind, site, finished_thread, pad;
-};
-static_assert(sizeof(Record) == 48, "ring_format.RECORD is 48 bytes");
+using Record = AutoannotRecord;  // (ring_format.h: ring_format.py's layout)
 
 struct Writer {
   std::mutex mutex;
@@ -93,6 +84,21 @@ int64_t monotonic_ns() {  // time.monotonic_ns()
   return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
 }
 
+// (The writer's lock held, a ring attached) The one place a record is written: launch number
+// w.count, of the group in `slot` (its next seq), entered and returned at the times given; its
+// offset in the ring. The count in the header is the caller's to write, after its records.
+uint64_t put_record(Writer& w, uint32_t kind, uint32_t site, uint32_t slot, int64_t entered_ns,
+                    int64_t returned_ns) {
+  if (slot >= w.seqs.size()) {
+    w.seqs.resize(slot + 1, 0);
+  }
+  Record record{w.seqs[slot]++, entered_ns, returned_ns, 0, kind, site, 0, 0};
+  uint64_t at = kRingHeaderBytes + (w.count % w.capacity) * sizeof(Record);
+  std::memcpy(w.base + at, &record, sizeof record);
+  w.count += 1;
+  return at;
+}
+
 // The record of a launch entered now; false where no ring is attached.
 bool enter(uint32_t kind, uint32_t site, uint32_t slot) {
   std::lock_guard<std::mutex> lock(g_writer.mutex);
@@ -100,15 +106,9 @@ bool enter(uint32_t kind, uint32_t site, uint32_t slot) {
   if (w.base == nullptr) {
     return false;
   }
-  if (slot >= w.seqs.size()) {
-    w.seqs.resize(slot + 1, 0);
-  }
-  Record record{w.seqs[slot]++, monotonic_ns(), 0, 0, kind, site, 0, 0};
-  uint64_t at = kHeaderBytes + (w.count % w.capacity) * sizeof(Record);
-  std::memcpy(w.base + at, &record, sizeof record);
-  t_running = Running{at, w.count, w.generation, true};
-  w.count += 1;
-  std::memcpy(w.base + kCountAt, &w.count, sizeof w.count);  // (after the record: readers)
+  uint64_t at = put_record(w, kind, site, slot, monotonic_ns(), 0);
+  t_running = Running{at, w.count - 1, w.generation, true};
+  std::memcpy(w.base + kRingCountAt, &w.count, sizeof w.count);  // (after the record: readers)
   return true;
 }
 
@@ -124,8 +124,8 @@ void returned(bool failed) {
       w.count - t_running.count >= w.capacity) {
     return;  // (another ring, or written over since)
   }
-  int64_t value = failed ? kFailed : monotonic_ns();
-  std::memcpy(w.base + t_running.at + kReturnedAt, &value, sizeof value);
+  int64_t value = failed ? kRingFailed : monotonic_ns();
+  std::memcpy(w.base + t_running.at + kRingReturnedAt, &value, sizeof value);
 }
 
 void clear_caches();
@@ -136,7 +136,8 @@ void attach(py::object mapping, uint64_t capacity, uint64_t count, std::vector<i
   if (PyObject_GetBuffer(mapping.ptr(), &view, PyBUF_WRITABLE) != 0) {
     throw py::error_already_set();
   }
-  if (capacity == 0 || static_cast<uint64_t>(view.len) < kHeaderBytes + capacity * sizeof(Record)) {
+  if (capacity == 0 ||
+      static_cast<uint64_t>(view.len) < kRingHeaderBytes + capacity * sizeof(Record)) {
     PyBuffer_Release(&view);
     throw std::invalid_argument("the mapping is smaller than a ring of this capacity");
   }
@@ -280,15 +281,9 @@ PyObject* ring_write_many(PyObject* /*module*/, PyObject* const* args, Py_ssize_
       for (size_t i = 0; i < n; ++i, at_id += 3 * sizeof(uint32_t)) {
         uint32_t id[3];
         std::memcpy(id, at_id, sizeof id);
-        if (id[2] >= w.seqs.size()) {
-          w.seqs.resize(id[2] + 1, 0);
-        }
-        Record record{w.seqs[id[2]]++, times[0], times[1], 0, id[0], id[1], 0, 0};
-        std::memcpy(w.base + kHeaderBytes + (w.count % w.capacity) * sizeof(Record), &record,
-                    sizeof record);
-        w.count += 1;
+        put_record(w, id[0], id[1], id[2], times[0], times[1]);
       }
-      std::memcpy(w.base + kCountAt, &w.count, sizeof w.count);
+      std::memcpy(w.base + kRingCountAt, &w.count, sizeof w.count);
       written = true;
     }
   }
@@ -486,12 +481,12 @@ void pre_hook(int64_t group, const c10d::PreHookArgs& args) {
     py::object told = call_python(g_before, group, args, "handing a launch to Python");
     try {
       if (py::isinstance<py::tuple>(told) && py::len(told) == 2) {
-        if (!key.empty()) {  // (written to the attached ring alone, by its hooked kind)
-          if (g_keys.size() >= kCacheLimit) {
+        std::pair<uint32_t, uint32_t> ids = autoannot_ids_told(told.ptr());
+        if (!key.empty() && ids.first != kNotTheWriters) {  // (written to the attached ring
+          if (g_keys.size() >= kCacheLimit) {  // alone, by its hooked kind)
             g_keys.clear();
           }
-          g_keys[key] = {told[py::int_(0)].cast<uint32_t>(),
-                         told[py::int_(1)].cast<uint32_t>()};
+          g_keys[key] = ids;
         }
         t_written = Written{group, args.op_id, true};
       } else if (told.ptr() == Py_True) {
@@ -617,6 +612,19 @@ bool autoannot_ring_attached() { return g_attached.load(std::memory_order_relaxe
 uint64_t autoannot_ring_generation() { return g_generation.load(std::memory_order_relaxed); }
 
 bool autoannot_ring_site(uint32_t& id) { return site_id(id); }
+
+std::pair<uint32_t, uint32_t> autoannot_ids_told(PyObject* told) {
+  std::pair<uint32_t, uint32_t> ids{kNotTheWriters, 0};
+  if (told != nullptr && PyTuple_CheckExact(told) && PyTuple_GET_SIZE(told) == 2) {
+    unsigned long kind = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 0));
+    unsigned long slot = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 1));
+    if (!PyErr_Occurred() && kind < kNotTheWriters && slot < kNotTheWriters) {
+      ids = {static_cast<uint32_t>(kind), static_cast<uint32_t>(slot)};
+    }
+  }
+  PyErr_Clear();
+  return ids;
+}
 
 bool autoannot_ring_enter(uint32_t kind, uint32_t site, uint32_t slot) {
   return enter(kind, site, slot);

@@ -47,7 +47,6 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr uint32_t kPython = UINT32_MAX;  // a key whose launches Python writes (no writer ids)
 constexpr size_t kKnownLimit = 4096;
 
 std::atomic<int> g_mode{0};
@@ -88,7 +87,7 @@ Ends enter(const void* op, c10::ArrayRef<const c10::IValue> inputs) {
     g_known_generation = generation;
   }
   auto found = g_known.find(key);  // (none while no ring is attached: Python attaches it)
-  if (found != g_known.end() && found->second.first != kPython) {
+  if (found != g_known.end() && found->second.first != kNotTheWriters) {
     uint32_t site = 0;
     if (autoannot_ring_site(site) &&
         autoannot_ring_enter(found->second.first, site, found->second.second)) {
@@ -107,16 +106,11 @@ Ends enter(const void* op, c10::ArrayRef<const c10::IValue> inputs) {
   PyObject* told = autoannot_kernel_entered(op, learned, inputs, site);
   Py_DECREF(site);
   Ends ends = Ends::kNothing;
-  std::pair<uint32_t, uint32_t> ids{kPython, 0};
+  std::pair<uint32_t, uint32_t> ids{kNotTheWriters, 0};
   if (told == nullptr) {
     autoannot_warn("the c10d kernels", "handing a launch to Python");
   } else if (PyTuple_CheckExact(told) && PyTuple_GET_SIZE(told) == 2) {
-    unsigned long kind = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 0));
-    unsigned long slot = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(told, 1));
-    if (!PyErr_Occurred() && kind < kPython && slot < kPython) {
-      ids = {static_cast<uint32_t>(kind), static_cast<uint32_t>(slot)};
-    }
-    PyErr_Clear();
+    ids = autoannot_ids_told(told);
     ends = Ends::kHere;  // (written through the writer: this thread's record, ended here)
   } else if (told == Py_True) {
     ends = Ends::kPython;

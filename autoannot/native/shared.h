@@ -18,6 +18,11 @@ uint64_t autoannot_ring_generation();
 bool autoannot_ring_site(uint32_t& id);
 bool autoannot_ring_enter(uint32_t kind, uint32_t site, uint32_t slot);
 void autoannot_ring_returned(bool failed);
+// A launch's ids in the attached ring as Python told them once for its key (the route's
+// for_native: a tuple of its kind's id and its group's slot); anything else (None, True, an
+// error: null) is kNotTheWriters' — Python writes that key's launches. Leaves no Python error.
+constexpr uint32_t kNotTheWriters = UINT32_MAX;
+std::pair<uint32_t, uint32_t> autoannot_ids_told(PyObject* told);
 
 // (with the GIL) whether this thread is inside a proxy's call: `inside` is the agent's
 // state.inside (thread ident -> depth; null: none).

@@ -21,9 +21,9 @@ the wrapper of ``_new_process_group_helper``, the one function torch makes group
 (torch gives no public notice of a new group). While nothing asks for launches, the hooks
 return at once.
 
-While a capture, a record file or a ``record()`` that wants these launches is open, a launch
-is annotated as a proxy annotates one: handed to the sink as it is entered, at the pre-hook,
-and once it was issued, at the post-hook. A launch made inside
+While a capture, a record file, a ring or a ``record()`` that wants these launches is open, a
+launch is handed to the route (``keep.route``) as it is entered, at the pre-hook, and ended
+once it was issued, at the post-hook. A launch made inside
 a proxied call belongs to the proxy, so no launch is annotated twice.
 
 A hook is told the op's kind, its tensors and its root or peer, but not the op. Where Python
@@ -49,7 +49,6 @@ from autoannot.base import diagnostics, features
 from autoannot.describe import ops, sites
 from autoannot.describe import vocabulary as V
 from autoannot.describe.kinds import Kind, Kinds, kind_of
-from autoannot.keep.sink import LaunchEvent
 
 #: The id autoannot's hooks are registered under on every group ("auta").
 HOOK_ID = 0x61757461
@@ -170,14 +169,12 @@ class HookObserver:
         self.native = native
         self._ops: dict[str, Any] | None = None  # (at the first launch: torch may be importing)
         self._groups: dict[int, weakref.ref] = {}  # id -> the groups hooked now
-        #: (group, op id) -> the launch entered at its pre-hook and torch's scope (or None and
-        #: the rings it was written to), until its post-hook
-        self._pending: dict[tuple[int, int], tuple[LaunchEvent | None, Any]] = {}
+        #: (group, op id) -> the launch the route entered at its pre-hook, until its post-hook
+        self._pending: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
         #: Kinds of launch derived, by key (a group's id among it).
         self._kinds = Kinds()
         self.on = False
-        self.sink = agent.sink  # where the launches go
         if native is not None:
             from autoannot.describe import groups
 
@@ -211,23 +208,14 @@ class HookObserver:
             self.let_go()
         self.on = on
         if self.native is not None:
-            rings = state.rings
-            alone = (on and rings is not None and len(rings) == 1 and not state.captures
-                     and not state.recorders and rings[0].folder is not None)
-            self.native.set_hook_mode(2 if alone else 1 if on else 0)
+            self.native.set_hook_mode(2 if on and state.route.ring_alone else 1 if on else 0)
 
     def let_go(self) -> None:
         """Leave the contexts of launches whose post-hook never came (a collective that
         raised), most recent first: none stays entered once nothing asks (or a capture ends)."""
         pending, self._pending = self._pending, {}
-        sink = self.sink
-        for event, scope in reversed(list(pending.values())):
-            if event is None:  # (the rings': their records stay unreturned)
-                continue
-            try:
-                sink.failed(scope, RuntimeError("no post-hook"))  # (it did not return)
-            except Exception as exc:
-                diagnostics.warn_once("process group hooks", "leaving an annotation", exc)
+        for entered in reversed(list(pending.values())):
+            entered.failed(RuntimeError("no post-hook"))  # (it did not return)
 
     def hook_groups(self, groups: list[Any]) -> None:
         """Give ``groups`` the agent's hooks, those that have none yet (a group just made, or
@@ -279,12 +267,10 @@ class HookObserver:
     # the hooks ----------------------------------------------------------------------------
 
     def _before(self, ref: weakref.ref, args: Any, native: bool = False) -> Any:
-        """(torch's pre-hook) A launch about to be issued: its annotation entered; where
-        rings are the only thing open (the always-on case), written to them inline, as the
-        proxies' wrappers do (no event, no record). ``native``: called by the native hooks,
-        told what to do at the post-hook: None nothing, True call ``_after``, (kind id, slot)
-        the launch went to the native writer's ring alone by its hooked kind (it ends it, and
-        writes the next launches of that key itself)."""
+        """(torch's pre-hook) A launch about to be issued: handed to the route. ``native``:
+        called by the native hooks, told what to do at the post-hook: None nothing, True call
+        ``_after``, (kind id, slot) the launch went to the native writer's ring alone by its
+        hooked kind (it ends it, and writes the next launches of that key itself)."""
         if not self.on:  # (nothing asks: at once)
             return None
         state = self.agent.state
@@ -300,26 +286,19 @@ class HookObserver:
         if found is None:
             return None
         kind, caller, hooked = found
-        rings = state.rings
-        if rings is not None and not state.captures and not state.recorders:
+        route = state.route
+        site = sites.site_from(caller)
+        if native:  # (the native writer's where it writes the ring alone: by it from now on)
             try:
-                site = sites.site_from(caller)
-                written = self._written_by_native(rings, kind, site) if native else None
-                if written is not None:
-                    return written if hooked else None
-                for ring in rings:
-                    ring.enter_kind(kind, site)
+                written = route.for_native(kind, site, self.native)
             except Exception as exc:
                 diagnostics.warn_once(kind.label, "writing the launch to the ring", exc)
                 return None
-            entered: tuple[Any, Any] = (None, rings)
-        else:
-            event = LaunchEvent(kind, sites.site_from(caller), False)  # (below the Python API)
-            try:
-                entered = (event, self.sink.entered(event))
-            except Exception as exc:
-                diagnostics.warn_once(event.kind.label, "entering the annotation context", exc)
-                return None
+            if written is not None:
+                return written if hooked else None
+        entered = route.entered(kind, site, python_api=False)  # (below the Python API)
+        if entered is None:  # (said)
+            return None
         pending = self._pending
         if len(pending) >= PENDING_LIMIT:  # (launches that raised: let go)
             self.let_go()
@@ -327,42 +306,17 @@ class HookObserver:
         pending[(id(group), args.op_id)] = entered
         return True
 
-    def _written_by_native(self, rings: tuple[Any, ...], kind: Kind, site: str
-                           ) -> tuple[int, int] | None:
-        """(Native hooks) a launch written through the native writer, where one ring with
-        files is open (attached to the writer first, opened if need be): its ring's kind id
-        and group slot; None where it is not for the writer (Python writes it)."""
-        if len(rings) != 1 or rings[0].folder is None:
-            return None
-        ring = rings[0]
-        if not ring.attach_writer(self.native):
-            return None
-        ring.enter_kind(kind, site)
-        return ring.ids_of(kind)
-
     def _before_native(self, key: int, args: Any) -> Any:
         """(The native pre-hook) a launch it does not write itself (see ``_before``)."""
         ref = self._groups.get(key)
         return None if ref is None else self._before(ref, args, native=True)
 
     def _after(self, key: int, args: Any) -> None:
-        """(torch's post-hook; the native one's too) The launch was issued: to the sink (its
-        ledger, the recorders), or the rings' records of it ended."""
+        """(torch's post-hook; the native one's too) The launch was issued: the route's entry of
+        it ended (its ledger, the recorders; the rings' records)."""
         entered = self._pending.pop((key, args.op_id), None)
-        if entered is None:
-            return
-        event, scope = entered
-        if event is None:  # (written to the rings alone: ``scope`` holds them)
-            try:
-                for ring in scope:
-                    ring.returned(False)
-            except Exception as exc:
-                diagnostics.warn_once("ring", "writing the launch's end to the ring", exc)
-            return
-        try:
-            self.sink.returned(event, scope)
-        except Exception as exc:
-            diagnostics.warn_once(event.kind.label, "leaving the annotation context", exc)
+        if entered is not None:
+            entered.returned()
 
     def _kind_and_caller(self, group: Any, args: Any, native: bool = False
                          ) -> tuple[Kind, Any, bool] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from _thread import get_ident
 from typing import Any
 
 from autoannot import native
@@ -29,7 +30,6 @@ from autoannot.base import diagnostics
 from autoannot.describe import groups, kinds, metadata, ops, sites
 from autoannot.describe.kinds import Kind, Kinds, kind_of
 from autoannot.keep.ledgers import Noted
-from autoannot.keep.sink import LaunchEvent
 
 #: Kinds derived before the observer forgets its own and Python lets go of the generation
 #: before (so at most twice this many are kept, in C++ and in Python together).
@@ -50,6 +50,9 @@ class NativeObserver:
         self._generation = 0  # ids below this: kinds the observer forgot a generation ago
         self._derived_since = 0  # kinds derived since the observer last forgot its kinds
         self._needs_operators: bool | None = None
+        #: Each thread's launch entered by the route and not returned yet (the callback's and
+        #: the c10d kernels' launches: entered and ended on one thread).
+        self._entered: dict[int, Any] = {}
         module.observe_ops(list(self._ops), [op.read for op in self._ops.values()],
                            ops.ops_by_collective(self._ops))
         module.set_site_resolver(sites.SITES, sites.site_from, sites.LIBRARY_FILES)
@@ -99,10 +102,7 @@ class NativeObserver:
         """Whether the c10d kernels write the launches below the Python API now: one ring with
         files open and nothing else (no capture, recorder or coalescing block), where this
         module has them; registered at the first such moment (and kept until ``disable()``)."""
-        rings = state.rings
-        if not (state.live and rings is not None and len(rings) == 1
-                and rings[0].folder is not None and not state.captures and not state.recorders
-                and not state.blocks and hasattr(self.module, "register_ring_kernels")):
+        if not (state.route.ring_alone and hasattr(self.module, "register_ring_kernels")):
             return False
         if self._kernels is None:
             self._kernels = self._register_kernels()
@@ -135,20 +135,27 @@ class NativeObserver:
         now on, and end this one); True where Python wrote it (``_kernel_ended`` ends it);
         False where it was not written."""
         kind = self._kind(op, kind_id, described, None)
-        rings = self.agent.state.rings
-        if kind is None or not rings or len(rings) != 1:
+        if kind is None:
             return False
-        ring = rings[0]
-        attached = ring.attach_writer(self.module)
-        ring.enter_kind(kind, site)
-        ids = ring.ids_of(kind) if attached else None
-        return True if ids is None else ids
+        route = self.agent.state.route
+        ids = route.for_native(kind, site, self.module)
+        if ids is not None:
+            return ids
+        entered = route.entered(kind, site, python_api=False)
+        if entered is None:
+            return False
+        self._entered[get_ident()] = entered
+        return True
 
     def _kernel_ended(self, failed: bool) -> None:
-        """(Called by the c10d kernels, with the GIL) The launch ``_kernel_entered`` wrote in
-        Python returned (or raised: ``failed``)."""
-        for ring in self.agent.state.rings or ():
-            ring.returned(failed)
+        """(Called by the c10d kernels, with the GIL) The launch ``_kernel_entered`` handed to
+        the route returned (or raised: ``failed``)."""
+        entered = self._entered.pop(get_ident(), None)
+        if entered is not None:
+            if failed:
+                entered.failed(RuntimeError("the launch raised"))
+            else:
+                entered.returned()
 
     def _journal_needs_operators(self) -> bool:
         """Whether a journal asks for every operator, as a recorder does: where the job's
@@ -229,18 +236,22 @@ class NativeObserver:
     def _told(self, when: int, op: str, kind_id: int, described: Any, site: str | None,
               label: str | None) -> bool:
         """(Called by the observer, with the GIL) A launch entered (0) or returned (1), to
-        the sink. True: its kind is known here from now on."""
+        the route (entered, then ended on the same thread). True: its kind is known here from
+        now on."""
         kind = self._kind(op, kind_id, described, label)
         if kind is None:
             return False
         if site is None:  # the Python code that called into C++ (none on autograd's threads)
             site = sites.site_from(sys._getframe(0).f_back)
         # (in a capture, the observer notes the launch itself: its ledger has it)
-        event = LaunchEvent(kind, site, python_api=False, noted=True)
+        route = self.agent.state.route
         if when == 0:
-            self.agent.sink.entered(event)
+            entered = route.entered(kind, site, python_api=False, noted=True)
+            if entered is not None:
+                self._entered[get_ident()] = entered
         else:
-            self.agent.sink.returned(event)
+            entered = self._entered.pop(get_ident(), None)
+            (entered or route.unentered(kind, site, python_api=False, noted=True)).returned()
         return bool(kind_id)
 
     # deriving ----------------------------------------------------------------------------

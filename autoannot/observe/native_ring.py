@@ -23,16 +23,4 @@ class ProxiesRing:
     def demand_changed(self, state: Any) -> None:
         """(``State`` listener, under its lock) On while one ring with files is open and
         nothing else: no capture, recorder or coalescing block."""
-        rings = state.rings
-        alone = (state.live and rings is not None and len(rings) == 1
-                 and rings[0].folder is not None and not state.captures
-                 and not state.recorders and not state.blocks)
-        self.module.set_proxies_ring(alone, state.inside)
-
-    def ids(self, ring: Any, kind: Any) -> tuple[int, int] | None:
-        """``ring``'s ids of the launch of ``kind`` just written to it (its kind's, its
-        group's slot), once the native writer writes it (attached now if it can be); None
-        where it does not."""
-        if not ring.attach_writer(self.module):
-            return None
-        return ring.ids_of(kind)
+        self.module.set_proxies_ring(state.route.ring_alone, state.inside)
