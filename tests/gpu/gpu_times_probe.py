@@ -70,7 +70,11 @@ def eager_rank(rank: int, world: int, port: int, steps: int, plant_ms: float, ou
     def reader(pending: list[tuple[torch.cuda.Event, torch.cuda.Event]]) -> None:
         """Another thread: each collective's events, once done, on the host's clock (no
         device sync: ``query`` until complete)."""
-        for start, end in pending:
+        while len(read) < steps:
+            if len(pending) <= len(read):
+                time.sleep(0.0002)
+                continue
+            start, end = pending[len(read)]
             while not end.query():
                 time.sleep(0.0002)
             read.append((host_ns(ref, start), host_ns(ref, end)))
@@ -176,6 +180,38 @@ def graph(plant_ms: float, replays: int, out: str) -> dict:
         at = [host_ns(ref, s) for s, _ in events]
         starts.append([(a - at[0]) / 1e6 for a in at])
     fifth = [s[4] - s[3] for s in starts[1:]]
+    # Re-armed at launch? A replay queued behind 300 ms of sleep: its events read "not done".
+    torch.cuda._sleep(cycles_for(300))
+    g.replay()
+    rearmed = {"first_start_done_right_after_launch": events[0][0].query(),
+               "last_end_done_right_after_launch": events[-1][1].query()}
+    try:
+        ref[0].elapsed_time(events[0][0])
+        rearmed["elapsed_time_while_pending"] = "read"
+    except RuntimeError as error:
+        rearmed["elapsed_time_while_pending"] = str(error).splitlines()[0][:120]
+    torch.cuda.synchronize()
+    # The events' GPU cost in a replay: the same 8 all-reduces with and without them.
+    plain = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(plain):
+        for t in tensors:
+            dist.all_reduce(t)
+    timed, _ = made(0)
+    gpu_us: dict[str, list[float]] = {"plain": [], "timed": []}
+    host_us: dict[str, list[float]] = {"plain": [], "timed": []}
+    for _ in range(200):
+        for name, which in (("plain", plain), ("timed", timed)):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            t0 = time.perf_counter_ns()
+            which.replay()
+            host_us[name].append((time.perf_counter_ns() - t0) / 1e3)
+            b.record()
+            b.synchronize()
+            gpu_us[name].append(a.elapsed_time(b) * 1e3)
+    cost = {name: {"gpu_us_median": round(statistics.median(gpu_us[name]), 2),
+                   "host_us_median": round(statistics.median(host_us[name]), 2)}
+            for name in gpu_us}
     # A replay held before its 5th collective: watched from another thread, no device sync.
     held_cycles = cycles_for(3000)
     held, held_events = made(held_cycles)
@@ -201,6 +237,7 @@ def graph(plant_ms: float, replays: int, out: str) -> dict:
             "fifth_start_after_fourth_ms": _spread(fifth),
             "starts_ms_of_one_replay": [round(x, 3) for x in starts[-1]],
             "replay_host_call_us_median": statistics.median(replay_cost),
+            "rearmed": rearmed, "replay_cost_8_collectives_16_events": cost,
             "held_replay": seen}
 
 
