@@ -161,7 +161,7 @@ def graph(plant_ms: float, replays: int, out: str) -> dict:
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
             for i, t in enumerate(tensors):
-                if i == 4:
+                if i == 4 and sleep:
                     torch.cuda._sleep(sleep)
                 events[i][0].record()
                 dist.all_reduce(t)
