@@ -104,6 +104,12 @@ def ring_launches(env: Mapping[str, str] | None = None) -> int:
     return int(value)
 
 
+def gpu_times(env: Mapping[str, str] | None = None) -> bool:
+    """``AUTOANNOT_GPU_TIMES``: whether a ring with files times its launches on CUDA tensors on
+    the GPU (``keep/gpu_clock.py``); on by default (``0`` turns it off)."""
+    return flag("AUTOANNOT_GPU_TIMES", True, env)
+
+
 def watch_requested(env: Mapping[str, str] | None = None) -> bool:
     """``AUTOANNOT_WATCH=1``: rank 0 watches the job's rings live (``live/watch.py``)."""
     return flag("AUTOANNOT_WATCH", False, env)

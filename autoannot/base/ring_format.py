@@ -47,6 +47,29 @@ def ring_bytes(capacity: int) -> int:
     return HEADER_BYTES + capacity * RECORD.size
 
 
+#: The GPU's times of a ring's launches (``keep/gpu_clock.py``), in a file beside the ring
+#: (``rank{R}.ring.gpu``): a 64-byte header — ``GPU_MAGIC``, the record size and capacity (the
+#: ring's: launch ``i`` of the ring has its GPU times at slot ``i % capacity``), then at
+#: ``GPU_STATE_AT`` the clock's state (``GPU_STATE``: when it last looked, on the host's
+#: monotonic clock; the oldest timed launch whose GPU start has not come, -1 for none; when
+#: that launch was entered) and the anchor's error bound in ns — then ``capacity`` records
+#: (``GPU_RECORD``: the ring's launch index, GPU start and end on the host's monotonic clock,
+#: 0 where not known yet). Written by one thread of the rank; the ring's records and layout
+#: are untouched, so a ring without one reads as before.
+GPU_SUFFIX = ".ring.gpu"
+GPU_MAGIC = b"AAGPU001"
+GPU_HEADER = struct.Struct("<8sII")  # magic, record bytes, capacity
+GPU_STATE = struct.Struct("<qqqq")  # looked_ns, waiting index, waiting entered_ns, error ns
+GPU_STATE_AT = 24
+GPU_RECORD = struct.Struct("<qqq")  # ring launch index, gpu start ns, gpu end ns
+GPU_NONE = -1  # the waiting index where no timed launch waits for its GPU
+
+
+def gpu_bytes(capacity: int) -> int:
+    """The size of a ring's GPU file of ``capacity`` records."""
+    return HEADER_BYTES + capacity * GPU_RECORD.size
+
+
 #: The c10d store keys of a rank's published progress (``AUTOANNOT_WATCH_STORE``): its launch
 #: count (``b"COUNT PUBLISHED_NS RUN"``, read at every look) and its progress document.
 COUNT_KEY = "autoannot/count/{rank}"

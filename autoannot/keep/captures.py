@@ -115,6 +115,9 @@ class Captures:
         try:
             if ledger is not None:
                 ledger.capturing = False
+                for journal in agent.state.journals:  # (the GPU's events of its launches)
+                    if (clock := getattr(journal, "gpu", None)) is not None:
+                        clock.capture_ended(ledger.name)
                 try:
                     self.identity.ended(ledger)
                     if ledger.native_capture is not None and agent.observer is not None:

@@ -140,6 +140,12 @@ class Ring:
         self._replay_plans: dict[str, tuple[list[Any], int, list[tuple[int, int, str]]]] = {}
         self._replay_ids: dict[str, tuple[int, bytes]] = {}
         self._attaches = 0  # (one more at each writer attached: slots are an attach's)
+        #: What times its launches on the GPU (``keep.gpu_clock``: the source of events), for a
+        #: ring with files in a process that has CUDA and did not turn it off; else None. The
+        #: clock is made at the first launch it times (``gpu``). A ring that times the GPU
+        #: writes its records in Python (no native writer is attached to it).
+        self.gpu_source: Any = None
+        self.gpu: Any = None
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
 
@@ -163,6 +169,7 @@ class Ring:
         it is attached (a ring with files, open, and none attached yet)."""
         with self._lock:
             if (self._map is None or self.folder is None or self._writer is not None
+                    or self.gpu_source is not None
                     or writer.ring_count() >= 0):  # (it writes one ring: another has it)
                 return False
             groups = list(self._seq)
@@ -321,6 +328,7 @@ class Ring:
         """(In a forked child) its first launch opens a ring of its own."""
         self._let_go_of_writer()
         self._map = None
+        self.gpu = None  # (its thread is the parent's)
 
     def enter(self, entry: Any) -> None:
         """Write the record of a launch about to run (``entry``: a ``keep.records.Record``)."""
@@ -416,7 +424,8 @@ class Ring:
                     self._replay_plans.clear()
                     self._replay_ids.clear()
                 plan = self._replay_plans[graph] = (entries, len(entries), [
-                    self._replayed_kind(graph, i, entry) for i, entry in enumerate(entries)])
+                    self._replayed_kind(graph, i, entry, len(entries))
+                    for i, entry in enumerate(entries)])
             writer = self._writer
             if writer is not None:
                 ids = self._replay_ids.get(graph)
@@ -427,6 +436,7 @@ class Ring:
                 writer.ring_write_many(ids[1], entered_ns, returned_ns)
                 return
             ring, capacity, seqs, count = self._map, self.capacity, self._seq, self._count
+            first = count
             for kind, site, group in plan[2]:
                 seq = seqs.get(group, 0)
                 seqs[group] = seq + 1
@@ -434,11 +444,17 @@ class Ring:
                 count += 1
             self._count = count
             _pack_count(ring, COUNT_AT, count)
+        if self.gpu is not None and returned_ns != FAILED:
+            try:
+                self.gpu.replayed(graph, first, count - first, entered_ns)
+            except Exception as exc:
+                _gpu_said("a replay", exc)
 
-    def _replayed_kind(self, graph: str, index: int, entry: dict[str, Any]
+    def _replayed_kind(self, graph: str, index: int, entry: dict[str, Any], of: int
                        ) -> tuple[int, int, str]:
-        """(Under the lock) the ids of a replayed launch (the ``index``-th of ``graph``'s
-        ledger): a kind of its own, its names line saying the graph, and its call site's."""
+        """(Under the lock) the ids of a replayed launch (the ``index``-th of the ``of`` of
+        ``graph``'s ledger): a kind of its own, its names line saying the graph, its place in
+        it, and its call site's."""
         from autoannot.keep.records import new_record
 
         annotation = entry["annotation"]
@@ -446,7 +462,7 @@ class Ring:
         kind = len(self._kinds)
         self._kinds[("replay", graph, index)] = (None, None, kind)  # type: ignore[index]
         self._write_names({"kind": kind, "api": entry["api"], "group": group,
-                           "annotation": annotation, "graph": graph,
+                           "annotation": annotation, "graph": graph, "index": index, "of": of,
                            "param_comms": new_record(entry["api"], annotation,
                                                      entry["call_site"], {}).param_comms})
         return kind, self._site_of(entry["call_site"]), group
@@ -480,6 +496,48 @@ class Ring:
             THREAD.pack_into(ring, at + FINISHED_THREAD_AT, get_native_id())
             FINISHED.pack_into(ring, at + FINISHED_AT, time.monotonic_ns())
 
+    def gpu_started(self) -> Any:
+        """The launch this thread entered last is about to be issued on a CUDA stream: its GPU
+        start's event recorded (``keep.gpu_clock``); what to hand ``gpu_ended``, or None where
+        it is not timed (failures said once)."""
+        try:
+            running = self._running.get(get_ident())
+            if running is None:
+                return None
+            clock = self.gpu
+            if clock is None:
+                clock = self._gpu_clock()
+                if clock is None:
+                    return None
+            return clock.started(running[1])
+        except Exception as exc:
+            _gpu_said("a launch's start", exc)
+            return None
+
+    def gpu_ended(self, started: Any, failed: bool, result: Any) -> None:
+        """The launch ``started`` (``gpu_started``'s) returned ``result`` or raised: its end's
+        event recorded where its stream waits for it (a call that returned no Work)."""
+        try:
+            if failed:
+                self.gpu.failed(started)
+            else:
+                self.gpu.ended(started, result is None)
+        except Exception as exc:
+            _gpu_said("a launch's end", exc)
+
+    def _gpu_clock(self) -> Any:
+        """(At the first timed launch) the GPU clock, its file beside the ring."""
+        from autoannot.base.ring_format import GPU_SUFFIX
+        from autoannot.keep.gpu_clock import GpuClock
+
+        with self._lock:
+            if self.gpu is None and self.ring_path is not None and self.gpu_source is not None:
+                source = self.gpu_source() if callable(self.gpu_source) else self.gpu_source
+                self.gpu_source = source
+                self.gpu = GpuClock(self.ring_path[:-len(SUFFIX)] + GPU_SUFFIX, self.capacity,
+                                    source)
+            return self.gpu
+
     def held(self) -> tuple[bytes, list[dict[str, Any]]] | None:
         """(A ring held in memory) its bytes and names, as a reader reads a ring's files;
         None before its first launch."""
@@ -493,8 +551,11 @@ class Ring:
         with self._lock:
             self._closed = True
             self._let_go_of_writer()
+            clock, self.gpu, self.gpu_source = self.gpu, None, None
             ring, self._map = self._map, None
             fd, self._names_fd = self._names_fd, None
+        if clock is not None:
+            clock.close()
         if ring is not None:
             ring.flush()
             ring.close()
@@ -540,6 +601,21 @@ class _Finished:
             pass
 
 
+def _gpu_said(what: str, exc: BaseException) -> None:
+    from autoannot.keep.gpu_clock import said
+
+    said(what, exc)
+
+
+def _has_cuda() -> bool:
+    """Whether this process's torch sees a CUDA device (asked once, as the ring is made)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available())
+    except Exception:  # (a CUDA build with a broken driver: no GPU times)
+        return False
+
+
 def open_from_environment(state: Any) -> Ring | None:
     """The ring ``AUTOANNOT_RING`` asks for, opened in ``state``; where it is unset but the
     watch is asked for (``AUTOANNOT_WATCH``, ``AUTOANNOT_WATCH_STORE``), one in its run's folder
@@ -558,5 +634,9 @@ def open_from_environment(state: Any) -> Ring | None:
     except ValueError as exc:
         sys.stderr.write(f"autoannot: AUTOANNOT_RING_LAUNCHES: {exc}: no ring is kept\n")
         return None
+    if config.gpu_times() and _has_cuda():
+        from autoannot.keep.gpu_clock import CudaEvents
+
+        ring.gpu_source = CudaEvents
     state.open_journal(ring)
     return ring

@@ -57,7 +57,7 @@ class Entered:
     """A launch entered by a route (``Route.entered``), until it returns: what was written and
     what is to be done at its return."""
 
-    __slots__ = ("kind", "noted", "python_api", "rings", "route", "scope", "site")
+    __slots__ = ("kind", "noted", "python_api", "rings", "route", "scope", "site", "timed")
 
     def __init__(self, route: Route, kind: Any, site: str | None, python_api: bool,
                  noted: bool) -> None:
@@ -65,6 +65,7 @@ class Entered:
         self.python_api, self.noted = python_api, noted
         self.scope: Any = None  # torch's mark_kernels scope, while entered
         self.rings: tuple[Any, ...] = ()  # the rings its record was written to
+        self.timed: tuple[tuple[Any, Any], ...] = ()  # (ring, its GPU start) where timed
 
     def returned(self, failed: bool = False, result: Any = None) -> None:
         """It was issued and returned ``result`` (``failed``: it raised; as ``Ring.returned``,
@@ -101,7 +102,8 @@ class Route:
 
     __slots__ = ("below_or_none", "blocks", "calls", "capturing", "files", "general", "inside",
                  "marks", "note", "recorders", "recorders_or_none", "replay_keepers",
-                 "ring_alone", "ring_only", "rings", "rings_or_none", "state", "wanting_below")
+                 "ring_alone", "ring_only", "rings", "rings_or_none", "state", "timing",
+                 "wanting_below")
 
     def __init__(self, state: Any, captures: Any = None) -> None:
         self.state = state
@@ -122,20 +124,24 @@ class Route:
         self.note = captures.note if captures is not None else None
         self.replay_keepers = (tuple(r for r in self.rings if getattr(r, "replays", False))
                                if state.live else ())
+        #: The rings that time launches on CUDA tensors on the GPU (``keep.gpu_clock``).
+        self.timing = tuple(r for r in self.rings if getattr(r, "gpu_source", None) is not None)
         #: Whether a proxy's launch takes the whole rule (``run_general``): a record file,
         #: torch's marks or a block asks; else its rings, ledger and recorders are written by
         #: its launch function (``launcher``: the route's fast method).
-        self.general = bool(self.files) or self.marks is not None or self.blocks
+        self.general = (bool(self.files) or self.marks is not None or self.blocks
+                        or bool(self.timing))
         #: The end of a launch entered apart where one ring is all that asks for it (no record
         #: file, recorder, capture or block): ``entered`` writes the ring and hands it back,
         #: made once a route (``RingEnd``); else None.
         self.ring_only = (RingEnd(self.rings[0]) if len(self.rings) == 1 and not (
-            self.files or self.recorders or self.capturing or self.blocks) else None)
+            self.files or self.recorders or self.capturing or self.blocks or self.timing)
+            else None)
         #: Whether one ring with files is all that is open (no record file, recorder, capture
         #: or block): then the native writer may write launches itself (``for_native``).
         self.ring_alone = (state.live and len(self.rings) == 1 and self.rings[0].folder is not None
                            and not (self.files or self.recorders or self.capturing
-                                    or self.blocks))
+                                    or self.blocks or self.timing))
 
     def __repr__(self) -> str:
         open_ = [name for name, on in (("rings", self.rings), ("files", self.files),
@@ -155,15 +161,18 @@ class Route:
             self.calls.blocks[-1].launches.append(kind.facts)  # is the block's
             return one_launch(self.state, how, wrapped, args, kwargs)
         return self.run_whole(kind, site_from(frame), bool(how & PYTHON_API), one_launch,
-                              self.state, how, wrapped, args, kwargs)
+                              self.state, how, wrapped, args, kwargs,
+                              cuda=bool(self.timing) and self.timing[0].gpu_source.times(
+                                  args, kwargs))
 
     def run_whole(self, kind: Any, site: str | None, python_api: bool,
-                  call: Callable[..., Any], *call_args: Any) -> Any:
+                  call: Callable[..., Any], *call_args: Any, cuda: bool = False) -> Any:
         """One launch, from entry to return: ``call(*call_args)`` runs it, and returns or raises
-        what it does; a failure of the route's own is said once and never reaches the caller
-        (the launch still runs)."""
+        what it does (``cuda``: on CUDA tensors, timed on the GPU where a ring asks); a failure
+        of the route's own is said once and never reaches the caller (the launch still
+        runs)."""
         __tracebackhide__ = True
-        entered = self.entered(kind, site, python_api)
+        entered = self.entered(kind, site, python_api, cuda=cuda)
         if entered is None:  # (the route failed it: said) outside the except block, so the
             result = call(*call_args)  # caller's exception carries none of ours
             self.ended(self.unentered(kind, site, python_api, noted=True), None)  # (it launched:
@@ -179,10 +188,11 @@ class Route:
     # a launch seen entering and returning apart -------------------------------------------------
 
     def entered(self, kind: Any, site: str | None = None, python_api: bool = True,
-                noted: bool = False) -> Any:
+                noted: bool = False, cuda: bool = False) -> Any:
         """A launch about to run (``site`` None: found, the first frame outside torch and
-        autoannot): its record file's line and rings' records written, torch's scope entered in
-        a capture where torch records. What to end it with (``returned``, ``failed``); None
+        autoannot): its record file's line and rings' records written (``cuda``: its tensors
+        are on a GPU, its start timed there where a ring asks), torch's scope entered in a
+        capture where torch records. What to end it with (``returned``, ``failed``); None
         where entering it failed (said once: the launch runs, unannotated)."""
         if (ring_only := self.ring_only) is not None and site is not None:  # (the always-on
             ring_only.ring.enter_kind(kind, site)  # case; a failure of the ring's: said by it)
@@ -202,6 +212,10 @@ class Route:
                 for ring in self.rings:
                     ring.enter_kind(kind, entered.site)
                     entered.rings += (ring,)
+                if cuda and self.timing:  # (last: nothing of ours between it and the launch)
+                    for ring in self.timing:
+                        if (started := ring.gpu_started()) is not None:
+                            entered.timed += ((ring, started),)
         except Exception as exc:
             warn_once(kind[0], "entering the annotation context", exc)
             self.ended(entered, exc, quiet=True)
@@ -221,6 +235,9 @@ class Route:
         once (``quiet``: not, the caller says its own)."""
         kind = entered.kind
         try:
+            if entered.timed:  # (first: nothing of ours between the launch and its end)
+                for ring, started in entered.timed:
+                    ring.gpu_ended(started, exc is not None, result)
             scope, entered.scope = entered.scope, None
             if scope is not None:
                 scope.__exit__(*((None, None, None) if exc is None

@@ -133,12 +133,15 @@ class Tails(NamedTuple):
     sites: dict[tuple[str, int], str]
     clocks: dict[int, str | None]
     labels: dict[str, tuple[str, str]]
+    #: The groups read from the GPU's times (when each rank's GPU started each collective,
+    #: on its host's clock), not the hosts' entries.
+    gpu: set[str]
 
 
 def tails_of(documents: list[dict[str, Any]]) -> Tails:
     """The straggler windows' inputs from the ranks' documents."""
-    tails = Tails({}, {}, {}, {}, {}, {})
-    entered, gaps, members, sites, clocks, labels = tails
+    tails = Tails({}, {}, {}, {}, {}, {}, set())
+    entered, gaps, members, sites, clocks, labels, _ = tails
     for document in documents:
         rank = int(document["rank"])
         clocks[rank] = document.get("host")

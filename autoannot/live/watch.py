@@ -76,9 +76,11 @@ def counts_of(folder: Path) -> tuple[dict[Path, int], dict[Path, str]]:
     return found, unreadable
 
 
-def verdict(folder: Path) -> Verdict:
+def verdict(folder: Path, gpu_after_s: float = 0.0) -> Verdict:
     """The rings in ``folder`` read whole: the hang they show, if any (of the newest run
-    where the folder holds rings of several; the others said in ``notes``)."""
+    where the folder holds rings of several; the others said in ``notes``). Where the hosts
+    show none, a GPU that has not started a launch its host entered ``gpu_after_s`` ago or
+    more (``live.gpu_hang``: from the GPU's times)."""
     from autoannot.traces.analysis import sequences as S
 
     reads, notes, unreadable = [], [], []
@@ -99,8 +101,12 @@ def verdict(folder: Path) -> Verdict:
     by_seq: dict[str, dict[int, dict[int, S.Step]]] = {}
     for one in reads:
         _last_steps(one, by_seq, members)
-    return Verdict(S.hang_of({}, members, by_seq), {r.rank: r.count for r in reads},
-                   newest, notes, unreadable)
+    lines = S.hang_of({}, members, by_seq)
+    if not lines:
+        from autoannot.live import gpu_hang
+
+        lines = gpu_hang.lines_of(reads, gpu_after_s)
+    return Verdict(lines, {r.rank: r.count for r in reads}, newest, notes, unreadable)
 
 
 def _without_path(exc: Exception, path: Path) -> str:
@@ -139,11 +145,10 @@ TAIL = 1024
 
 def tails_of_rings(folder: Path, tail: int = TAIL) -> Any:
     """The last ``tail`` launches of each ring of ``folder`` (its newest run), as the
-    straggler windows read them (``progress.Tails``); None where no ring can be read."""
-    import numpy as np
-
-    from autoannot.traces.read.rank_files import group_ranks
-
+    straggler windows read them (``progress.Tails``); None where no ring can be read. A group
+    whose every rank has the GPU's times of its last launches is read from them (when each
+    GPU started, and its time outside collectives from the GPU's end before: ``Tails.gpu``);
+    else from the hosts' entries."""
     reads = []
     for path in ring_files.in_folder(folder):
         try:
@@ -153,38 +158,80 @@ def tails_of_rings(folder: Path, tail: int = TAIL) -> Any:
     if not reads:
         return None
     newest = max(reads, key=lambda r: r.meta.get("wall_ns", 0)).meta.get("run")
-    tails = progress.Tails({}, {}, {}, {}, {}, {})
-    entered, gaps, members, sites, clocks, labels = tails
+    tails = progress.Tails({}, {}, {}, {}, {}, {}, set())
+    on_gpu: dict[str, dict[int, tuple[dict[int, float], dict[int, float]]]] = {}
     for one in reads:
         if one.meta.get("run") != newest or one.rank is None:
             continue
-        clocks[one.rank] = one.meta.get("host")
-        records = one.records
-        at_us = records["entered_ns"] / 1e3
-        ended = records["returned_ns"].astype(float)
-        ended[ended <= 0] = np.nan  # (still running, or raised)
-        outside_us = np.full(len(records), np.nan)
-        outside_us[1:] = (records["entered_ns"][1:] - ended[:-1]) / 1e3
-        outside_us[outside_us < 0] = np.nan  # (a replay's launches: entered as one, unknown)
-        for k, kind in one.kinds.items():
-            annotation = kind.get("annotation") or {}
-            group = kind["group"]
-            if group not in members and (ranks := group_ranks(annotation)) is not None:
-                members[group] = ranks
-                desc = annotation.get("Process Group Description")
-                labels[group] = (names.group_label(group, desc, ranks),
-                                 names.group_desc(desc, ranks))
-            mine = records["kind"] == k
-            if mine.any():
-                seqs = records["seq"][mine].tolist()
-                entered.setdefault(group, {}).setdefault(one.rank, {}).update(
-                    zip(seqs, at_us[mine].tolist(), strict=True))
-                gaps.setdefault(group, {}).setdefault(one.rank, {}).update(
-                    zip(seqs, outside_us[mine].tolist(), strict=True))
-                site = one.sites.get(int(records["site"][mine][-1]))
-                if site:
-                    sites[(group, one.rank)] = site
+        _tail_of_ring(one, tails, on_gpu)
+    for group, ranks in on_gpu.items():  # (the GPU's times where every rank has them)
+        everyone = tails.entered.get(group, {})
+        if set(ranks) != set(everyone):
+            continue
+        timed = set.intersection(*(set(starts) for starts, _ in ranks.values()))
+        for rank, (starts, outside) in ranks.items():
+            for seq in timed:
+                tails.entered[group][rank][seq] = starts[seq]
+                tails.gaps[group][rank][seq] = outside[seq]
+        if timed:
+            tails.gpu.add(group)
     return tails
+
+
+def _tail_of_ring(one: ring_files.RingRead, tails: Any,
+                  on_gpu: dict[str, dict[int, tuple[dict[int, float], dict[int, float]]]]
+                  ) -> None:
+    """One ring's part of ``tails``; the GPU starts and times outside of its launches timed on
+    the GPU into ``on_gpu`` (group -> rank -> by seq)."""
+    from autoannot.traces.read.rank_files import group_ranks
+
+    entered, gaps, members, sites, clocks, labels, _ = tails
+    clocks[one.rank] = one.meta.get("host")
+    records = one.records
+    at_us = records["entered_ns"] / 1e3
+    outside_us = _outside_us(records["entered_ns"], records["returned_ns"])
+    gpu = one.gpu
+    if gpu is not None:
+        gpu_at_us = gpu["start_ns"] / 1e3
+        gpu_outside_us = _outside_us(gpu["start_ns"], gpu["end_ns"])
+    for k, kind in one.kinds.items():
+        annotation = kind.get("annotation") or {}
+        group = kind["group"]
+        if group not in members and (ranks := group_ranks(annotation)) is not None:
+            members[group] = ranks
+            desc = annotation.get("Process Group Description")
+            labels[group] = (names.group_label(group, desc, ranks),
+                             names.group_desc(desc, ranks))
+        mine = records["kind"] == k
+        if not mine.any():
+            continue
+        seqs = records["seq"][mine].tolist()
+        entered.setdefault(group, {}).setdefault(one.rank, {}).update(
+            zip(seqs, at_us[mine].tolist(), strict=True))
+        gaps.setdefault(group, {}).setdefault(one.rank, {}).update(
+            zip(seqs, outside_us[mine].tolist(), strict=True))
+        if gpu is not None and (timed := mine & (gpu["start_ns"] > 0)).any():
+            starts, outside = on_gpu.setdefault(group, {}).setdefault(one.rank, ({}, {}))
+            seqs = records["seq"][timed].tolist()
+            starts.update(zip(seqs, gpu_at_us[timed].tolist(), strict=True))
+            outside.update(zip(seqs, gpu_outside_us[timed].tolist(), strict=True))
+        site = one.sites.get(int(records["site"][mine][-1]))
+        if site:
+            sites[(group, one.rank)] = site
+
+
+def _outside_us(began_ns: Any, ended_ns: Any) -> Any:
+    """Each launch's time outside collectives before it (us): its start less the end of the
+    launch before; NaN where either is unknown (an end 0: running, raised, or untimed; a
+    replay's launches, entered as one)."""
+    import numpy as np
+
+    ended = ended_ns.astype(float)
+    ended[ended <= 0] = np.nan
+    outside = np.full(len(began_ns), np.nan)
+    outside[1:] = (began_ns[1:] - ended[:-1]) / 1e3
+    outside[outside < 0] = np.nan
+    return outside
 
 
 def once(source: Any) -> tuple[int, list[str], Verdict]:
@@ -259,8 +306,9 @@ def culprit_of(lines: list[str]) -> int | None:
 class RingsFolder:
     """What a watcher reads: the rings of a folder of this host."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, gpu_after_s: float = 0.0) -> None:
         self.folder = folder
+        self.gpu_after_s = gpu_after_s  # (a GPU hang: its launch entered this long ago)
         self._unreadable: dict[Path, str] = {}
         self._empty = False
 
@@ -280,7 +328,7 @@ class RingsFolder:
                 for path, why in sorted(self._unreadable.items())]
 
     def verdict(self) -> Verdict:
-        return verdict(self.folder)
+        return verdict(self.folder, self.gpu_after_s)
 
     def tails(self) -> Any:
         return tails_of_rings(self.folder)
@@ -398,7 +446,7 @@ class Watcher:
 
     def __init__(self, folder: Path | Any, stall: float, say: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic, metrics: Any = None) -> None:
-        self.source = RingsFolder(folder) if isinstance(folder, Path) else folder
+        self.source = RingsFolder(folder, stall) if isinstance(folder, Path) else folder
         self.metrics = metrics  # (``live.metrics.JobMetrics``, updated at each look)
         self.stall = stall
         self.say = say
@@ -456,7 +504,8 @@ class Watcher:
         if tails is None:
             return
         named, ended = self.stragglers.update(
-            tails.entered, tails.members, tails.gaps, tails.clocks, tails.sites, tails.labels)
+            tails.entered, tails.members, tails.gaps, tails.clocks, tails.sites, tails.labels,
+            tails.gpu)
         for straggler in named:
             self.say(f"autoannot watch: {straggler.line()}")
         for line in ended:

@@ -581,7 +581,7 @@ def index_source(plan: Partitioning, source: int) -> Indexed:
     at, shared = in_reference(ref, group, seq)
     bad = spoils(ref, at, s.collective_map[np.asarray(c["collective"], np.intp)][shared],
                  np.asarray(c["size_bytes"], np.int64)[shared],
-                 np.asarray(c["kernel"], bool)[shared])
+                 (np.asarray(c["kernel"]) == 1)[shared])
     spoilt = np.unique(at[bad]) if bad.any() else none
     if source == 0:  # (the reference itself: no clock fitted)
         return Indexed(ranges, ordered, max_step, unfitted, spoilt, np.zeros((0, 2), np.int64))

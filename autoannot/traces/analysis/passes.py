@@ -244,7 +244,7 @@ def index_in_memory(plan: Partitioning) -> tuple[list[parts.Indexed], dict[str, 
     for lo, hi in stretches:  # the instances each rank spoils, all known before any fit
         at, shared = _in_reference(ref, got, slice(int(bounds[lo]), int(bounds[hi])))
         spoilt = parts.spoils(ref, at, got["collective"][shared], got["size_bytes"][shared],
-                              got["kernel"][shared])
+                              got["kernel"][shared] == 1)
         plan.spoilt[at[spoilt]] = True
     for lo, hi in stretches:  # each rank's clock (as ``index_source`` fits it)
         at, shared = _in_reference(ref, got, slice(int(bounds[lo]), int(bounds[hi])))

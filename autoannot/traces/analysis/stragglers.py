@@ -79,6 +79,9 @@ class Straggler:
     label: str = ""
     called: str = ""
     call_site: str | None = None
+    #: Read from the GPU's times (when each rank's GPU started each collective), not the
+    #: hosts' entries.
+    on_gpu: bool = False
 
     def line(self) -> str:
         """What is said when it is named."""
@@ -92,6 +95,10 @@ class Straggler:
                     f"before {self.late} {where}, {_us(self.late_by_us)} longer than the "
                     f"others (median; {noise}; the group spans hosts, whose clocks are not "
                     "compared)")
+        elif self.on_gpu:
+            said = (f"STRAGGLER: rank {self.rank}'s GPU started last at {self.late} {where}, "
+                    f"the others' GPUs waiting {_us(self.late_by_us)} for it (median; "
+                    f"{noise}; from the GPU's times)")
         else:
             said = (f"STRAGGLER: rank {self.rank} arrived last at {self.late} {where}, the "
                     f"others waiting {_us(self.late_by_us)} for it (median; {noise})")
@@ -237,18 +244,20 @@ class Tracker:
     def update(self, entered: Entered, members: dict[str, tuple[int, ...]],
                gaps: Entered | None = None, clocks: dict[int, str | None] | None = None,
                sites: dict[tuple[str, int], str] | None = None,
-               labels: dict[str, tuple[str, str]] | None = None
+               labels: dict[str, tuple[str, str]] | None = None, gpu: set[str] | None = None
                ) -> tuple[list[Straggler], list[str]]:
         """Read the windows not read yet (``windows``' inputs; ``sites``: (group, rank) -> its
-        call site there; ``labels``: group -> (its label, what it is called)): the stragglers
-        named now, and the lines of those that no longer stand out."""
+        call site there; ``labels``: group -> (its label, what it is called); ``gpu``: the
+        groups read from the GPU's times): the stragglers named now, and the lines of those
+        that no longer stand out."""
         named, ended = [], []
         for window in windows(entered, members, self._after, self.size, gaps, clocks):
             recent = self._recent.setdefault(window.group, deque(maxlen=self._history))
             recent.append(window)
             for column, rank in enumerate(window.ranks):
                 said = self._judge(window, column, rank, (labels or {}).get(window.group),
-                                   (sites or {}).get((window.group, rank)))
+                                   (sites or {}).get((window.group, rank)),
+                                   window.group in (gpu or ()))
                 if isinstance(said, Straggler):
                     named.append(said)
                 elif said is not None:
@@ -266,7 +275,7 @@ class Tracker:
         return max(float(np.median(pooled)), NOISE_FLOOR_US), sum(len(w) for w in waits)
 
     def _judge(self, window: Window, column: int, rank: int, label: tuple[str, str] | None,
-               site: str | None) -> Straggler | str | None:
+               site: str | None, on_gpu: bool = False) -> Straggler | str | None:
         """A window's verdict on one rank: the ``Straggler`` where it is named now, the line
         where it no longer stands out, else None."""
         noise = self.noise(rank)
@@ -287,7 +296,7 @@ class Tracker:
                 rank, window.group, streak.late, streak.instances,
                 float(np.median(streak.late_waits)), streak.noise[0], streak.first,
                 streak.last, streak.windows, streak.span_us / 1e6, streak.noise[1],
-                window.by_time_outside, *(label or ("", "")), site)
+                window.by_time_outside, *(label or ("", "")), site, on_gpu)
             self.named[key] = straggler
             return straggler if found is None else None
         if not shown and found is not None and persistent:

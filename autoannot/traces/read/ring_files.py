@@ -21,6 +21,21 @@ DTYPE = np.dtype([("seq", "<i8"), ("entered_ns", "<i8"), ("returned_ns", "<i8"),
                   ("finished_ns", "<i8"), ("kind", "<u4"), ("site", "<u4"),
                   ("finished_thread", "<u4"), ("pad", "V4")])
 assert DTYPE.itemsize == ring.RECORD.size
+#: A GPU file's record's columns (``ring.GPU_RECORD``).
+GPU_DTYPE = np.dtype([("index", "<i8"), ("start_ns", "<i8"), ("end_ns", "<i8")])
+assert GPU_DTYPE.itemsize == ring.GPU_RECORD.size
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """A rank's GPU clock as it last said (``ring.GPU_STATE``): when it last looked (host
+    monotonic ns), the ring index of the oldest timed launch its GPU has not started (None:
+    none) and when that launch was entered, and the conversion's error bound (ns)."""
+
+    looked_ns: int
+    waiting: int | None
+    waiting_entered_ns: int
+    error_ns: int
 
 
 @dataclass
@@ -35,6 +50,10 @@ class RingRead:
     sites: dict[int, str]
     count: int
     records: Any = field(repr=False)
+    #: The records' GPU start and end (``start_ns``, ``end_ns``: host monotonic, 0 unknown),
+    #: one a record, where the ring has a GPU file (``keep/gpu_clock.py``); else None.
+    gpu: Any = field(default=None, repr=False)
+    gpu_state: GpuState | None = None
 
     @property
     def rank(self) -> int | None:
@@ -66,7 +85,40 @@ def read(path: Path, last: int | None = None) -> RingRead:
     except OSError as exc:
         raise files.TraceError(f"{path}: {exc.strerror or exc}") from None
     meta, kinds, sites = _names(names_of(path))
-    return RingRead(path, meta, kinds, sites, count, records)
+    gpu, state = gpu_times(gpu_of(path), count, len(records))
+    return RingRead(path, meta, kinds, sites, count, records, gpu, state)
+
+
+def gpu_of(path: Path) -> Path:
+    """The GPU file beside a ring."""
+    return path.with_name(path.name[:-len(ring.SUFFIX)] + ring.GPU_SUFFIX)
+
+
+def gpu_times(path: Path, count: int, kept: int) -> tuple[Any, GpuState | None]:
+    """The GPU times of a ring's last ``kept`` launches (of ``count``) from its GPU file
+    (``start_ns``/``end_ns`` a launch, 0 where unknown), and its clock's state; (None, None)
+    where there is no GPU file. TraceError for one that is no GPU file or cut short."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        raise files.TraceError(f"{path}: {exc.strerror or exc}") from None
+    if len(data) < ring.HEADER_BYTES or data[:8] != ring.GPU_MAGIC:
+        raise files.TraceError(f"{path}: not an autoannot GPU times file of this version")
+    _, record_bytes, capacity = ring.GPU_HEADER.unpack_from(data)
+    if record_bytes != ring.GPU_RECORD.size or len(data) < ring.gpu_bytes(capacity):
+        raise files.TraceError(f"{path}: cut short, or records of {record_bytes} bytes")
+    looked, waiting, since, error = ring.GPU_STATE.unpack_from(data, ring.GPU_STATE_AT)
+    state = GpuState(looked, None if waiting == ring.GPU_NONE else waiting, since, error)
+    table = np.frombuffer(data, GPU_DTYPE, capacity, ring.HEADER_BYTES)
+    index = np.arange(count - kept, count, dtype=np.int64)
+    found = table[index % capacity] if capacity else np.zeros(kept, GPU_DTYPE)
+    mine = found["index"] == index  # (a slot of a launch written over since: unknown)
+    times = np.zeros(kept, [("start_ns", "<i8"), ("end_ns", "<i8")])
+    times["start_ns"] = np.where(mine, found["start_ns"], 0)
+    times["end_ns"] = np.where(mine, found["end_ns"], 0)
+    return times, state
 
 
 def read_held(data: bytes, names: list[dict[str, Any]], label: str) -> RingRead:
@@ -154,6 +206,11 @@ def launches_of(one: RingRead) -> list[Any]:
     finished = records["finished_ns"]
     finished_us = one.wall_ns(finished) / 1e3
     threads = records["finished_thread"]
+    gpu_start = one.gpu["start_ns"] if one.gpu is not None else None
+    if gpu_start is not None:
+        gpu_start_us = one.wall_ns(gpu_start) / 1e3
+        gpu_end = one.gpu["end_ns"]
+        gpu_end_us = one.wall_ns(gpu_end) / 1e3
     made: dict[int, tuple[Any, ...] | None] = {}
     found = []
     for i in range(len(records)):
@@ -171,11 +228,16 @@ def launches_of(one: RingRead) -> list[Any]:
             continue  # (a point-to-point block: no collective instance)
         group, name, size, group_size, desc, ranks, dtype = facts
         at = float(wall_us[i])
+        end = None
+        on_gpu = gpu_start is not None and gpu_start[i] > 0
+        if on_gpu:  # (the GPU's start: when the collective could begin on this rank)
+            at = float(gpu_start_us[i])
+            end = float(gpu_end_us[i]) if gpu_end[i] > 0 else None
         found.append(Launch(rank, group, int(records["seq"][i]), name, size, group_size, at,
-                            None, one.sites.get(int(records["site"][i])), desc,
+                            end, one.sites.get(int(records["site"][i])), desc,
                             wall_us=at, group_ranks=ranks, dtype=dtype,
                             finished_wall_us=float(finished_us[i]) if finished[i] else None,
-                            finished_thread=int(threads[i]) or None))
+                            finished_thread=int(threads[i]) or None, gpu=on_gpu))
     return found
 
 

@@ -37,3 +37,6 @@ class Launch:
     #: The thread that was told it completed (its Work's future's callback), where known: for
     #: gloo, the worker thread that ran it (a trace's range's ``tid``).
     finished_thread: int | None = None
+    #: Its start and end are the GPU's (timing events around it on its stream: when this
+    #: rank's GPU reached it and when its stream could go on past it), not its host's.
+    gpu: bool = False

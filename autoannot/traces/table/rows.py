@@ -42,6 +42,8 @@ SUFFIX = ".rows"
 #: The same rows as Parquet (where the job has pyarrow): ``NAME.rows.parquet``.
 PARQUET_SUFFIX = ".rows.parquet"
 
+#: The "kernel" column's value of a launch timed by the GPU's events (a ring's GPU times).
+GPU_EVENTS = 2
 #: (column, array typecode): the order and width of the columns in the file.
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("group", "I"),  # index into the head's "groups"
@@ -51,7 +53,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_us", "d"),  # in the head's time base ("base_ns"; see "clock")
     ("end_us", "d"),  # NaN where only the entry is known
     ("site", "i"),  # index into "sites"; -1: none
-    ("kernel", "B"),  # 1: timed by a GPU kernel (ends within microseconds on every rank)
+    ("kernel", "B"),  # 1: timed by a GPU kernel (ends within microseconds on every rank);
+    # 2: timed by the GPU's events around it (a ring's GPU times: ``keep/gpu_clock.py``)
     ("step", "i"),  # the profiler step it ran in (ProfilerStep#N); -1: none known
     ("dtype", "I"),  # index into "dtypes" ("Float", ...; "": unknown)
 )
@@ -154,7 +157,7 @@ def from_launches(launches: list[Launch], rank: int, **head: Any) -> Rows:
         columns["end_us"].append(nan if launch.end_us is None else launch.end_us)
         columns["site"].append(-1 if launch.call_site is None
                                else sites.setdefault(launch.call_site, len(sites)))
-        columns["kernel"].append(1 if launch.kernel else 0)
+        columns["kernel"].append(GPU_EVENTS if launch.gpu else 1 if launch.kernel else 0)
         columns["step"].append(launch.step)
         columns["dtype"].append(dtypes.setdefault(launch.dtype, len(dtypes)))
     return Rows(rank, columns, group_facts, list(collectives), list(sites),
@@ -342,7 +345,8 @@ def to_launches(rows: Rows) -> list[Launch]:
             rows.collectives[int(c["collective"][i])], int(c["size_bytes"][i]),
             int(group.get("size", 1)), float(c["start_us"][i]), None if end != end else end,
             rows.sites[site] if site >= 0 else None, str(group.get("desc", "")),
-            kernel=bool(c["kernel"][i]), step=int(c["step"][i]),
+            kernel=int(c["kernel"][i]) == 1, gpu=int(c["kernel"][i]) == GPU_EVENTS,
+            step=int(c["step"][i]),
             dtype=rows.dtypes[int(c["dtype"][i])],
             group_ranks=tuple(group["ranks"]) if isinstance(group.get("ranks"), list)
             else None))
@@ -362,7 +366,9 @@ PARQUET_COLUMNS: tuple[tuple[str, str], ...] = (
     ("step", "int32"),  # the profiler step (ProfilerStep#N); null: none known
     ("call_site", "string"),  # null: none recorded
     ("start_us", "float64"), ("end_us", "float64"),  # end null: only the entry is known
-    ("timed_by", "string"),  # "kernel" (a GPU kernel), "cpu" (a CPU range: gloo), "entry"
+    ("timed_by", "string"),  # "kernel" (a GPU kernel), "cpu" (a CPU range: gloo), "entry",
+    # "gpu" (a ring's GPU times: start when the rank's GPU reached it, end when its stream
+    # could go on; null end where the call returned a Work)
     ("time_base", "string"),  # "trace": us from base_ns; "wall": us since the epoch
     ("base_ns", "int64"),  # the wall-clock time of the time base's zero; null: unknown
 )
@@ -400,7 +406,8 @@ def encode_parquet(rows: Rows) -> bytes:
     ranks_of = pa.array([g.get("ranks") if isinstance(g.get("ranks"), list) else None
                          for g in groups] or [None], pa.list_(pa.int32()))
     end = c["end_us"].astype(np.float64)
-    timed_by = np.where(c["kernel"].astype(bool), 0, np.where(np.isnan(end), 2, 1))
+    timed_by = np.where(c["kernel"] == 1, 0, np.where(
+        c["kernel"] == GPU_EVENTS, 3, np.where(np.isnan(end), 2, 1)))
     table = pa.table({
         "rank": constant(rows.rank, pa.int32()), "run": constant(rows.run, pa.string()),
         "host": constant(rows.host, pa.string()),
@@ -417,7 +424,7 @@ def encode_parquet(rows: Rows) -> bytes:
         "call_site": strings(c["site"], rows.sites, missing=-1),
         "start_us": pa.array(c["start_us"].astype(np.float64)),
         "end_us": pa.array(end, mask=np.isnan(end)),
-        "timed_by": strings(timed_by, ["kernel", "cpu", "entry"]),
+        "timed_by": strings(timed_by, ["kernel", "cpu", "entry", "gpu"]),
         "time_base": constant(rows.clock, pa.string()),
         "base_ns": constant(rows.base_ns, pa.int64()),
     })
@@ -518,7 +525,8 @@ def _read_parquet(path: Path) -> Rows:
         "size_bytes": table.column("size_bytes").to_numpy(),
         "start_us": table.column("start_us").to_numpy(),
         "end_us": table.column("end_us").to_numpy(zero_copy_only=False).astype(np.float64),
-        "site": site, "kernel": np.array([t == "kernel" for t in timed_by], dtype=np.uint8),
+        "site": site, "kernel": np.array([1 if t == "kernel" else GPU_EVENTS if t == "gpu"
+                                          else 0 for t in timed_by], dtype=np.uint8),
         "step": np.where(np.isnan(step.astype(np.float64)), -1, step).astype(np.int32),
         "dtype": dtype.astype(np.uint32)}
     head.columns, head.groups = columns, groups

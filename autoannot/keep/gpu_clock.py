@@ -1,0 +1,396 @@
+"""The GPU's own times of a ring's launches: when each collective started and ended on the GPU,
+on the host's monotonic clock, in a file beside the ring (``rank{R}.ring.gpu``; its layout in
+``base/ring_format.py``).
+
+How: a timing event (``torch.cuda.Event(enable_timing=True)``) is recorded on the launching
+stream just before a collective and one just after it. The collective cannot start on the GPU
+before its stream reaches the first (the collective's own stream waits on the launching one):
+its start is when this rank's GPU reached it. The second completes when the launching stream
+may go on past it: the collective's end for a call that makes the stream wait on it (every
+``async_op=False`` call); a call that returns a Work has no end (the stream does not wait
+until the Work is waited on). In a capture the two are external events (captured as
+event-record nodes) and are recorded again at each replay of the graph.
+
+Nothing blocks the launching thread and nothing syncs the device: one thread of the rank (the
+clock's) looks at the pending events every millisecond (``query``) and writes those that
+completed, converted against an anchor: an event it records on an idle stream of its own,
+whose host time it reads as it completes (the conversion's error is bounded by that wait,
+written in the header; the anchor is made again every ``ANCHOR_EVERY_S``). It also writes, at
+each look, the oldest timed launch whose GPU has not started it and when that launch was
+entered: what names a GPU that hangs before a collective.
+
+A graph's events are the same at each replay. A time read for a replay is kept only where it
+can be no later replay's: where it is before the next replay of that graph was called (a GPU
+runs a replay only after its call). Where the host runs more than a replay ahead of the GPU,
+some replays' times are unknown (left 0), never another replay's.
+
+``source``: what makes, records and reads events (``CudaEvents``: torch's; a test plants
+its own timeline).
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import threading
+import time
+from _thread import get_ident
+from typing import Any
+
+from autoannot.base.diagnostics import say_once
+from autoannot.base.ring_format import (
+    GPU_HEADER,
+    GPU_MAGIC,
+    GPU_NONE,
+    GPU_RECORD,
+    GPU_STATE,
+    GPU_STATE_AT,
+    HEADER_BYTES,
+    gpu_bytes,
+)
+
+#: How often the clock's thread looks at the pending events (seconds).
+LOOK_EVERY_S = 0.001
+#: How often the anchor is made again (seconds): the GPU's clock and the host's drift apart.
+ANCHOR_EVERY_S = 10.0
+#: At most this many launches wait to be read; past it, launches go untimed (said once).
+MOST_PENDING = 1 << 14
+#: How long closing waits for the launches still pending on the GPU (seconds).
+CLOSE_WAIT_S = 0.5
+#: Two reads of a graph's event this close are one recording of it (the anchor made again
+#: moves a time by rounding alone).
+SAME_NS = 1000
+#: Events kept for reuse.
+POOL = 1024
+
+
+def on_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether a collective's first tensor argument (or the first of its first list) lies on
+    a CUDA device: the launches ``CudaEvents`` times."""
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if first.__class__ in (list, tuple):
+        first = first[0] if first else None
+    return bool(getattr(first, "is_cuda", False))
+
+
+def said(what: str, exc: BaseException) -> None:
+    """A failure of the GPU's times (``what`` failed), said once: the launches go on."""
+    say_once(f"gpu clock:{what.split()[0]}", f"autoannot: the GPU's times: {what}: "
+             f"{type(exc).__name__}: {exc}; the launches run on, without their GPU times")
+
+
+class CudaEvents:
+    """torch's timing events on the current CUDA device: the clock's real source."""
+
+    #: Which launches it times (by their arguments).
+    times = staticmethod(on_cuda)
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+        self._event = torch.cuda.Event
+        self._side: Any = None
+        #: The launching thread's device, as the clock is made (a rank's GPU): the clock's
+        #: thread makes its anchors there.
+        self.device = torch.cuda.current_device()
+
+    def new(self, external: bool = False) -> Any:
+        if external:
+            return self._event(enable_timing=True, external=True)
+        return self._event(enable_timing=True)
+
+    @staticmethod
+    def record(event: Any) -> None:
+        """Recorded on the current stream (in a capture: captured)."""
+        event.record()
+
+    @staticmethod
+    def done(event: Any) -> bool:
+        return event.query()
+
+    @staticmethod
+    def ms_between(first: Any, second: Any) -> float:
+        return first.elapsed_time(second)
+
+    def capturing(self) -> bool:
+        return self._cuda.is_current_stream_capturing()
+
+    def anchor(self) -> Any:
+        """An event recorded now on an idle stream of the clock's own (on the rank's device)."""
+        with self._cuda.device(self.device):
+            if self._side is None:
+                self._side = self._cuda.Stream()
+            event = self._event(enable_timing=True)
+            event.record(self._side)
+        return event
+
+
+class _Pending:
+    """A launch whose GPU times are to be read: its ring index, when it was entered, its two
+    events (``end`` None: no end to be had), and for a replay's launch its graph and replay
+    number (``replay`` -1 else)."""
+
+    __slots__ = ("end", "entered_ns", "graph", "index", "replay", "start", "started_ns")
+
+    def __init__(self, index: int, entered_ns: int, start: Any, end: Any,
+                 graph: str | None = None, replay: int = -1) -> None:
+        self.index, self.entered_ns, self.start, self.end = index, entered_ns, start, end
+        self.graph, self.replay = graph, replay
+        self.started_ns = 0
+
+
+class Captured:
+    """The events of a launch in a capture (recorded as the graph's nodes)."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: Any) -> None:
+        self.start, self.end = start, None
+
+
+class GpuClock:
+    """The GPU times of one ring's launches (``path``: its GPU file, made anew; ``capacity``:
+    the ring's), read by a thread of its own (started at the first timed launch)."""
+
+    def __init__(self, path: str, capacity: int, source: Any,
+                 look_every: float = LOOK_EVERY_S, thread: bool = True) -> None:
+        self.path, self.capacity, self.source, self.look_every = path, capacity, source, look_every
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            os.ftruncate(fd, gpu_bytes(capacity))
+            self._map = mmap.mmap(fd, gpu_bytes(capacity))
+        finally:
+            os.close(fd)
+        GPU_HEADER.pack_into(self._map, 0, GPU_MAGIC, GPU_RECORD.size, capacity)
+        GPU_STATE.pack_into(self._map, GPU_STATE_AT, 0, GPU_NONE, 0, 0)
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pool: list[Any] = []
+        self._capturing: dict[int, list[Captured]] = {}
+        self._graphs: dict[str, list[Captured]] = {}
+        #: Per graph: when each of its replays was called (the last few).
+        self._replays: dict[str, collections.deque[int]] = {}
+        self._replay_numbers: dict[str, int] = {}
+        self._last_read: dict[int, int] = {}  # (a graph's event: the time read last)
+        self._anchor: tuple[Any, int] | None = None
+        self._anchored_at = 0.0
+        #: Its thread (``thread`` False: none is started; the caller looks, as a test does).
+        self._thread: Any = None if thread else False
+        self._stopped = threading.Event()
+        self.dropped = 0
+
+    # the launching threads ------------------------------------------------------------------
+
+    def started(self, index: int) -> Any:
+        """The launch at ring index ``index`` is about to be issued on the current stream: its
+        start event recorded there. What to hand ``ended``."""
+        source = self.source
+        if source.capturing():
+            start = source.new(external=True)
+            source.record(start)
+            captured = Captured(start)
+            self._capturing.setdefault(get_ident(), []).append(captured)
+            return captured
+        start = self._pool.pop() if self._pool else source.new()
+        source.record(start)
+        return _Pending(index, time.monotonic_ns(), start, None)
+
+    def ended(self, started: Any, waits: bool) -> None:
+        """The launch ``started`` returned; ``waits``: the launching stream waits for the
+        collective (its end is to be had)."""
+        source = self.source
+        if started.__class__ is Captured:
+            end = source.new(external=True)
+            source.record(end)
+            started.end = end if waits else None
+            return
+        if waits:
+            started.end = self._pool.pop() if self._pool else source.new()
+            source.record(started.end)
+        self._push([started])
+
+    def failed(self, started: Any) -> None:
+        """The launch ``started`` raised: its event let go."""
+        if started.__class__ is _Pending:
+            self._release(started)
+
+    def capture_ended(self, graph: str) -> None:
+        """This thread's capture ended as the graph ``graph`` (its ledger's name): its
+        launches' events, in capture order, are that graph's."""
+        captured = self._capturing.pop(get_ident(), None)
+        if captured:
+            self._graphs[graph] = captured
+
+    def replayed(self, graph: str, first_index: int, count: int, entered_ns: int) -> None:
+        """A replay of ``graph`` called at ``entered_ns`` was written to the ring as its
+        launches ``first_index`` .. ``first_index + count - 1``: their GPU times to be read."""
+        captured = self._graphs.get(graph)
+        if captured is None:
+            return
+        if len(captured) != count:
+            said(f"graph {graph}", ValueError(
+                f"{len(captured)} timed launches captured, {count} in its ledger"))
+            self._graphs.pop(graph, None)
+            return
+        with self._lock:
+            number = self._replay_numbers.get(graph, 0)
+            self._replay_numbers[graph] = number + 1
+            calls = self._replays.setdefault(graph, collections.deque(maxlen=64))
+            calls.append(entered_ns)
+        self._push([_Pending(first_index + i, entered_ns, c.start, c.end, graph, number)
+                    for i, c in enumerate(captured)])
+
+    def _push(self, items: list[_Pending]) -> None:
+        with self._lock:
+            if len(self._pending) + len(items) > MOST_PENDING:
+                self.dropped += len(items)
+                for item in items:
+                    self._release(item)
+                said("waiting launches", RuntimeError(
+                    f"over {MOST_PENDING} launches wait for their GPU"))
+                return
+            self._pending.extend(items)
+        if self._thread is None:
+            self._start_thread()
+
+    def _release(self, item: _Pending) -> None:
+        if item.graph is None and len(self._pool) < POOL:
+            self._pool.append(item.start)
+            if item.end is not None:
+                self._pool.append(item.end)
+
+    # the clock's thread ---------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None:  # (started, or none wanted)
+                return
+            self._thread = threading.Thread(target=self._run, name="autoannot-gpu-clock",
+                                            daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self.look()
+                time.sleep(self.look_every)
+        except Exception as exc:  # (the job goes on: its GPU times stop, said once)
+            said("its thread", exc)
+
+    def anchor(self, now: float | None = None) -> None:
+        """(The clock's thread) an event whose host time is known, made again every
+        ``ANCHOR_EVERY_S``."""
+        now = time.monotonic() if now is None else now
+        if self._anchor is not None and now - self._anchored_at < ANCHOR_EVERY_S:
+            return
+        source = self.source
+        before = time.monotonic_ns()
+        event = source.anchor()
+        while not source.done(event):
+            pass  # (an idle stream: microseconds)
+        after = time.monotonic_ns()
+        self._anchor, self._anchored_at = (event, after), now
+        GPU_STATE.pack_into(self._map, GPU_STATE_AT, *self._state(after - before))
+
+    def _state(self, error_ns: int) -> tuple[int, int, int, int]:
+        looked, waiting, since, _ = GPU_STATE.unpack_from(self._map, GPU_STATE_AT)
+        return looked, waiting, since, error_ns
+
+    def host_ns(self, event: Any) -> int:
+        """A completed event's time on the host's monotonic clock."""
+        anchor, at = self._anchor  # type: ignore[misc]
+        return at + round(self.source.ms_between(anchor, event) * 1e6)
+
+    def look(self) -> None:
+        """(The clock's thread) one look: the completed events written, the state said."""
+        self.anchor()
+        done = self.source.done
+        with self._lock:
+            items = list(self._pending)
+        finished: set[int] = set()
+        waiting: _Pending | None = None
+        for item in items:
+            if not item.started_ns:
+                at = self._time_of(item, item.start) if done(item.start) else None
+                if at is None:
+                    waiting = waiting or item
+                    continue
+                started = self._read(item, item.start, at)
+                if started is None:
+                    finished.add(id(item))
+                    continue
+                item.started_ns = started
+                self._write(item.index, started, 0)
+            if item.end is None:
+                finished.add(id(item))
+                continue
+            at = self._time_of(item, item.end) if done(item.end) else None
+            if at is None:
+                continue
+            ended = self._read(item, item.end, at)
+            if ended is not None:
+                self._write(item.index, item.started_ns, ended)
+            finished.add(id(item))
+        if finished:
+            with self._lock:
+                kept = collections.deque(i for i in self._pending if id(i) not in finished)
+                for item in self._pending:
+                    if id(item) in finished:
+                        self._release(item)
+                self._pending = kept
+        _, _, _, error = GPU_STATE.unpack_from(self._map, GPU_STATE_AT)
+        GPU_STATE.pack_into(self._map, GPU_STATE_AT, time.monotonic_ns(),
+                            GPU_NONE if waiting is None else waiting.index,
+                            0 if waiting is None else waiting.entered_ns, error)
+
+    def _time_of(self, item: _Pending, event: Any) -> int | None:
+        """A completed event's host time; for a graph's event, None where it is the time
+        taken last for a replay (the event not recorded again yet: a replay before this
+        one's)."""
+        at = self.host_ns(event)
+        if item.graph is not None:
+            last = self._last_read.get(id(event))
+            if last is not None and abs(last - at) < SAME_NS:
+                return None
+        return at
+
+    def _read(self, item: _Pending, event: Any, at: int) -> int | None:
+        """``at`` (``event``'s time) as ``item``'s; None where it may be a later replay's."""
+        if item.graph is not None:
+            with self._lock:
+                number = self._replay_numbers.get(item.graph, 0)
+                calls = self._replays.get(item.graph)
+                later = (calls[len(calls) - (number - item.replay) + 1]
+                         if calls is not None and number - item.replay > 1
+                         and number - item.replay <= len(calls) else None)
+            if number - item.replay > 1 and (later is None or at >= later):
+                return None  # (a later replay was called before this time: it may be its)
+            if at < item.entered_ns:
+                return None  # (before this replay was called: an earlier one's)
+            self._last_read[id(event)] = at
+        return at
+
+    def _write(self, index: int, start_ns: int, end_ns: int) -> None:
+        GPU_RECORD.pack_into(self._map, HEADER_BYTES + (index % self.capacity) * GPU_RECORD.size,
+                             index, start_ns, end_ns)
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the thread and unmap the file, after the launches still pending are read
+        (``wait_s`` at most: a GPU that hangs does not hold the process's end)."""
+        self._stopped.set()
+        thread = self._thread
+        if thread and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        try:
+            if self._pending:
+                deadline = time.monotonic() + wait_s
+                self.look()
+                while self._pending and time.monotonic() < deadline:
+                    time.sleep(self.look_every)
+                    self.look()
+        except Exception:  # (the last looks are a courtesy)
+            pass
+        self._map.flush()
+        self._map.close()

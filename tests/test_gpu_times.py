@@ -1,0 +1,275 @@
+"""The GPU's times of each collective (``keep/gpu_clock.py``) on planted GPU timelines
+(``planted_gpu.PlantedGpu``: a known delay on a rank's stream, a GPU clock 123 s off the
+host's), through the real route, ring, reader, watch and ``skew`` of real gloo jobs; and the
+real CUDA runs' files (tests/gpu/gpu_times.py, committed under tests/data/gpu/times/) where
+they are."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import run_ranks
+from planted_gpu import PlantedGpu
+
+from autoannot import cli
+from autoannot.base import ring_format
+from autoannot.keep.gpu_clock import GpuClock
+from autoannot.traces.read import ring_files
+
+PLANT_MS = 20.0
+STEPS, STEP_S = 80, 0.04
+
+
+def _clock(tmp_path: Path, gpu: PlantedGpu, capacity: int = 64) -> GpuClock:
+    return GpuClock(str(tmp_path / f"rank0{ring_format.GPU_SUFFIX}"), capacity, gpu,
+                    thread=False)
+
+
+def _times(clock: GpuClock, count: int) -> Any:
+    clock._map.flush()
+    times, state = ring_files.gpu_times(Path(clock.path), count, count)
+    return times, state
+
+
+def test_a_launchs_gpu_start_and_end_are_the_gpus_on_the_hosts_clock(tmp_path: Path) -> None:
+    """A launch on an idle stream starts as it is called; one behind a 30 ms hold starts 30 ms
+    later, and until then it is the launch the GPU waits before, since its entry; a call that
+    returned a Work has no end. Times on the host's monotonic clock, the GPU's 123 s off."""
+    gpu = PlantedGpu()
+    clock = _clock(tmp_path, gpu)
+    before = time.monotonic_ns()
+    clock.ended(clock.started(0), True)
+    gpu.sleep(30)
+    called = time.monotonic_ns()
+    clock.ended(clock.started(1), True)
+    clock.ended(clock.started(2), False)
+    clock.look()
+    times, state = _times(clock, 3)
+    assert times["start_ns"][0] >= before and times["start_ns"][0] - before < 5e6, times
+    assert times["end_ns"][0] >= times["start_ns"][0]
+    assert list(times["start_ns"][1:]) == [0, 0], times  # (held: not started yet)
+    assert state.waiting == 1 and called <= state.waiting_entered_ns < called + 5e6, state
+    time.sleep(0.04)
+    clock.look()
+    times, state = _times(clock, 3)
+    late = (times["start_ns"][1] - called) / 1e6
+    assert abs(late - 30) < 3, late
+    assert times["end_ns"][2] == 0 and times["start_ns"][2] >= times["start_ns"][1], times
+    assert state.waiting is None and state.error_ns >= 0
+    clock.close()
+
+
+def _captured(clock: GpuClock, gpu: PlantedGpu, graph: str, collectives: int = 8) -> list[Any]:
+    gpu.capture = []
+    for _ in range(collectives):
+        clock.ended(clock.started(-1), True)
+    captured, gpu.capture = gpu.capture, None
+    clock.capture_ended(graph)
+    return captured
+
+
+def test_each_collective_of_a_replay_is_timed_and_a_planted_fifth_is_late(tmp_path: Path
+                                                                           ) -> None:
+    """A graph of 8 collectives, 20 ms held before the 5th: each replay's 5th starts 20 ms after
+    its 4th; a replay called while the GPU runs the one before (the host ahead) gets no time
+    but its own, and the one before none (its events are the later replay's by then)."""
+    gpu = PlantedGpu()
+    clock = _clock(tmp_path, gpu)
+    captured = _captured(clock, gpu, "g")
+    index = 0
+    for _ in range(3):  # (one at a time)
+        entered = time.monotonic_ns()
+        gpu.replay(captured, {8: PLANT_MS})
+        clock.replayed("g", index, 8, entered)
+        index += 8
+        time.sleep(0.03)
+        clock.look()
+    times, _ = _times(clock, index)
+    starts = times["start_ns"].reshape(3, 8)
+    assert (starts > 0).all(), starts
+    fifth = (starts[:, 4] - starts[:, 3]) / 1e6
+    assert ((fifth > PLANT_MS - 2) & (fifth < PLANT_MS + 2)).all(), fifth
+    first = time.monotonic_ns()  # two replays called at once: the first's times are gone
+    gpu.replay(captured, {8: PLANT_MS})
+    clock.replayed("g", index, 8, first)
+    second = time.monotonic_ns()
+    gpu.replay(captured, {8: PLANT_MS})
+    clock.replayed("g", index + 8, 8, second)
+    time.sleep(0.06)
+    clock.look()
+    times, _ = _times(clock, index + 16)
+    assert (times["start_ns"][index:index + 8] == 0).all(), times  # (never the second's)
+    assert (times["start_ns"][index + 8:] >= second).all(), times
+    clock.close()
+
+
+def test_a_replay_held_before_its_fifth_is_waiting_there_and_a_stale_event_is_not_read(
+        tmp_path: Path) -> None:
+    """A replay held 10 s before its 5th: the clock says it waits at the 5th's launch, since
+    the replay was called. Events not recorded again (a replay the GPU has not reached, where
+    a driver keeps an event's last time) are not read as this replay's."""
+    gpu = PlantedGpu()
+    clock = _clock(tmp_path, gpu)
+    captured = _captured(clock, gpu, "g")
+    entered = time.monotonic_ns()
+    gpu.replay(captured, {})
+    clock.replayed("g", 0, 8, entered)
+    time.sleep(0.01)
+    clock.look()
+    entered = time.monotonic_ns()  # (its events not recorded again yet: the last times kept)
+    clock.replayed("g", 8, 8, entered)
+    clock.look()
+    _, state = _times(clock, 16)
+    assert state.waiting == 8, state
+    gpu.replay(captured, {8: 10_000})
+    time.sleep(0.01)
+    clock.look()
+    times, state = _times(clock, 16)
+    assert state.waiting == 12 and state.waiting_entered_ns == entered, state
+    assert (times["start_ns"][8:12] >= entered).all() and (times["start_ns"][12:] == 0).all()
+    clock.close()
+
+
+def test_a_graph_whose_ledger_differs_from_its_events_is_not_timed(tmp_path: Path) -> None:
+    gpu = PlantedGpu()
+    clock = _clock(tmp_path, gpu)
+    _captured(clock, gpu, "g", 3)
+    with pytest.warns(RuntimeWarning, match="graph g: ValueError: 3 timed launches captured, "
+                      "4 in its ledger; the launches run on, without their GPU times"):
+        clock.replayed("g", 0, 4, time.monotonic_ns())
+    assert not clock._pending
+    clock.close()
+
+
+# a real gloo job on a planted GPU --------------------------------------------------------
+
+
+def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int) -> Any:
+    """``steps`` all-reduces, ``STEP_S`` apart, through the agent with a ring that times them
+    on a planted GPU; rank 1's stream held ``PLANT_MS`` before each (its host on time), or
+    (``hold_at``) 60 s before that one only, then rank 0 watches for 3 s as the live watch
+    does. Returns the all-reduce's line and what the watch said."""
+    import inspect
+
+    import agent_hooks as hooks
+
+    import autoannot
+    from autoannot.keep.ring import Ring
+    from autoannot.live import watch
+
+    autoannot.enable()
+    gpu = PlantedGpu()
+    ring = Ring(f"{out}/rings")
+    ring.gpu_source = gpu
+    hooks.AGENT.state.open_journal(ring)
+    warm = dist.new_group(backend="gloo")  # (the ranks in step: their start-up is no
+    gpu.times_all = False  # lateness, and in a group of its own no noise of the default's)
+    dist.barrier(group=warm)
+    gpu.times_all = True
+    payload = torch.zeros(1, dtype=torch.int64)
+    line = 0
+    for step in range(steps):
+        time.sleep(STEP_S)
+        if rank == 1 and hold_at is None:
+            gpu.sleep(PLANT_MS)
+        if rank == 1 and step == hold_at:
+            gpu.sleep(60_000)
+        payload[0] = gpu.called()
+        gpu.payload = payload
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        dist.all_reduce(payload, op=dist.ReduceOp.MAX)
+    said: list[str] = []
+    if hold_at is not None:  # (the hosts stop launching: as a rank blocked on its GPU)
+        watcher = watch.Watcher(Path(f"{out}/rings"), 1.0, said.append)
+        for _ in range(12):
+            watcher.look()
+            time.sleep(0.25)
+        dist.barrier(group=dist.new_group(backend="gloo"))
+    hooks.AGENT.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    return {"line": line, "said": said}
+
+
+@pytest.fixture(scope="module")
+def late_gpu_run(tmp_path_factory) -> tuple[Path, list[Any]]:
+    out = tmp_path_factory.mktemp("late_gpu")
+    results = run_ranks(planted_job, 2, "gloo", (str(out), None, STEPS))
+    return out, results
+
+
+def test_a_late_gpu_is_in_the_ring_and_skew_names_it_where_hosts_name_no_one(
+        capsys, late_gpu_run, tmp_path: Path) -> None:
+    """Rank 1's GPU 20 ms late before each all-reduce, its host on time: every all-reduce has
+    its GPU start and end in the ring; ``skew`` leads with rank 1 by the plant (±20%) at the
+    all-reduce's line; the same rings without their GPU times do not."""
+    out, results = late_gpu_run
+    rings = out / "rings"
+    for path in ring_files.in_folder(rings):
+        one = ring_files.read(path)
+        assert one.gpu is not None and (one.gpu["start_ns"] > 0).sum() == STEPS, path
+    assert cli.main(["skew", "-q", "--json", str(rings)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["lead"][0].startswith("rank 1 held the others up most"), found["lead"]
+    assert f":{results[1]['line']}" in found["lead"][0], found["lead"]
+    late_ms = _late_of(found, 1)
+    assert len(late_ms) >= 0.9 * STEPS, late_ms  # (last at every all-reduce but warm-up's)
+    assert abs(statistics.median(late_ms) - PLANT_MS) <= 0.2 * PLANT_MS, late_ms
+    host_only = tmp_path / "host_only"
+    host_only.mkdir()
+    for path in rings.iterdir():
+        if not path.name.endswith(ring_format.GPU_SUFFIX):
+            shutil.copy(path, host_only)
+    assert cli.main(["skew", "-q", "--json", str(host_only)]) == 0
+    late_ms = _late_of(json.loads(capsys.readouterr().out), 1)  # (its host on time: a host's
+    assert len(late_ms) < 0.9 * STEPS or statistics.median(late_ms) < 0.5 * PLANT_MS  # jitter)
+
+
+def _late_of(found: dict[str, Any], rank: int) -> list[float]:
+    """How late ``rank`` arrived (ms) at each instance it was last at, warm-up left out, as
+    ``skew --json`` says."""
+    return [i["skew_us"] / 1e3 for i in found["instances"]
+            if i["straggler"] == rank and not i["warmup"]]
+
+
+def test_the_watch_names_the_late_gpu_from_the_gpus_times(late_gpu_run) -> None:
+    """The straggler windows of the live watch on the same rings: rank 1's GPU named, late by
+    the plant (±20%), the line saying it is read from the GPU's times."""
+    from autoannot.live import watch
+    from autoannot.traces.analysis import stragglers
+
+    out, _ = late_gpu_run
+    tails = watch.tails_of_rings(out / "rings")
+    assert tails.gpu == {"0"}, tails.gpu
+    named, _ = stragglers.Tracker().update(tails.entered, tails.members, tails.gaps,
+                                           tails.clocks, tails.sites, tails.labels, tails.gpu)
+    windows = [(w.first, w.span_us, w.last_of.tolist(), w.waited.round().tolist())
+               for w in stragglers.windows(tails.entered, tails.members, {}, gaps=tails.gaps,
+                                           clocks=tails.clocks)]
+    assert [s.rank for s in named] == [1], windows
+    line = named[0].line()
+    assert line.startswith("STRAGGLER: rank 1's GPU started last at "), line
+    assert line.endswith(tails.sites[("0", 1)]) and "from the GPU's times" in line, line
+    assert abs(named[0].late_by_us - PLANT_MS * 1e3) <= 0.2 * PLANT_MS * 1e3, named
+
+
+def test_a_gpu_that_never_starts_a_collective_is_named_live_at_it(tmp_path: Path) -> None:
+    """Rank 1's GPU held 60 s before the 30th all-reduce; both hosts entered it and stopped.
+    Rank 0's watch names rank 1 at that all-reduce (#29 of the default group) and its line,
+    with rank 0's GPU started and waiting in it, from the GPU's times; said once."""
+    results = run_ranks(planted_job, 2, "gloo", (str(tmp_path), 29, 30))
+    said = results[0]["said"]
+    hangs = [line for line in said if line.startswith("HANG:")]
+    assert len(hangs) == 1, said
+    assert hangs[0].startswith("HANG: rank 1 holds the job up: its GPU has not started "
+                               "allreduce #29 of group 0 (default_pg) (called at "), hangs
+    assert f":{results[1]['line']} " in hangs[0] or f":{results[1]['line']})" in hangs[0], hangs
+    assert "; rank 0's GPU started it and waits (from the GPU's times)" in hangs[0], hangs
