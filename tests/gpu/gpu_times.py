@@ -222,11 +222,15 @@ def check_eager(out: Path) -> dict:
     port = _port()
     env = _env(AUTOANNOT="1", AUTOANNOT_RING=str(rings), AUTOANNOT_RING_LAUNCHES="4096",
                AUTOANNOT_WATCH="1", AUTOANNOT_WATCH_INTERVAL="0.25")
-    procs = [subprocess.Popen([sys.executable, str(HERE), "eager-rank", str(rank), port,
-                               str(out / "eager")], env=env,
-                              stderr=open(out / "eager" / f"rank{rank}.log", "w"))
-             for rank in range(2)]
-    codes = [p.wait(timeout=240) for p in procs]
+    logs = [(out / "eager" / f"rank{rank}.log").open("w") for rank in range(2)]
+    try:
+        procs = [subprocess.Popen([sys.executable, str(HERE), "eager-rank", str(rank), port,
+                                   str(out / "eager")], env=env, stderr=logs[rank])
+                 for rank in range(2)]
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for log in logs:
+            log.close()
     said = (out / "eager" / "rank0.log").read_text().splitlines()
     named = [line for line in said if "STRAGGLER" in line]
     line = int((out / "eager" / "rank1.line").read_text()) if codes == [0, 0] else -1
