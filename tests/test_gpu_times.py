@@ -273,3 +273,30 @@ def test_a_gpu_that_never_starts_a_collective_is_named_live_at_it(tmp_path: Path
                                "allreduce #29 of group 0 (default_pg) (called at "), hangs
     assert f":{results[1]['line']} " in hangs[0] or f":{results[1]['line']})" in hangs[0], hangs
     assert "; rank 0's GPU started it and waits (from the GPU's times)" in hangs[0], hangs
+
+
+def test_rows_of_gpu_timed_launches_say_so_in_both_formats(late_gpu_run, tmp_path: Path
+                                                            ) -> None:
+    """A ring's GPU-timed launches are rows whose start and end are the GPU's: the binary rows
+    and the Parquet rows (``timed_by`` "gpu", read by DuckDB) keep it; a launch without GPU
+    times stays an entry."""
+    import duckdb
+
+    from autoannot.traces.table import rows
+
+    out, _ = late_gpu_run
+    one = ring_files.read(out / "rings" / "rank1.ring")
+    made = ring_files.rows_of([out / "rings" / "rank1.ring"])[0]
+    rows.write(made, tmp_path / "r.rows")
+    back = rows.to_launches(rows.read(tmp_path / "r.rows"))
+    expected = [False] + [True] * STEPS  # (the warm-up barrier was not timed)
+    assert [launch.gpu for launch in back] == expected, back[:3]
+    assert [launch.start_us for launch in back[1:]] == pytest.approx(
+        (one.wall_ns(one.gpu["start_ns"][1:]) / 1e3).tolist()), back[:3]
+    assert back[0].end_us is None and all(launch.end_us for launch in back[1:]), back[:3]
+    rows.write_parquet(made, tmp_path / "r.rows.parquet")
+    timed = duckdb.sql(f"select timed_by, count(*) from '{tmp_path / 'r.rows.parquet'}' "
+                       "group by timed_by order by timed_by").fetchall()
+    assert timed == [("entry", 1), ("gpu", STEPS)], timed
+    assert [launch.gpu for launch in rows.to_launches(rows.read(tmp_path / "r.rows.parquet"))
+            ] == expected
