@@ -7,7 +7,10 @@ Inference as it is served: a graph per batch size (1, 8, 32), each a decoder ste
 layers (two ``Linear(HIDDEN)`` and a tensor-parallel all-reduce each); a decode loop replays
 the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times in one process:
 "agent off" (graphs captured with the agent off), "ring on" (the agent on, its ring open,
-graphs captured with it: their ledgers kept, each replay's launches written to the ring). Each
+graphs captured with it: their ledgers kept, each replay's launches written to the ring),
+"ring + GPU times" (the same, each collective timed on the GPU: ``keep/gpu_clock.py``; how
+many of a loop's launches got their GPU start is said: replays back to back leave some
+unknown). Each
 round captures the graphs anew in its mode, then times a decode loop per batch size (CUDA
 events around the loop; the replays are back to back, as a server's). Per replay: the median
 over rounds of loop time / ``STEPS``; beside it, the host's time a replay call takes (the
@@ -24,17 +27,20 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import autoannot
 from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep.gpu_clock import CudaEvents
 from autoannot.keep.ring import Ring
+from autoannot.traces.read import ring_files
 
 LAYERS, HIDDEN, STEPS, ROUNDS = 16, 4096, 200, 9
 BATCHES = (1, 8, 32)
-MODES = ("agent off", "ring on")
+MODES = ("agent off", "ring on", "ring + GPU times")
 
 
 def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
@@ -59,12 +65,15 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
     host_us: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in MODES}
     records: dict[int, list[int]] = {b: [] for b in BATCHES}
     writer: dict[int, list[bool]] = {b: [] for b in BATCHES}
+    gpu_timed: dict[int, list[int]] = {b: [] for b in BATCHES}
     ring = None
     with torch.no_grad():
         for r in range(ROUNDS):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                if mode == "ring on":
-                    ring = Ring(f"{folder}/r{r}", 1 << 16)
+                if mode != "agent off":
+                    ring = Ring(f"{folder}/r{r}{len(mode)}", 1 << 16)
+                    if mode == "ring + GPU times":  # (as AUTOANNOT_GPU_TIMES=1 makes it)
+                        ring.gpu_source = CudaEvents
                     AGENT.state.open_journal(ring)
                     autoannot.enable()
                 graphs = {}
@@ -85,7 +94,7 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                     graph.replay()
                     begin = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
-                    count = ring.count if mode == "ring on" else 0
+                    count = ring.count if mode != "agent off" else 0
                     begin.record()
                     host = time.perf_counter()
                     for _ in range(STEPS):
@@ -98,8 +107,11 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                     if mode == "ring on":  # (the ring's records of these replays)
                         records[batch].append(ring.count - count)
                         writer[batch].append(ring.writer is not None)
+                    if mode == "ring + GPU times":  # (the GPU's times read: of the last)
+                        time.sleep(0.05)
+                        gpu_timed[batch].append(_timed(ring, STEPS * LAYERS))
                 del graphs
-                if mode == "ring on":
+                if mode != "agent off":
                     autoannot.disable()
                     AGENT.state.close_journal(ring)
                     ring.close()
@@ -109,17 +121,24 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
               f"us a replay, median of {ROUNDS} rounds x {STEPS} replays")
         hosts = {m: {b: statistics.median(t) for b, t in by.items()}
                  for m, by in host_us.items()}
-        print(f"{'batch':>6} {'agent off':>10} {'ring on':>10} {'x':>7}   host us a replay call:"
-              f" off, on; ring records a replay")
+        print(f"{'batch':>6} {'agent off':>10} {'ring on':>10} {'x':>7} {'+ GPU times':>12} "
+              f"{'x ring':>7}   host us a replay call: off, on, GPU times; ring records a "
+              "replay; GPU-timed launches of a loop's")
         for b in BATCHES:
             off, on = medians["agent off"][b], medians["ring on"][b]
-            print(f"{b:>6} {off:10.2f} {on:10.2f} {on / off:7.4f}   {hosts['agent off'][b]:.2f}, "
-                  f"{hosts['ring on'][b]:.2f}; {set(records[b])} / {STEPS}")
+            timed = medians["ring + GPU times"][b]
+            print(f"{b:>6} {off:10.2f} {on:10.2f} {on / off:7.4f} {timed:12.2f} "
+                  f"{timed / on:7.4f}   {hosts['agent off'][b]:.2f}, {hosts['ring on'][b]:.2f}, "
+                  f"{hosts['ring + GPU times'][b]:.2f}; {set(records[b])} / {STEPS}; "
+                  f"{sorted(set(gpu_timed[b]))} of {STEPS * LAYERS}")
         result = {"torch": torch.__version__, "gpus": torch.cuda.get_device_name(),
                   "world": world, "layers": LAYERS, "hidden": HIDDEN, "steps": STEPS,
                   "rounds": ROUNDS, "replay_us": medians,
                   "ratios": {b: round(medians["ring on"][b] / medians["agent off"][b], 4)
                              for b in BATCHES},
+                  "gpu_times_ratios": {b: round(medians["ring + GPU times"][b]
+                                                / medians["ring on"][b], 4) for b in BATCHES},
+                  "gpu_timed_launches": {b: sorted(set(n)) for b, n in gpu_timed.items()},
                   "host_us": hosts,
                   "ring_records": {b: sorted(set(n)) for b, n in records.items()},
                   "native_writer": {b: sorted(set(w)) for b, w in writer.items()},
@@ -129,6 +148,12 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
             with open(out_path, "x") as f:
                 json.dump(result, f, indent=1)
     dist.destroy_process_group()
+
+
+def _timed(ring: Ring, last: int) -> int:
+    """How many of the ring's last ``last`` launches have their GPU start."""
+    one = ring_files.read(Path(ring.ring_path), last)
+    return int((one.gpu["start_ns"] > 0).sum()) if one.gpu is not None else 0
 
 
 def main() -> int:

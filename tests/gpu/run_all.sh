@@ -79,6 +79,8 @@ want gpu_graph && step gpu_graph 200 env PYTHONPATH=. python benchmarks/gpu_grap
 want gpu_capture && step gpu_capture 240 env PYTHONPATH=. python benchmarks/gpu_capture.py "$OUT/results_gpu_capture.json"
 want graph_replay && step graph_replay 120 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/graph_replay.py "$OUT/graphs"
 want compile_graphs && step compile_graphs 180 env AUTOANNOT=1 PYTHONPATH=autoannot/_hook:. python tests/gpu/compile_graphs.py "$OUT/compile"
+want gpu_times && step gpu_times 240 env PYTHONPATH=. python tests/gpu/gpu_times.py "$OUT/times"
+want gpu_decode && step gpu_decode 200 env PYTHONPATH=. python benchmarks/gpu_decode.py "$OUT/results_gpu_decode.json"
 want footprint && step footprint 150 env PYTHONPATH=. python tests/gpu/footprint.py "$OUT/footprint"
 PYTHONPATH=. python tests/gpu/pack.py "$OUT" "$OUT/results.tgz" && \
   find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name steps.txt -exec rm -rf {} +
