@@ -156,7 +156,7 @@ def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int
     """``steps`` all-reduces, ``STEP_S`` apart, through the agent with a ring that times them
     on a planted GPU; rank 1's stream held ``PLANT_MS`` before each (its host on time), or
     (``hold_at``) 60 s before that one only, then rank 0 watches for 3 s as the live watch
-    does. Returns the all-reduce's line and what the watch said."""
+    does for 6 s. Returns the all-reduce's line and what the watch said."""
     import inspect
 
     import agent_hooks as hooks
@@ -189,7 +189,7 @@ def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int
     said: list[str] = []
     if hold_at is not None:  # (the hosts stop launching: as a rank blocked on its GPU)
         watcher = watch.Watcher(Path(f"{out}/rings"), 1.0, said.append)
-        for _ in range(12):
+        for _ in range(24):
             watcher.look()
             time.sleep(0.25)
         dist.barrier(group=dist.new_group(backend="gloo"))
@@ -261,11 +261,18 @@ def test_the_watch_names_the_late_gpu_from_the_gpus_times(late_gpu_run) -> None:
     assert abs(named[0].late_by_us - PLANT_MS * 1e3) <= 0.2 * PLANT_MS * 1e3, named
 
 
-def test_a_gpu_that_never_starts_a_collective_is_named_live_at_it(tmp_path: Path) -> None:
+def test_a_gpu_that_never_starts_a_collective_is_named_live_at_it(capsys, tmp_path: Path
+                                                                   ) -> None:
     """Rank 1's GPU held 60 s before the 30th all-reduce; both hosts entered it and stopped.
     Rank 0's watch names rank 1 at that all-reduce (#29 of the default group) and its line,
-    with rank 0's GPU started and waiting in it, from the GPU's times; said once."""
+    with rank 0's GPU started and waiting in it, from the GPU's times; said once. ``check``
+    on the rings the job left says the same, as of the GPU clocks' last look."""
     results = run_ranks(planted_job, 2, "gloo", (str(tmp_path), 29, 30))
+    assert cli.main(["check", str(tmp_path / "rings")]) == 1
+    lead = capsys.readouterr().out.splitlines()[0]
+    assert lead.startswith("HANG: rank 1 holds the job up: its GPU has not started allreduce "
+                           "#29 of group 0 (default_pg) (called at "), lead
+    assert "s before its GPU was last seen; rank 0's GPU started it and waits" in lead, lead
     said = results[0]["said"]
     hangs = [line for line in said if line.startswith("HANG:")]
     assert len(hangs) == 1, said

@@ -103,7 +103,7 @@ def verdict(folder: Path, gpu_after_s: float = 0.0) -> Verdict:
         _last_steps(one, by_seq, members)
     lines = S.hang_of({}, members, by_seq)
     if not lines:
-        from autoannot.live import gpu_hang
+        from autoannot.traces.analysis import gpu_hang
 
         lines = gpu_hang.lines_of(reads, gpu_after_s)
     return Verdict(lines, {r.rank: r.count for r in reads}, newest, notes, unreadable)

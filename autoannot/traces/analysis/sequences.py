@@ -334,6 +334,13 @@ def check_files(paths: list[Path], run: str | None = None, missing: list[str] | 
         missing += missing_ranks(sequences, members)
     if hang_lead is not None:
         hang_lead += hang_of(sequences, members, rows_by_seq)
+        if not hang_lead and rings:  # (the hosts show none: a GPU that never started one)
+            from autoannot.traces.analysis import gpu_hang
+
+            reads = [ring_files.read(p) for p in rings]
+            hang_lead += gpu_hang.lines_of([r for r in reads if (r.meta.get("run") or
+                                                                  runs.NO_RUN) == run],
+                                           gpu_hang.OFFLINE_AFTER_S, live=False)
         if hang_lead:  # (an absence the hang explains: not a divergence)
             divergences = [d for d in divergences if not _ends_only(d)]
     return divergences, compared, len(ranks)

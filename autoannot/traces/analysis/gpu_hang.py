@@ -3,8 +3,9 @@ all entered collective N (an NCCL call returns once its work is queued), and one
 never started it while the others' GPUs started it and wait in it; or, one rank alone, a
 graph's replay whose GPU sits before its k-th collective. Read from each ring's GPU file: its
 clock's oldest timed launch not started on the GPU, and the others' GPU starts of the same
-collective. Said only where that rank's clock looked lately (a rank whose process is gone is
-the host rule's) and the launch has waited ``after_s`` at least."""
+collective. Live (the watch), said only where that rank's clock looked lately (a rank whose
+process is gone is the host rule's) and the launch has waited ``after_s`` at least; from the
+files a job left (``check``), where it had waited that long at the clock's last look."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from autoannot.traces import names
 from autoannot.traces.read import ring_files
 from autoannot.traces.read.rank_files import group_ranks
 
+#: From the files a job left: a GPU that had waited this long before a launch its host entered
+#: (the watch's default stall).
+OFFLINE_AFTER_S = 5.0
 #: A rank's clock that has not looked for this long says nothing (its process is gone or stuck).
 LOOKED_WITHIN_S = 5.0
 
@@ -38,16 +42,19 @@ class GpuWait:
     of: int | None = None
 
 
-def waits_of(reads: list[ring_files.RingRead], after_s: float, now_ns: int | None = None
-             ) -> list[GpuWait]:
-    """The ranks whose GPU has not started a launch entered ``after_s`` ago or more."""
+def waits_of(reads: list[ring_files.RingRead], after_s: float, now_ns: int | None = None,
+             live: bool = True) -> list[GpuWait]:
+    """The ranks whose GPU has not started a launch entered ``after_s`` ago or more (``live``
+    False: at their clock's last look, whenever that was)."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
     found = []
     for one in reads:
         state = one.gpu_state
-        if (one.rank is None or state is None or state.waiting is None
-                or now_ns - state.looked_ns > LOOKED_WITHIN_S * 1e9
-                or now_ns - state.waiting_entered_ns < after_s * 1e9):
+        if one.rank is None or state is None or state.waiting is None:
+            continue
+        at_ns = now_ns if live else state.looked_ns
+        if ((live and now_ns - state.looked_ns > LOOKED_WITHIN_S * 1e9)
+                or at_ns - state.waiting_entered_ns < after_s * 1e9):
             continue
         at = state.waiting - (one.count - len(one.records))
         if not 0 <= at < len(one.records):
@@ -69,27 +76,31 @@ def waits_of(reads: list[ring_files.RingRead], after_s: float, now_ns: int | Non
     return found
 
 
-def lines_of(reads: list[ring_files.RingRead], after_s: float, now_ns: int | None = None
-             ) -> list[str]:
-    """The hang's lines where a rank's GPU waits before a launch (empty: none)."""
+def lines_of(reads: list[ring_files.RingRead], after_s: float, now_ns: int | None = None,
+             live: bool = True) -> list[str]:
+    """The hang's lines where a rank's GPU waits before a launch (empty: none); ``live`` False:
+    from the files a job left, as they were at each clock's last look."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
-    waits = waits_of(reads, after_s, now_ns)
+    waits = waits_of(reads, after_s, now_ns, live)
     if not waits:
         return []
     said = []
     for wait in waits:
         started, ended = _others(reads, wait)
-        ago = (now_ns - wait.entered_ns) / 1e9
+        looked = next(one.gpu_state.looked_ns for one in reads if one.rank == wait.rank)
+        ago = ((now_ns if live else looked) - wait.entered_ns) / 1e9
         when = time.strftime("%H:%M:%S", time.localtime(wait.entered_wall_ns / 1e9))
         what = f"{wait.collective} #{wait.seq} of group {wait.label}"
         if wait.graph is not None:
             place = (f"collective {wait.index + 1} of the {wait.of} of graph {wait.graph} "
                      f"({what}, captured at {wait.site})" if wait.index is not None else
                      f"a collective of graph {wait.graph} ({what}, captured at {wait.site})")
-            entered = f"replayed at {when}, {ago:.1f} s ago"
+            entered = f"replayed at {when}, {ago:.1f} s " + ("ago" if live else
+                                                              "before its GPU was last seen")
         else:
             place = what + (f" (called at {wait.site})" if wait.site else "")
-            entered = f"which its host entered at {when}, {ago:.1f} s ago"
+            entered = f"which its host entered at {when}, {ago:.1f} s " + (
+                "ago" if live else "before its GPU was last seen")
         line = (f"HANG: rank {wait.rank} holds the job up: its GPU has not started {place}, "
                 f"{entered}")
         waiting = [r for r in started if r not in ended]
