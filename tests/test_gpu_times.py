@@ -307,3 +307,37 @@ def test_rows_of_gpu_timed_launches_say_so_in_both_formats(late_gpu_run, tmp_pat
     assert timed == [("entry", 1), ("gpu", STEPS)], timed
     assert [launch.gpu for launch in rows.to_launches(rows.read(tmp_path / "r.rows.parquet"))
             ] == expected
+
+
+def test_the_clocks_thread_never_looks_while_a_graph_is_captured(tmp_path: Path) -> None:
+    """A CUDA query from another thread ends a capture in torch's default mode: from the moment
+    a capture is about to begin until it ends, the clock's thread makes no look (none of the
+    source's calls); then it reads what waited."""
+    from autoannot.keep import gpu_clock
+
+    class Counted(PlantedGpu):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def done(self, event: Any) -> bool:
+            self.calls += 1
+            return super().done(event)
+
+        def anchor(self) -> Any:
+            self.calls += 1
+            return super().anchor()
+
+    gpu = Counted()
+    clock = GpuClock(str(tmp_path / f"rank0{ring_format.GPU_SUFFIX}"), 16, gpu)
+    gpu_clock.capture_coming()
+    try:
+        clock.ended(clock.started(0), True)
+        time.sleep(0.05)
+        assert gpu.calls == 0 and _times(clock, 1)[1].looked_ns == 0
+    finally:
+        gpu_clock.capture_over()
+    time.sleep(0.05)
+    times, state = _times(clock, 1)
+    assert gpu.calls > 0 and state.looked_ns > 0 and times["start_ns"][0] > 0, (times, state)
+    clock.close()

@@ -24,6 +24,7 @@ import wrapt
 from autoannot.agent.patching import Patch, SwitchedPatch, wrap_attribute
 from autoannot.base import features
 from autoannot.base.ring_format import FAILED
+from autoannot.keep import gpu_clock
 from autoannot.keep.captures import Captures, said
 
 monotonic_ns = time.monotonic_ns
@@ -51,7 +52,12 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
     puts on the class; the stand-in capture and the tests call them on stand-in graphs)."""
 
     def capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
-        result = wrapped(*args, **kwargs)
+        gpu_clock.capture_coming()  # (the GPU clock's thread stops looking first)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException:
+            gpu_clock.capture_over()
+            raise
         try:
             captures.began(graph)
         except Exception as exc:  # the capture goes on; its collectives may go unannotated

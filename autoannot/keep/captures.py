@@ -23,6 +23,7 @@ from typing import Any
 
 from autoannot.base import diagnostics, features
 from autoannot.describe.sites import call_site
+from autoannot.keep import gpu_clock
 from autoannot.keep.capture_identity import ByThread, CaptureIdentity, Capturing
 from autoannot.keep.ledgers import Ledger, Ledgers, Noted
 from autoannot.traces.names import GRAPH_PREFIX, REPLAY_PREFIX
@@ -105,6 +106,7 @@ class Captures:
         agent.state.capture_started()
 
     def ended(self, graph: Any) -> None:
+        gpu_clock.capture_over()
         stack = self.capturing.stack
         ledger = self.ledger_of(graph)
         if ledger is not None and ledger in stack:

@@ -56,6 +56,25 @@ LOOK_EVERY_S = 0.001
 ANCHOR_EVERY_S = 10.0
 #: At most this many launches wait to be read; past it, launches go untimed (said once).
 MOST_PENDING = 1 << 14
+#: Captures under way in this process (``keep.captures`` counts them): the clock's thread does
+#: not look meanwhile — a CUDA query from another thread while a graph is captured in torch's
+#: default (global) mode ends the capture in an error; its thread is also made relaxed where
+#: the driver lets it (``CudaEvents.relax_capture_mode``).
+CAPTURING = [0]
+#: Held by the clock's thread while it looks, and by a capture's beginning while it counts
+#: itself (so no look is under way as a capture begins).
+LOOKING = threading.Lock()
+
+
+def capture_coming() -> None:
+    """A capture begins now (before torch begins it): no look from here until it is over."""
+    with LOOKING:
+        CAPTURING[0] += 1
+
+
+def capture_over() -> None:
+    """A capture ended (or failed to begin)."""
+    CAPTURING[0] = max(0, CAPTURING[0] - 1)
 #: How long closing waits for the launches still pending on the GPU (seconds).
 CLOSE_WAIT_S = 0.5
 #: Two reads of a graph's event this close are one recording of it (the anchor made again
@@ -116,6 +135,22 @@ class CudaEvents:
 
     def capturing(self) -> bool:
         return self._cuda.is_current_stream_capturing()
+
+    @staticmethod
+    def relax_capture_mode() -> bool:
+        """Make this thread (the clock's) one whose CUDA calls never invalidate another
+        thread's capture: the driver's ``cuThreadExchangeStreamCaptureMode`` (public, this
+        thread alone) set to relaxed. torch captures in global mode by default, where an
+        ``cudaEventQuery`` from any other thread while a graph is captured ends the capture
+        in an error. Whether it was set."""
+        import ctypes
+
+        try:
+            driver = ctypes.CDLL("libcuda.so.1")
+            mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
+            return driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+        except (OSError, AttributeError):
+            return False
 
     def anchor(self) -> Any:
         """An event recorded now on an idle stream of the clock's own (on the rank's device)."""
@@ -273,8 +308,13 @@ class GpuClock:
 
     def _run(self) -> None:
         try:
+            relax = getattr(self.source, "relax_capture_mode", None)
+            if relax is not None:
+                relax()
             while not self._stopped.is_set():
-                self.look()
+                with LOOKING:
+                    if not CAPTURING[0]:  # (none while a capture is under way: CAPTURING)
+                        self.look()
                 time.sleep(self.look_every)
         except Exception as exc:  # (the job goes on: its GPU times stop, said once)
             said("its thread", exc)
@@ -384,12 +424,13 @@ class GpuClock:
         if thread and thread is not threading.current_thread():
             thread.join(timeout=1.0)
         try:
-            if self._pending:
-                deadline = time.monotonic() + wait_s
-                self.look()
-                while self._pending and time.monotonic() < deadline:
+            deadline = time.monotonic() + wait_s
+            while self._pending and time.monotonic() < deadline:
+                with LOOKING:
+                    if not CAPTURING[0]:
+                        self.look()
+                if self._pending:
                     time.sleep(self.look_every)
-                    self.look()
         except Exception:  # (the last looks are a courtesy)
             pass
         self._map.flush()
