@@ -183,8 +183,34 @@ def cost_rank(out: str) -> None:
             gpu[mode].append(begin.elapsed_time(end) * 1e3 / calls)
             AGENT.state.close_journal(ring)
             ring.close()
+    # an eager step as training runs it: 4 layers' matmuls (bf16, 4096) and an all-reduce of
+    # each layer's 32 MiB, the ring on, the GPU times on and off, alternated
+    w = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    step_ms: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
+    for r in range(10):
+        for mode in (list(step_ms) if r % 2 == 0 else list(step_ms)[::-1]):
+            ring = Ring(f"{out}/cost/s{r}{mode[-1]}", 1 << 14)
+            if mode != "ring":
+                ring.gpu_source = CudaEvents
+            AGENT.state.open_journal(ring)
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(20):
+                for layer in w:
+                    y = x @ layer
+                    dist.all_reduce(y)
+            torch.cuda.synchronize()
+            step_ms[mode].append((time.perf_counter() - started) * 1e3 / 20)
+            AGENT.state.close_journal(ring)
+            ring.close()
     result = {mode: {"host_us_a_call": round(statistics.median(host[mode]), 3),
-                     "gpu_us_a_call": round(statistics.median(gpu[mode]), 3)} for mode in host}
+                     "gpu_us_a_call": round(statistics.median(gpu[mode]), 3),
+                     "step_ms": round(statistics.median(step_ms[mode]), 4)} for mode in host}
+    result["step_ratio"] = round(result["ring + GPU times"]["step_ms"] / result["ring"]["step_ms"],
+                                 4)
+    result["host_us_added_a_call"] = round(result["ring + GPU times"]["host_us_a_call"]
+                                           - result["ring"]["host_us_a_call"], 3)
     Path(out, "cost.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
