@@ -341,3 +341,31 @@ def test_the_clocks_thread_never_looks_while_a_graph_is_captured(tmp_path: Path)
     times, state = _times(clock, 1)
     assert gpu.calls > 0 and state.looked_ns > 0 and times["start_ns"][0] > 0, (times, state)
     clock.close()
+
+
+def test_a_gpu_behind_its_host_for_less_than_the_stall_is_no_hang(late_gpu_run) -> None:
+    """A GPU that has not yet started a launch its host entered 1 s ago is a GPU at work (an
+    NCCL job's host runs ahead of it): no line, live or from the files; 6 s ago it is named.
+    A clock that has not looked for 10 s (its process gone) says nothing live."""
+    import dataclasses
+
+    from autoannot.live import watch
+    from autoannot.traces.analysis import gpu_hang
+
+    out, _ = late_gpu_run
+    reads = [ring_files.read(path) for path in ring_files.in_folder(out / "rings")]
+    now = time.monotonic_ns()
+
+    def waiting(entered_s_ago: float, looked_s_ago: float = 0.0) -> list[Any]:
+        last = reads[1].count - 1
+        state = ring_files.GpuState(now - int(looked_s_ago * 1e9), last,
+                                    now - int(entered_s_ago * 1e9), 0)
+        return [reads[0], dataclasses.replace(reads[1], gpu_state=state)]
+
+    assert gpu_hang.lines_of(waiting(1.0), watch.GPU_AFTER_S, now) == []
+    assert gpu_hang.lines_of(waiting(1.0), watch.GPU_AFTER_S, now, live=False) == []
+    lines = gpu_hang.lines_of(waiting(6.0), watch.GPU_AFTER_S, now)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"HANG: rank 1 holds the job up: its GPU has not started allreduce #{STEPS - 1} of "
+        "group 0 (default_pg)"), lines
+    assert gpu_hang.lines_of(waiting(16.0, 10.0), watch.GPU_AFTER_S, now) == []

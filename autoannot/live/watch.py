@@ -31,6 +31,9 @@ from autoannot.traces import files, names
 from autoannot.traces.analysis import stragglers
 from autoannot.traces.read import ring_files
 
+#: A GPU that has not started a launch its host entered this long ago holds the job up (the
+#: watch's stall, by default; a GPU that runs behind its host for less is a GPU at work).
+GPU_AFTER_S = 5.0
 #: Each rank's last launches per group read to describe a hang (its last, and the few before).
 LAST_PER_GROUP = 4
 
@@ -76,7 +79,7 @@ def counts_of(folder: Path) -> tuple[dict[Path, int], dict[Path, str]]:
     return found, unreadable
 
 
-def verdict(folder: Path, gpu_after_s: float = 0.0) -> Verdict:
+def verdict(folder: Path, gpu_after_s: float = GPU_AFTER_S) -> Verdict:
     """The rings in ``folder`` read whole: the hang they show, if any (of the newest run
     where the folder holds rings of several; the others said in ``notes``). Where the hosts
     show none, a GPU that has not started a launch its host entered ``gpu_after_s`` ago or
@@ -306,7 +309,7 @@ def culprit_of(lines: list[str]) -> int | None:
 class RingsFolder:
     """What a watcher reads: the rings of a folder of this host."""
 
-    def __init__(self, folder: Path, gpu_after_s: float = 0.0) -> None:
+    def __init__(self, folder: Path, gpu_after_s: float = GPU_AFTER_S) -> None:
         self.folder = folder
         self.gpu_after_s = gpu_after_s  # (a GPU hang: its launch entered this long ago)
         self._unreadable: dict[Path, str] = {}

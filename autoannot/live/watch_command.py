@@ -113,4 +113,4 @@ def _source(args: argparse.Namespace) -> Any:
         folder = Path(args.folder)
     if not folder.is_dir():
         return bad_input("watch", f"{folder}: no such folder (give AUTOANNOT_RING's folder)")
-    return watch.RingsFolder(folder)
+    return watch.RingsFolder(folder, args.stall)
