@@ -37,6 +37,9 @@ class PlantedGpu:
         #: no earlier than the latest rank's start (as a real collective ends).
         self.payload: Any = None
         self._records = 0
+        #: Whether each launch records an end after its start (a launch issued below the
+        #: Python API records its start alone).
+        self.ends = True
 
     def times(self, args: tuple, kwargs: dict) -> bool:
         return self.times_all
@@ -57,8 +60,8 @@ class PlantedGpu:
             self.capture.append(event)
             return
         self._records += 1
-        if self._records % 2 == 0 and self.payload is not None:  # (an end: after the latest
-            self.stream_ns = max(self.stream_ns, int(self.payload[0]))  # rank's start)
+        if self.ends and self._records % 2 == 0 and self.payload is not None:  # (an end:
+            self.stream_ns = max(self.stream_ns, int(self.payload[0]))  # after the last start)
         self.stream_ns = max(self.stream_ns, self.gpu_now())
         event.gpu_ns = self.stream_ns
 

@@ -152,11 +152,13 @@ def test_a_graph_whose_ledger_differs_from_its_events_is_not_timed(tmp_path: Pat
 # a real gloo job on a planted GPU --------------------------------------------------------
 
 
-def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int) -> Any:
+def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int,
+                below: bool = False) -> Any:
     """``steps`` all-reduces, ``STEP_S`` apart, through the agent with a ring that times them
     on a planted GPU; rank 1's stream held ``PLANT_MS`` before each (its host on time), or
     (``hold_at``) 60 s before that one only, then rank 0 watches for 3 s as the live watch
-    does for 6 s. Returns the all-reduce's line and what the watch said."""
+    does for 6 s. ``below``: through the process group (``pg.allreduce``: below the Python API,
+    seen by torch's group hooks). Returns the all-reduce's line and what the watch said."""
     import inspect
 
     import agent_hooks as hooks
@@ -184,6 +186,13 @@ def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int
             gpu.sleep(60_000)
         payload[0] = gpu.called()
         gpu.payload = payload
+        if below:
+            gpu.ends = False
+            options = dist.AllreduceOptions()
+            options.reduceOp = dist.ReduceOp.MAX
+            line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+            dist.group.WORLD.allreduce([payload], options).wait()
+            continue
         line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
         dist.all_reduce(payload, op=dist.ReduceOp.MAX)
     said: list[str] = []
@@ -372,3 +381,28 @@ def test_a_gpu_behind_its_host_for_less_than_the_stall_is_no_hang(late_gpu_run) 
         f"HANG: rank 1 holds the job up: its GPU has not started allreduce #{STEPS - 1} of "
         "group 0 (default_pg)"), lines
     assert gpu_hang.lines_of(waiting(16.0, 10.0), watch.GPU_AFTER_S, now) == []
+
+
+def test_a_launch_below_the_python_api_is_timed_at_its_start_through_the_group_hooks(
+        capsys, tmp_path: Path) -> None:
+    """Where torch's process groups take hooks (torch >= 2.14), a ``pg.allreduce`` (below the
+    Python API: no proxy sees it) gets its GPU start, and no end (its stream is not made to
+    wait for it); ``skew`` names rank 1 by the plant from them. (Where torch has no hooks, the
+    native observer and the Python layer see such launches: host times only.)"""
+    from autoannot.observe import group_hooks
+
+    if not group_hooks.available():
+        pytest.skip(f"torch {torch.__version__}'s process groups take no hooks (CI: 2.14.1)")
+    results = run_ranks(planted_job, 2, "gloo", (str(tmp_path), None, 40, True))
+    for path in ring_files.in_folder(tmp_path / "rings"):
+        one = ring_files.read(path)
+        mine = [i for i in range(len(one.records))
+                if one.kinds[int(one.records["kind"][i])]["group"] == "0"]
+        assert len(mine) == 40 and (one.gpu["start_ns"][mine] > 0).all(), path
+        assert (one.gpu["end_ns"][mine] == 0).all(), path
+    assert cli.main(["skew", "-q", "--json", str(tmp_path / "rings")]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["lead"][0].startswith("rank 1 held the others up most"), found["lead"]
+    assert f":{results[1]['line']}" in found["lead"][0], found["lead"]
+    late_ms = _late_of(found, 1)
+    assert abs(statistics.median(late_ms) - PLANT_MS) <= 0.2 * PLANT_MS, late_ms

@@ -57,6 +57,11 @@ HOOK_ID = 0x61757461
 PENDING_LIMIT = 1024
 
 
+#: What a launch "returned" at its post-hook: it was issued, its stream not made to wait for it
+#: (no GPU end to be had; no Work whose completion a ring could ask for).
+ISSUED = object()
+
+
 def available() -> bool:
     """Whether this torch's process groups take pre/post collective hooks."""
     return features.group_hooks_available()
@@ -296,7 +301,11 @@ class HookObserver:
                 return None
             if written is not None:
                 return written if hooked else None
-        entered = route.entered(kind, site, python_api=False)  # (below the Python API)
+        cuda = False
+        if route.timing:  # (timed on the GPU where a ring asks: its start; its stream does not
+            inputs = args.input_tensors  # wait for it at the post-hook: no end)
+            cuda = route.timing[0].gpu_source.times((inputs or args.output_tensors,), {})
+        entered = route.entered(kind, site, python_api=False, cuda=cuda)  # (below the API)
         if entered is None:  # (said)
             return None
         pending = self._pending
@@ -316,7 +325,7 @@ class HookObserver:
         it ended (its ledger, the recorders; the rings' records)."""
         entered = self._pending.pop((key, args.op_id), None)
         if entered is not None:
-            entered.returned()
+            entered.returned(False, ISSUED)
 
     def _kind_and_caller(self, group: Any, args: Any, native: bool = False
                          ) -> tuple[Kind, Any, bool] | None:
