@@ -38,7 +38,8 @@ from autoannot.keep.gpu_clock import CudaEvents
 from autoannot.keep.ring import Ring
 from autoannot.traces.read import ring_files
 
-LAYERS, HIDDEN, STEPS, ROUNDS = 16, 4096, 200, 9
+LAYERS, HIDDEN, STEPS = 16, 4096, 200
+ROUNDS = int(os.environ.get("ROUNDS", "9"))  # (alternated rounds of every mode)
 BATCHES = (1, 8, 32)
 MODES = ("agent off", "ring on", "ring + GPU times")
 
