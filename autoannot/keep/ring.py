@@ -517,11 +517,14 @@ class Ring:
     def gpu_ended(self, started: Any, failed: bool, result: Any) -> None:
         """The launch ``started`` (``gpu_started``'s) returned ``result`` or raised: its end's
         event recorded where its stream waits for it (a call that returned no Work)."""
+        clock = self.gpu
+        if clock is None:  # (the ring closed while the launch ran)
+            return
         try:
             if failed:
-                self.gpu.failed(started)
+                clock.failed(started)
             else:
-                self.gpu.ended(started, result is None)
+                clock.ended(started, result is None)
         except Exception as exc:
             _gpu_said("a launch's end", exc)
 

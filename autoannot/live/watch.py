@@ -215,9 +215,9 @@ def _tail_of_ring(one: ring_files.RingRead, tails: Any,
             zip(seqs, outside_us[mine].tolist(), strict=True))
         if gpu is not None and (timed := mine & (gpu["start_ns"] > 0)).any():
             starts, outside = on_gpu.setdefault(group, {}).setdefault(one.rank, ({}, {}))
-            seqs = records["seq"][timed].tolist()
-            starts.update(zip(seqs, gpu_at_us[timed].tolist(), strict=True))
-            outside.update(zip(seqs, gpu_outside_us[timed].tolist(), strict=True))
+            timed_seqs = records["seq"][timed].tolist()
+            starts.update(zip(timed_seqs, gpu_at_us[timed].tolist(), strict=True))
+            outside.update(zip(timed_seqs, gpu_outside_us[timed].tolist(), strict=True))
         site = one.sites.get(int(records["site"][mine][-1]))
         if site:
             sites[(group, one.rank)] = site

@@ -162,12 +162,21 @@ def cost_rank(out: str) -> None:
     host: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
     gpu: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
     calls = 2000
+    def ring_of(name: str, mode: str) -> Ring:
+        """A ring opened as the agent's (``mode``: with the GPU times or not)."""
+        ring = Ring(f"{out}/cost/{name}", 1 << 14)
+        if mode != "ring":
+            ring.gpu_source = CudaEvents
+        AGENT.state.open_journal(ring)
+        return ring
+
+    def closed(ring: Ring) -> None:
+        AGENT.state.close_journal(ring)
+        ring.close()
+
     for r in range(12):
         for mode in (list(host) if r % 2 == 0 else list(host)[::-1]):
-            ring = Ring(f"{out}/cost/r{r}{mode[-1]}", 1 << 14)
-            if mode != "ring":
-                ring.gpu_source = CudaEvents
-            AGENT.state.open_journal(ring)
+            ring = ring_of(f"r{r}{mode[-1]}", mode)
             for _ in range(50):
                 dist.all_reduce(t)
             torch.cuda.synchronize()
@@ -181,8 +190,7 @@ def cost_rank(out: str) -> None:
             end.synchronize()
             host[mode].append(took * 1e6 / calls)
             gpu[mode].append(begin.elapsed_time(end) * 1e3 / calls)
-            AGENT.state.close_journal(ring)
-            ring.close()
+            closed(ring)
     # an eager step as training runs it: 4 layers' matmuls (bf16, 4096) and an all-reduce of
     # each layer's 32 MiB, the ring on, the GPU times on and off, alternated
     w = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
@@ -190,10 +198,7 @@ def cost_rank(out: str) -> None:
     step_ms: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
     for r in range(10):
         for mode in (list(step_ms) if r % 2 == 0 else list(step_ms)[::-1]):
-            ring = Ring(f"{out}/cost/s{r}{mode[-1]}", 1 << 14)
-            if mode != "ring":
-                ring.gpu_source = CudaEvents
-            AGENT.state.open_journal(ring)
+            ring = ring_of(f"s{r}{mode[-1]}", mode)
             torch.cuda.synchronize()
             started = time.perf_counter()
             for _ in range(20):
@@ -202,8 +207,7 @@ def cost_rank(out: str) -> None:
                     dist.all_reduce(y)
             torch.cuda.synchronize()
             step_ms[mode].append((time.perf_counter() - started) * 1e3 / 20)
-            AGENT.state.close_journal(ring)
-            ring.close()
+            closed(ring)
     result = {mode: {"host_us_a_call": round(statistics.median(host[mode]), 3),
                      "gpu_us_a_call": round(statistics.median(gpu[mode]), 3),
                      "step_ms": round(statistics.median(step_ms[mode]), 4)} for mode in host}

@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gpu_times import cycles_for  # (beside it: run as a script, its folder is on the path)
 
 
 def reference() -> tuple[torch.cuda.Event, int, float]:
@@ -43,16 +44,6 @@ def reference() -> tuple[torch.cuda.Event, int, float]:
 def host_ns(ref: tuple[torch.cuda.Event, int, float], event: torch.cuda.Event) -> int:
     """``event``'s GPU time on the host's monotonic clock (it has completed)."""
     return ref[1] + int(ref[0].elapsed_time(event) * 1e6)
-
-
-def cycles_for(ms: float) -> int:
-    """``torch.cuda._sleep`` cycles that take about ``ms`` on this GPU (measured)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return int(10_000_000 * ms / start.elapsed_time(end))
 
 
 def eager_rank(rank: int, world: int, port: int, steps: int, plant_ms: float, out: str) -> None:
