@@ -406,3 +406,50 @@ def test_a_launch_below_the_python_api_is_timed_at_its_start_through_the_group_h
     assert f":{results[1]['line']}" in found["lead"][0], found["lead"]
     late_ms = _late_of(found, 1)
     assert abs(statistics.median(late_ms) - PLANT_MS) <= 0.2 * PLANT_MS, late_ms
+
+
+STARTUP_PROGRAM = """
+import sys
+import torch, torch.distributed as dist
+from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep.gpu_clock import CudaEvents
+
+sees = sys.argv[1] == "sees"
+torch.cuda.is_available = lambda: sees  # (what torch says of its GPUs, planted)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                        world_size=1)
+ring = AGENT.state.journals[0]
+before = type(ring.gpu_source).__name__
+dist.all_reduce(torch.ones(4))  # (the first launch: torch imported, it is asked)
+route = AGENT.state.route
+print(before, ring.gpu_source is CudaEvents, ring.gpu_source is None, route.general,
+      route.ring_only is not None)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("sees", ["sees", "blind"])
+def test_a_ring_opened_at_start_up_times_the_gpu_where_torch_sees_one(tmp_path: Path,
+                                                                     sees: str) -> None:
+    """AUTOANNOT=1 opens the ring before torch is imported: whether to time the GPU is asked at
+    the first launch (it was asked at start-up, where torch was not there yet: never timed)."""
+    import subprocess
+    import sys
+
+    from harness import clean_env, free_port
+
+    from autoannot.cli import HOOK_DIR
+
+    (tmp_path / "program.py").write_text(STARTUP_PROGRAM)
+    env = clean_env()
+    env.update(AUTOANNOT="1", AUTOANNOT_RING=str(tmp_path / "rings"),
+               PYTHONPATH=f"{HOOK_DIR}:{Path(__file__).parents[1]}")
+    done = subprocess.run([sys.executable, "program.py", sees, str(free_port())], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    before, timed, untimed, general, fast = done.stdout.split()
+    assert before == "CudaIfAny"
+    if sees == "sees":  # (a CPU tensor: not timed, but the ring times those on a GPU)
+        assert (timed, untimed, general) == ("True", "False", "True")
+    else:  # (no GPU: the ring's fast route, as before GPU times)
+        assert (timed, untimed, general, fast) == ("False", "True", "False", "True")

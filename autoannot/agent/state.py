@@ -113,6 +113,12 @@ class State:
             self.recorders = tuple(r for r in self.recorders if r is not recorder)
             self._refresh()
 
+    def rerouted(self) -> None:
+        """What a launch must do changed within an open journal (a ring's GPU source
+        decided): the route made anew."""
+        with self._lock:
+            self._refresh()
+
     def open_journal(self, journal: Any) -> None:
         with self._lock:
             self.journals = (*self.journals, journal)

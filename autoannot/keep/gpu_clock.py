@@ -162,6 +162,30 @@ class CudaEvents:
         return event
 
 
+class CudaIfAny:
+    """The source a ring is given as it opens at start-up, before torch is imported (so before
+    anyone can say whether torch sees a GPU): at its first launch it asks — torch is imported
+    then — and makes the ring's source ``CudaEvents`` where torch sees a CUDA device, else
+    none (the ring's launches then take the untimed route: ``rerouted``, the agent's
+    ``State.rerouted``)."""
+
+    def __init__(self, ring: Any, rerouted: Any) -> None:
+        self.ring, self.rerouted = ring, rerouted
+
+    def times(self, args: tuple, kwargs: dict) -> bool:
+        import sys
+
+        torch = sys.modules.get("torch")
+        try:
+            sees = bool(torch is not None and torch.cuda.is_available())
+        except Exception:  # (a CUDA build with a broken driver: no GPU times)
+            sees = False
+        if self.ring.gpu_source is self:
+            self.ring.gpu_source = CudaEvents if sees else None
+            self.rerouted()
+        return sees and on_cuda(args, kwargs)
+
+
 class _Pending:
     """A launch whose GPU times are to be read: its ring index, when it was entered, its two
     events (``end`` None: no end to be had), and for a replay's launch its graph and replay
@@ -344,7 +368,12 @@ class GpuClock:
         return at + round(self.source.ms_between(anchor, event) * 1e6)
 
     def look(self) -> None:
-        """(The clock's thread) one look: the completed events written, the state said."""
+        """(The clock's thread) one look: the completed events written, the state said.
+
+        Launches complete in their order on a stream: the look goes through the pending ones
+        oldest first and stops at the first whose GPU has not started it (the one the state
+        names), past those under way — a look costs the launches it finds done, not all that
+        wait. A launch's end is asked first: where it is done, so is its start (one stream)."""
         self.anchor()
         done = self.source.done
         with self._lock:
@@ -352,24 +381,26 @@ class GpuClock:
         finished: set[int] = set()
         waiting: _Pending | None = None
         for item in items:
+            end = item.end
+            ended_done = end is not None and done(end)
             if not item.started_ns:
-                at = self._time_of(item, item.start) if done(item.start) else None
+                at = self._time_of(item, item.start) if ended_done or done(item.start) else None
                 if at is None:
-                    waiting = waiting or item
-                    continue
+                    waiting = item
+                    break
                 started = self._read(item, item.start, at)
                 if started is None:
                     finished.add(id(item))
                     continue
                 item.started_ns = started
                 self._write(item.index, started, 0)
-            if item.end is None:
+            if end is None:
                 finished.add(id(item))
                 continue
-            at = self._time_of(item, item.end) if done(item.end) else None
+            at = self._time_of(item, end) if ended_done else None
             if at is None:
                 continue
-            ended = self._read(item, item.end, at)
+            ended = self._read(item, end, at)
             if ended is not None:
                 self._write(item.index, item.started_ns, ended)
             finished.add(id(item))
@@ -389,7 +420,10 @@ class GpuClock:
         """A completed event's host time; for a graph's event, None where it is the time
         taken last for a replay (the event not recorded again yet: a replay before this
         one's)."""
-        at = self.host_ns(event)
+        try:
+            at = self.host_ns(event)
+        except RuntimeError:  # (a graph's event recorded again since it read done: pending)
+            return None
         if item.graph is not None:
             last = self._last_read.get(id(event))
             if last is not None and abs(last - at) < SAME_NS:

@@ -610,15 +610,6 @@ def _gpu_said(what: str, exc: BaseException) -> None:
     said(what, exc)
 
 
-def _has_cuda() -> bool:
-    """Whether this process's torch sees a CUDA device (asked once, as the ring is made)."""
-    torch = sys.modules.get("torch")
-    try:
-        return bool(torch is not None and torch.cuda.is_available())
-    except Exception:  # (a CUDA build with a broken driver: no GPU times)
-        return False
-
-
 def open_from_environment(state: Any) -> Ring | None:
     """The ring ``AUTOANNOT_RING`` asks for, opened in ``state``; where it is unset but the
     watch is asked for (``AUTOANNOT_WATCH``, ``AUTOANNOT_WATCH_STORE``), one in its run's folder
@@ -637,9 +628,9 @@ def open_from_environment(state: Any) -> Ring | None:
     except ValueError as exc:
         sys.stderr.write(f"autoannot: AUTOANNOT_RING_LAUNCHES: {exc}: no ring is kept\n")
         return None
-    if config.gpu_times() and _has_cuda():
-        from autoannot.keep.gpu_clock import CudaEvents
+    if config.gpu_times():  # (whether torch sees a GPU: asked at the first launch)
+        from autoannot.keep.gpu_clock import CudaIfAny
 
-        ring.gpu_source = CudaEvents
+        ring.gpu_source = CudaIfAny(ring, state.rerouted)
     state.open_journal(ring)
     return ring
