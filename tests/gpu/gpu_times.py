@@ -151,7 +151,7 @@ def cost_rank(out: str) -> None:
 
     import autoannot
     from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
-    from autoannot.keep.gpu_clock import CudaEvents
+    from autoannot.keep.gpu_clock import CudaEvents, GpuClock
     from autoannot.keep.ring import Ring
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
@@ -159,24 +159,30 @@ def cost_rank(out: str) -> None:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     autoannot.enable()
     t = torch.ones(1 << 10, device="cuda")
-    host: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
-    gpu: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
+    modes = ("ring", "ring + GPU times", "ring + GPU events, no reader")
+    host: dict[str, list[float]] = {mode: [] for mode in modes}
+    gpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    start_thread = GpuClock._start_thread
     calls = 2000
     def ring_of(name: str, mode: str) -> Ring:
         """A ring opened as the agent's (``mode``: with the GPU times or not)."""
         ring = Ring(f"{out}/cost/{name}", 1 << 14)
         if mode != "ring":
             ring.gpu_source = CudaEvents
+        # (no reader: the launching thread's part of the cost alone)
+        GpuClock._start_thread = ((lambda self: None) if mode.endswith("no reader")
+                                  else start_thread)
         AGENT.state.open_journal(ring)
         return ring
 
     def closed(ring: Ring) -> None:
         AGENT.state.close_journal(ring)
         ring.close()
+        GpuClock._start_thread = start_thread
 
     for r in range(12):
         for mode in (list(host) if r % 2 == 0 else list(host)[::-1]):
-            ring = ring_of(f"r{r}{mode[-1]}", mode)
+            ring = ring_of(f"r{r}{modes.index(mode)}", mode)
             for _ in range(50):
                 dist.all_reduce(t)
             torch.cuda.synchronize()
@@ -198,7 +204,7 @@ def cost_rank(out: str) -> None:
     step_ms: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
     for r in range(10):
         for mode in (list(step_ms) if r % 2 == 0 else list(step_ms)[::-1]):
-            ring = ring_of(f"s{r}{mode[-1]}", mode)
+            ring = ring_of(f"s{r}{len(mode)}", mode)
             torch.cuda.synchronize()
             started = time.perf_counter()
             for _ in range(20):
@@ -208,9 +214,26 @@ def cost_rank(out: str) -> None:
             torch.cuda.synchronize()
             step_ms[mode].append((time.perf_counter() - started) * 1e3 / 20)
             closed(ring)
-    result = {mode: {"host_us_a_call": round(statistics.median(host[mode]), 3),
-                     "gpu_us_a_call": round(statistics.median(gpu[mode]), 3),
-                     "step_ms": round(statistics.median(step_ms[mode]), 4)} for mode in host}
+    # where the launching thread's time goes (no reader): the profile's top, on stderr
+    import cProfile
+    import io
+    import pstats
+
+    ring = ring_of("profiled", "ring + GPU events, no reader")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(500):
+        dist.all_reduce(t)
+    profile.disable()
+    closed(ring)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(22)
+    print(text.getvalue(), file=sys.stderr)
+    result: dict = {mode: {"host_us_a_call": round(statistics.median(host[mode]), 3),
+                           "gpu_us_a_call": round(statistics.median(gpu[mode]), 3)}
+                    for mode in host}
+    for mode in step_ms:
+        result[mode]["step_ms"] = round(statistics.median(step_ms[mode]), 4)
     result["step_ratio"] = round(result["ring + GPU times"]["step_ms"] / result["ring"]["step_ms"],
                                  4)
     result["host_us_added_a_call"] = round(result["ring + GPU times"]["host_us_a_call"]
@@ -222,8 +245,8 @@ def cost_rank(out: str) -> None:
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOANNOT")}
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               PYTHONPATH=f"{ROOT / 'autoannot' / '_hook'}:{ROOT}", PYTHONUNBUFFERED="1",
-               **extra)
+               PYTHONPATH=f"{ROOT / 'autoannot' / '_hook'}:{ROOT}", PYTHONUNBUFFERED="1")
+    env.update(extra)
     return env
 
 
@@ -344,9 +367,9 @@ def check_cost(out: Path) -> dict:
     with open(out / "cost" / "rank0.log", "w") as log:
         code = subprocess.run([sys.executable, str(HERE), "cost-rank", str(out)],
                               env=_env(PORT=_port()), stderr=log, timeout=240).returncode
-    shutil.rmtree(out / "cost" / "rings", ignore_errors=True)
-    for path in (out / "cost").glob("r*"):
-        shutil.rmtree(path, ignore_errors=True)
+    for path in (out / "cost").iterdir():  # (the cost's rings: not kept)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
     return json.loads((out / "cost.json").read_text()) if code == 0 else {"exit": code}
 
 
