@@ -67,6 +67,42 @@ def test_a_launchs_gpu_start_and_end_are_the_gpus_on_the_hosts_clock(tmp_path: P
     clock.close()
 
 
+class RearmedGpu(PlantedGpu):
+    """A planted GPU whose graph events are launched again between the clock's ``query`` and
+    its read, once (as CUDA says: "Both events must be completed before calculating elapsed
+    time")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raced = False
+
+    def ms_between(self, first: Any, second: Any) -> float:
+        if not self.raced and first is not second and second.external:
+            self.raced = True
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return super().ms_between(first, second)
+
+
+def test_an_event_launched_again_between_its_query_and_its_read_waits_for_a_later_look(
+        tmp_path: Path) -> None:
+    """(Found on the device: the error ended the clock's thread, and every later launch went
+    untimed.) The look that meets it leaves the launch waiting; the next reads it."""
+    gpu = RearmedGpu()
+    clock = _clock(tmp_path, gpu)
+    captured = _captured(clock, gpu, "g", collectives=2)
+    called = time.monotonic_ns()
+    gpu.replay(captured, {})
+    clock.replayed("g", 0, 2, called)
+    clock.look()
+    assert gpu.raced
+    times, state = _times(clock, 2)
+    assert times["start_ns"][0] == 0 and state.waiting == 0
+    clock.look()
+    times, state = _times(clock, 2)
+    assert all(times["start_ns"]) and all(times["end_ns"]) and state.waiting is None, times
+    clock.close()
+
+
 def _captured(clock: GpuClock, gpu: PlantedGpu, graph: str, collectives: int = 8) -> list[Any]:
     gpu.capture = []
     for _ in range(collectives):
