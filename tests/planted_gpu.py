@@ -24,6 +24,15 @@ class Event:
         self.external, self.gpu_ns = external, None
 
 
+class Point:
+    """A planted stamp captured in a graph: the GPU time of each of its runs (one a replay)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs: list[int] = []
+
+
 class PlantedGpu:
     """One stream of a planted GPU. ``times_all``: it times every launch (the CPU tensors of
     a gloo job stand for a GPU's)."""
@@ -31,7 +40,8 @@ class PlantedGpu:
     def __init__(self, times_all: bool = True) -> None:
         self.stream_ns = 0  # (GPU clock) where the stream's work so far ends
         self.times_all = times_all
-        self.capture: list[Event] | None = None  # events recorded in a planted capture
+        self.capture: list[Point] | None = None  # stamps captured in a planted capture
+        self.depth = 32  # (runs a point keeps)
         #: A collective's coupling across ranks: a tensor the job all-reduces (MAX) holding
         #: each rank's stream time as it called it; an end event recorded after it completes
         #: no earlier than the latest rank's start (as a real collective ends).
@@ -56,9 +66,7 @@ class PlantedGpu:
         return Event(external)
 
     def record(self, event: Event) -> None:
-        if self.capture is not None:
-            self.capture.append(event)
-            return
+        assert self.capture is None, "events are not recorded in a capture (stamps are)"
         self._records += 1
         if self.ends and self._records % 2 == 0 and self.payload is not None:  # (an end:
             self.stream_ns = max(self.stream_ns, int(self.payload[0]))  # after the last start)
@@ -69,14 +77,32 @@ class PlantedGpu:
         """The stream's time as a collective is called now (what its payload carries)."""
         return max(self.stream_ns, self.gpu_now())
 
-    def replay(self, captured: list[Event], sleeps: dict[int, float]) -> None:
-        """A replay of a planted capture: its events recorded again in order, ``sleeps``
-        (event position -> ms) holding the stream before some."""
-        for i, event in enumerate(captured):
+    def replay(self, captured: list[Point], sleeps: dict[int, float]) -> None:
+        """A replay of a planted capture: each of its stamps runs once more, in order,
+        ``sleeps`` (stamp position -> ms) holding the stream before some."""
+        for i, point in enumerate(captured):
             if i in sleeps:
                 self.sleep(sleeps[i])
             self.stream_ns = max(self.stream_ns, self.gpu_now())
-            event.gpu_ns = self.stream_ns
+            point.runs.append(self.stream_ns)
+
+    # stamps (a graph's launches) --------------------------------------------------------------
+
+    def point(self) -> Point:
+        assert self.capture is not None
+        self.capture.append(point := Point())
+        return point
+
+    def stamp_ns(self, point: Point, run: int) -> int:
+        if len(point.runs) - run > self.depth:
+            return -1
+        if run >= len(point.runs) or point.runs[run] > self.gpu_now():
+            return 0
+        return point.runs[run]
+
+    def stamp_anchor(self) -> tuple[int, int, int]:
+        before = time.monotonic_ns()
+        return before + OFFSET_NS, before, time.monotonic_ns()
 
     def done(self, event: Event) -> bool:
         return event.gpu_ns is None or event.gpu_ns <= self.gpu_now()

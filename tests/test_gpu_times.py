@@ -67,42 +67,6 @@ def test_a_launchs_gpu_start_and_end_are_the_gpus_on_the_hosts_clock(tmp_path: P
     clock.close()
 
 
-class RearmedGpu(PlantedGpu):
-    """A planted GPU whose graph events are launched again between the clock's ``query`` and
-    its read, once (as CUDA says: "Both events must be completed before calculating elapsed
-    time")."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.raced = False
-
-    def ms_between(self, first: Any, second: Any) -> float:
-        if not self.raced and first is not second and second.external:
-            self.raced = True
-            raise RuntimeError("Both events must be completed before calculating elapsed time.")
-        return super().ms_between(first, second)
-
-
-def test_an_event_launched_again_between_its_query_and_its_read_waits_for_a_later_look(
-        tmp_path: Path) -> None:
-    """(Found on the device: the error ended the clock's thread, and every later launch went
-    untimed.) The look that meets it leaves the launch waiting; the next reads it."""
-    gpu = RearmedGpu()
-    clock = _clock(tmp_path, gpu)
-    captured = _captured(clock, gpu, "g", collectives=2)
-    called = time.monotonic_ns()
-    gpu.replay(captured, {})
-    clock.replayed("g", 0, 2, called)
-    clock.look()
-    assert gpu.raced
-    times, state = _times(clock, 2)
-    assert times["start_ns"][0] == 0 and state.waiting == 0
-    clock.look()
-    times, state = _times(clock, 2)
-    assert all(times["start_ns"]) and all(times["end_ns"]) and state.waiting is None, times
-    clock.close()
-
-
 def _captured(clock: GpuClock, gpu: PlantedGpu, graph: str, collectives: int = 8) -> list[Any]:
     gpu.capture = []
     for _ in range(collectives):
@@ -115,11 +79,13 @@ def _captured(clock: GpuClock, gpu: PlantedGpu, graph: str, collectives: int = 8
 def test_each_collective_of_a_replay_is_timed_and_a_planted_fifth_is_late(tmp_path: Path
                                                                            ) -> None:
     """A graph of 8 collectives, 20 ms held before the 5th: each replay's 5th starts 20 ms after
-    its 4th; a replay called while the GPU runs the one before (the host ahead) gets no time
-    but its own, and the one before none (its events are the later replay's by then)."""
+    its 4th, replays one at a time and back to back (the host ahead of the GPU: each replay's
+    stamps are its own run's; with events, captured once for all replays, a replay launched
+    before the last was read took its times away: 16 of 3,200 launches timed on the device)."""
     gpu = PlantedGpu()
     clock = _clock(tmp_path, gpu)
     captured = _captured(clock, gpu, "g")
+    assert len(captured) == 16  # (a stamp before and after each)
     index = 0
     for _ in range(3):  # (one at a time)
         entered = time.monotonic_ns()
@@ -128,49 +94,54 @@ def test_each_collective_of_a_replay_is_timed_and_a_planted_fifth_is_late(tmp_pa
         index += 8
         time.sleep(0.03)
         clock.look()
-    times, _ = _times(clock, index)
-    starts = times["start_ns"].reshape(3, 8)
-    assert (starts > 0).all(), starts
+    calls = []
+    for _ in range(3):  # (back to back: called before the GPU ran the one before)
+        calls.append(time.monotonic_ns())
+        gpu.replay(captured, {8: PLANT_MS})
+        clock.replayed("g", index + 8 * len(calls) - 8, 8, calls[-1])
+    time.sleep(0.08)
+    clock.look()
+    times, state = _times(clock, index + 24)
+    starts = times["start_ns"].reshape(6, 8)
+    assert (starts > 0).all() and (times["end_ns"] >= times["start_ns"]).all(), times
     fifth = (starts[:, 4] - starts[:, 3]) / 1e6
     assert ((fifth > PLANT_MS - 2) & (fifth < PLANT_MS + 2)).all(), fifth
-    first = time.monotonic_ns()  # two replays called at once: the first's times are gone
-    gpu.replay(captured, {8: PLANT_MS})
-    clock.replayed("g", index, 8, first)
-    second = time.monotonic_ns()
-    gpu.replay(captured, {8: PLANT_MS})
-    clock.replayed("g", index + 8, 8, second)
-    time.sleep(0.06)
-    clock.look()
-    times, _ = _times(clock, index + 16)
-    assert (times["start_ns"][index:index + 8] == 0).all(), times  # (never the second's)
-    assert (times["start_ns"][index + 8:] >= second).all(), times
+    apart = (starts[3:, 0][1:] - starts[3:, 0][:-1]) / 1e6  # (each its own run's: a replay
+    assert (apart >= PLANT_MS).all(), apart  # after the one before, held 20 ms in it)
+    assert state.waiting is None
     clock.close()
 
 
-def test_a_replay_held_before_its_fifth_is_waiting_there_and_a_stale_event_is_not_read(
+def test_a_replay_held_before_its_fifth_is_waiting_there_and_one_read_too_late_is_unknown(
         tmp_path: Path) -> None:
     """A replay held 10 s before its 5th: the clock says it waits at the 5th's launch, since
-    the replay was called. Events not recorded again (a replay the GPU has not reached, where
-    a driver keeps an event's last time) are not read as this replay's."""
+    the replay was called. A replay whose stamps were written over before the clock read them
+    (more than a point's runs later) is unknown (0), never a later replay's time."""
     gpu = PlantedGpu()
+    gpu.depth = 4
     clock = _clock(tmp_path, gpu)
     captured = _captured(clock, gpu, "g")
     entered = time.monotonic_ns()
     gpu.replay(captured, {})
     clock.replayed("g", 0, 8, entered)
+    for replay in range(1, 6):  # (five more before the clock looks: the first's written over)
+        gpu.replay(captured, {})
+        clock.replayed("g", 8 * replay, 8, time.monotonic_ns())
     time.sleep(0.01)
     clock.look()
-    entered = time.monotonic_ns()  # (its events not recorded again yet: the last times kept)
-    clock.replayed("g", 8, 8, entered)
+    times, state = _times(clock, 48)
+    assert (times["start_ns"][:8] == 0).all() and (times["start_ns"][16:] > 0).all(), times
+    entered = time.monotonic_ns()
+    clock.replayed("g", 48, 8, entered)  # (called; its GPU has not reached it yet)
     clock.look()
-    _, state = _times(clock, 16)
-    assert state.waiting == 8, state
+    _, state = _times(clock, 56)
+    assert state.waiting == 48 and state.waiting_entered_ns == entered, state
     gpu.replay(captured, {8: 10_000})
     time.sleep(0.01)
     clock.look()
-    times, state = _times(clock, 16)
-    assert state.waiting == 12 and state.waiting_entered_ns == entered, state
-    assert (times["start_ns"][8:12] >= entered).all() and (times["start_ns"][12:] == 0).all()
+    times, state = _times(clock, 56)
+    assert state.waiting == 52 and state.waiting_entered_ns == entered, state
+    assert (times["start_ns"][48:52] >= entered).all() and (times["start_ns"][52:] == 0).all()
     clock.close()
 
 

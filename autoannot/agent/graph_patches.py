@@ -52,7 +52,11 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
     puts on the class; the stand-in capture and the tests call them on stand-in graphs)."""
 
     def capture_begin(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
-        gpu_clock.capture_coming()  # (the GPU clock's thread stops looking first)
+        try:  # (the GPU clock's stamps made, and its thread stops looking, first)
+            gpu_clock.capture_coming(captures.agent.state.journals)
+        except Exception as exc:
+            said("capture_begin (GPU times)", exc)
+            gpu_clock.capture_coming()
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:

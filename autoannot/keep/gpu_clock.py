@@ -19,10 +19,11 @@ written in the header; the anchor is made again every ``ANCHOR_EVERY_S``). It al
 each look, the oldest timed launch whose GPU has not started it and when that launch was
 entered: what names a GPU that hangs before a collective.
 
-A graph's events are the same at each replay. A time read for a replay is kept only where it
-can be no later replay's: where it is before the next replay of that graph was called (a GPU
-runs a replay only after its call). Where the host runs more than a replay ahead of the GPU,
-some replays' times are unknown (left 0), never another replay's.
+A graph's launches are timed by stamps, not events (an event captured in a graph is one for
+all its replays: a replay launched before the clock read the last one's times takes them
+away): a one-thread kernel captured before and after each collective writes the GPU's clock
+into a slot of host memory of its own for each run (``keep.gpu_stamps``); the clock reads
+replay ``k``'s times from run ``k`` of each, converted against a stamp of its own anchor.
 
 ``source``: what makes, records and reads events (``CudaEvents``: torch's; a test plants
 its own timeline).
@@ -66,8 +67,13 @@ CAPTURING = [0]
 LOOKING = threading.Lock()
 
 
-def capture_coming() -> None:
-    """A capture begins now (before torch begins it): no look from here until it is over."""
+def capture_coming(journals: tuple = ()) -> None:
+    """A capture begins now (before torch begins it): what the journals' clocks need for it
+    made (``Ring.gpu_prepare_capture``: the stamps), and no look from here until it is over."""
+    for journal in journals:
+        prepare = getattr(journal, "gpu_prepare_capture", None)
+        if prepare is not None:
+            prepare()
     with LOOKING:
         CAPTURING[0] += 1
 
@@ -77,11 +83,11 @@ def capture_over() -> None:
     CAPTURING[0] = max(0, CAPTURING[0] - 1)
 #: How long closing waits for the launches still pending on the GPU (seconds).
 CLOSE_WAIT_S = 0.5
-#: Two reads of a graph's event this close are one recording of it (the anchor made again
-#: moves a time by rounding alone).
-SAME_NS = 1000
 #: Events kept for reuse.
 POOL = 1024
+#: The stamps of a device: points (two a captured collective, for all graphs of the process)
+#: and runs kept of each (the clock reads a replay within this many replays of it).
+STAMP_POINTS, STAMP_DEPTH = 16384, 32
 
 
 def on_cuda(args: tuple, kwargs: dict) -> bool:
@@ -114,6 +120,9 @@ class CudaEvents:
         #: The launching thread's device, as the clock is made (a rank's GPU): the clock's
         #: thread makes its anchors there.
         self.device = torch.cuda.current_device()
+        #: Per device: the stamps of graphs captured there, and their anchor's point.
+        self._stamps: dict[int, Any] = {}
+        self._anchor_points: dict[int, int] = {}
 
     def new(self, external: bool = False) -> Any:
         if external:
@@ -152,6 +161,53 @@ class CudaEvents:
         except (OSError, AttributeError):
             return False
 
+    def prepare_capture(self) -> None:
+        """(As a capture is about to begin, before torch begins it) the stamps of the current
+        device made, where not yet: their module, memory and anchor point are made outside
+        any capture."""
+        device = self._cuda.current_device()
+        if device not in self._stamps:
+            from autoannot.keep.gpu_stamps import Stamps
+
+            self._stamps[device] = stamps = Stamps(points=STAMP_POINTS, depth=STAMP_DEPTH)
+            self._anchor_points[device] = stamps.new_point()
+
+    def point(self) -> Any:
+        """(In a capture) a stamp launched on the current stream, captured: its point on its
+        device's stamps; None where the device has none (``prepare_capture`` failed)."""
+        stamps = self._stamps.get(self._cuda.current_device())
+        if stamps is None:
+            return None
+        return (stamps, stamps.stamp(self._cuda.current_stream().cuda_stream))
+
+    @staticmethod
+    def stamp_ns(point: Any, run: int) -> int:
+        """The GPU's clock (ns) at run ``run`` of ``point``: 0 not yet, -1 lost (written over:
+        the reader fell ``STAMP_DEPTH`` runs behind)."""
+        stamps, at = point
+        if stamps.count(at) - run > stamps.depth:
+            return -1
+        return stamps.time(at, run)
+
+    def stamp_anchor(self) -> tuple[int, int, int] | None:
+        """(The clock's thread) a stamp launched on the clock's idle stream and waited for on
+        the host: (its GPU time, the host's time before the launch, after it was seen); None
+        where no stamps were made."""
+        if not self._stamps:
+            return None
+        device = next(iter(self._stamps))
+        stamps, point = self._stamps[device], self._anchor_points[device]
+        with self._cuda.device(device):
+            if self._side is None:
+                self._side = self._cuda.Stream()
+            run = stamps.count(point)
+            before = time.monotonic_ns()
+            stamps.launch(point, self._side.cuda_stream)
+            while stamps.count(point) <= run:
+                pass  # (an idle stream: microseconds)
+            after = time.monotonic_ns()
+        return stamps.time(point, run), before, after
+
     def anchor(self) -> Any:
         """An event recorded now on an idle stream of the clock's own (on the rank's device)."""
         with self._cuda.device(self.device):
@@ -173,6 +229,10 @@ class CudaIfAny:
         self.ring, self.rerouted = ring, rerouted
 
     def times(self, args: tuple, kwargs: dict) -> bool:
+        return self.decide() and on_cuda(args, kwargs)
+
+    def decide(self) -> bool:
+        """Whether torch sees a GPU: the ring's source made so."""
         import sys
 
         torch = sys.modules.get("torch")
@@ -183,13 +243,13 @@ class CudaIfAny:
         if self.ring.gpu_source is self:
             self.ring.gpu_source = CudaEvents if sees else None
             self.rerouted()
-        return sees and on_cuda(args, kwargs)
+        return sees
 
 
 class _Pending:
     """A launch whose GPU times are to be read: its ring index, when it was entered, its two
-    events (``end`` None: no end to be had), and for a replay's launch its graph and replay
-    number (``replay`` -1 else)."""
+    events (``end`` None: no end to be had) — for a replay's launch its stamps' points, its
+    graph and replay number (``replay`` -1 else)."""
 
     __slots__ = ("end", "entered_ns", "graph", "index", "replay", "start", "started_ns")
 
@@ -201,7 +261,8 @@ class _Pending:
 
 
 class Captured:
-    """The events of a launch in a capture (recorded as the graph's nodes)."""
+    """A launch in a capture: its start's stamp point (None: untimed) and its end's (None:
+    none), captured as the graph's nodes."""
 
     __slots__ = ("end", "start")
 
@@ -229,11 +290,11 @@ class GpuClock:
         self._pool: list[Any] = []
         self._capturing: dict[int, list[Captured]] = {}
         self._graphs: dict[str, list[Captured]] = {}
-        #: Per graph: when each of its replays was called (the last few).
-        self._replays: dict[str, collections.deque[int]] = {}
+        #: Per graph: how many replays were called (a replay's number: its stamps' run).
         self._replay_numbers: dict[str, int] = {}
-        self._last_read: dict[int, int] = {}  # (a graph's event: the time read last)
         self._anchor: tuple[Any, int] | None = None
+        #: The stamps' GPU clock less the host's (ns), None before their first anchor.
+        self._stamp_offset: int | None = None
         self._anchored_at = 0.0
         #: Its thread (``thread`` False: none is started; the caller looks, as a test does).
         self._thread: Any = None if thread else False
@@ -246,10 +307,9 @@ class GpuClock:
         """The launch at ring index ``index`` is about to be issued on the current stream: its
         start event recorded there. What to hand ``ended``."""
         source = self.source
-        if source.capturing():
-            start = source.new(external=True)
-            source.record(start)
-            captured = Captured(start)
+        if source.capturing():  # (a stamp captured: each replay's time its own)
+            point = source.point()
+            captured = Captured(point)
             self._capturing.setdefault(get_ident(), []).append(captured)
             return captured
         start = self._pool.pop() if self._pool else source.new()
@@ -261,9 +321,8 @@ class GpuClock:
         collective (its end is to be had)."""
         source = self.source
         if started.__class__ is Captured:
-            end = source.new(external=True)
-            source.record(end)
-            started.end = end if waits else None
+            if waits and started.start is not None:
+                started.end = source.point()
             return
         if waits:
             started.end = self._pool.pop() if self._pool else source.new()
@@ -282,6 +341,15 @@ class GpuClock:
         if captured:
             self._graphs[graph] = captured
 
+    def prepare_capture(self) -> None:
+        """A capture is about to begin on this thread: what its stamps need made now."""
+        prepare = getattr(self.source, "prepare_capture", None)
+        if prepare is not None:
+            try:
+                prepare()
+            except Exception as exc:  # (its graphs go untimed; the capture goes on)
+                said("stamps for graphs", exc)
+
     def replayed(self, graph: str, first_index: int, count: int, entered_ns: int) -> None:
         """A replay of ``graph`` called at ``entered_ns`` was written to the ring as its
         launches ``first_index`` .. ``first_index + count - 1``: their GPU times to be read."""
@@ -296,10 +364,8 @@ class GpuClock:
         with self._lock:
             number = self._replay_numbers.get(graph, 0)
             self._replay_numbers[graph] = number + 1
-            calls = self._replays.setdefault(graph, collections.deque(maxlen=64))
-            calls.append(entered_ns)
         self._push([_Pending(first_index + i, entered_ns, c.start, c.end, graph, number)
-                    for i, c in enumerate(captured)])
+                    for i, c in enumerate(captured) if c.start is not None])
 
     def _push(self, items: list[_Pending]) -> None:
         with self._lock:
@@ -345,18 +411,28 @@ class GpuClock:
 
     def anchor(self, now: float | None = None) -> None:
         """(The clock's thread) an event whose host time is known, made again every
-        ``ANCHOR_EVERY_S``."""
+        ``ANCHOR_EVERY_S``; the same for the stamps, once they are made."""
         now = time.monotonic() if now is None else now
-        if self._anchor is not None and now - self._anchored_at < ANCHOR_EVERY_S:
+        fresh = self._anchor is None or now - self._anchored_at >= ANCHOR_EVERY_S
+        if not fresh and self._stamp_offset is not None:
             return
         source = self.source
-        before = time.monotonic_ns()
-        event = source.anchor()
-        while not source.done(event):
-            pass  # (an idle stream: microseconds)
-        after = time.monotonic_ns()
-        self._anchor, self._anchored_at = (event, after), now
-        GPU_STATE.pack_into(self._map, GPU_STATE_AT, *self._state(after - before))
+        error = self._state(0)[3]
+        if fresh:
+            before = time.monotonic_ns()
+            event = source.anchor()
+            while not source.done(event):
+                pass  # (an idle stream: microseconds)
+            after = time.monotonic_ns()
+            self._anchor, self._anchored_at = (event, after), now
+            error = after - before
+        stamp_anchor = getattr(source, "stamp_anchor", None)
+        stamped = stamp_anchor() if stamp_anchor is not None else None
+        if stamped is not None:
+            gpu_ns, before, after = stamped
+            self._stamp_offset = gpu_ns - after
+            error = max(error, after - before)
+        GPU_STATE.pack_into(self._map, GPU_STATE_AT, *self._state(error))
 
     def _state(self, error_ns: int) -> tuple[int, int, int, int]:
         looked, waiting, since, _ = GPU_STATE.unpack_from(self._map, GPU_STATE_AT)
@@ -381,6 +457,11 @@ class GpuClock:
         finished: set[int] = set()
         waiting: _Pending | None = None
         for item in items:
+            if item.graph is not None:
+                if self._stamped(item, finished):
+                    continue
+                waiting = item
+                break
             end = item.end
             ended_done = end is not None and done(end)
             if not item.started_ns:
@@ -388,21 +469,15 @@ class GpuClock:
                 if at is None:
                     waiting = item
                     break
-                started = self._read(item, item.start, at)
-                if started is None:
-                    finished.add(id(item))
-                    continue
-                item.started_ns = started
-                self._write(item.index, started, 0)
+                item.started_ns = at
+                self._write(item.index, at, 0)
             if end is None:
                 finished.add(id(item))
                 continue
             at = self._time_of(item, end) if ended_done else None
             if at is None:
                 continue
-            ended = self._read(item, end, at)
-            if ended is not None:
-                self._write(item.index, item.started_ns, ended)
+            self._write(item.index, item.started_ns, at)
             finished.add(id(item))
         if finished:
             with self._lock:
@@ -417,34 +492,38 @@ class GpuClock:
                             0 if waiting is None else waiting.entered_ns, error)
 
     def _time_of(self, item: _Pending, event: Any) -> int | None:
-        """A completed event's host time; for a graph's event, None where it is the time
-        taken last for a replay (the event not recorded again yet: a replay before this
-        one's)."""
+        """A completed event's host time; None where it cannot be read yet (not expected of
+        an eager launch's event, which is recorded once: said, if it happens, by nothing)."""
         try:
-            at = self.host_ns(event)
-        except RuntimeError:  # (a graph's event recorded again since it read done: pending)
+            return self.host_ns(event)
+        except RuntimeError:  # (recorded again since it read done: pending)
             return None
-        if item.graph is not None:
-            last = self._last_read.get(id(event))
-            if last is not None and abs(last - at) < SAME_NS:
-                return None
-        return at
 
-    def _read(self, item: _Pending, event: Any, at: int) -> int | None:
-        """``at`` (``event``'s time) as ``item``'s; None where it may be a later replay's."""
-        if item.graph is not None:
-            with self._lock:
-                number = self._replay_numbers.get(item.graph, 0)
-                calls = self._replays.get(item.graph)
-                later = (calls[len(calls) - (number - item.replay) + 1]
-                         if calls is not None and number - item.replay > 1
-                         and number - item.replay <= len(calls) else None)
-            if number - item.replay > 1 and (later is None or at >= later):
-                return None  # (a later replay was called before this time: it may be its)
-            if at < item.entered_ns:
-                return None  # (before this replay was called: an earlier one's)
-            self._last_read[id(event)] = at
-        return at
+    def _stamped(self, item: _Pending, finished: set[int]) -> bool:
+        """(A replay's launch) its stamps read: whether its GPU started it (its start written;
+        where its end is read too, or lost, or there is none, it is ``finished``)."""
+        offset = self._stamp_offset
+        if offset is None:
+            return False
+        stamp_ns = self.source.stamp_ns
+        if not item.started_ns:
+            at = stamp_ns(item.start, item.replay)
+            if at == 0:
+                return False
+            if at < 0:  # (written over: the reader fell behind)
+                finished.add(id(item))
+                return True
+            item.started_ns = at - offset
+            self._write(item.index, item.started_ns, 0)
+        if item.end is None:
+            finished.add(id(item))
+            return True
+        at = stamp_ns(item.end, item.replay)
+        if at:
+            if at > 0:
+                self._write(item.index, item.started_ns, at - offset)
+            finished.add(id(item))
+        return True
 
     def _write(self, index: int, start_ns: int, end_ns: int) -> None:
         GPU_RECORD.pack_into(self._map, HEADER_BYTES + (index % self.capacity) * GPU_RECORD.size,

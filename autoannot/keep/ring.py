@@ -528,6 +528,22 @@ class Ring:
         except Exception as exc:
             _gpu_said("a launch's end", exc)
 
+    def gpu_prepare_capture(self) -> None:
+        """A capture is about to begin: where this ring times the GPU, its clock made and
+        ready for the capture's launches (their stamps); failures said once."""
+        try:
+            source = self.gpu_source
+            if source is None:
+                return
+            decide = getattr(source, "decide", None)
+            if decide is not None and not decide():
+                return
+            clock = self.gpu or self._gpu_clock()
+            if clock is not None:
+                clock.prepare_capture()
+        except Exception as exc:
+            _gpu_said("a capture's stamps", exc)
+
     def _gpu_clock(self) -> Any:
         """(At the first timed launch) the GPU clock, its file beside the ring."""
         from autoannot.base.ring_format import GPU_SUFFIX
