@@ -69,6 +69,10 @@ def capture_hooks(captures: Captures) -> dict[str, Any]:
         return result
 
     def capture_end(wrapped: Any, graph: Any, args: tuple, kwargs: dict) -> Any:
+        try:  # (the GPU clock's stamps joined to the capture's stream first)
+            gpu_clock.capture_ending(captures.agent.state.journals)
+        except Exception as exc:
+            said("capture_end (GPU times)", exc)
         try:
             result = wrapped(*args, **kwargs)
         finally:

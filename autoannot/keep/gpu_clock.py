@@ -78,6 +78,15 @@ def capture_coming(journals: tuple = ()) -> None:
         CAPTURING[0] += 1
 
 
+def capture_ending(journals: tuple = ()) -> None:
+    """A capture ends now (before torch ends it): the journals' clocks join what they forked
+    in it (``GpuClock.capture_ending``)."""
+    for journal in journals:
+        clock = getattr(journal, "gpu", None)
+        if clock is not None:
+            clock.capture_ending()
+
+
 def capture_over() -> None:
     """A capture ended (or failed to begin)."""
     CAPTURING[0] = max(0, CAPTURING[0] - 1)
@@ -85,6 +94,10 @@ def capture_over() -> None:
 CLOSE_WAIT_S = 0.5
 #: Events kept for reuse.
 POOL = 1024
+#: Whether a graph's stamps branch off its path (``CudaEvents.point``): a stamp on the path
+#: holds the work after it for a kernel's launch (~2 us each on an H100), one on a branch
+#: holds nothing but the graph's end.
+BRANCHED = True
 #: The stamps of a device: points (two a captured collective, for all graphs of the process)
 #: and runs kept of each (the clock reads a replay within this many replays of it).
 STAMP_POINTS, STAMP_DEPTH = 16384, 32
@@ -116,7 +129,12 @@ class CudaEvents:
 
         self._cuda = torch.cuda
         self._event = torch.cuda.Event
+        self._device_now = torch.cuda.current_device
+        self._stream_of = torch.cuda.current_stream
         self._side: Any = None
+        #: Per capturing thread: the stream its stamps branch off to (none waits on them but
+        #: the capture's end: off the graph's path), and whether this capture used it.
+        self._branches: dict[int, list[Any]] = {}
         #: The launching thread's device, as the clock is made (a rank's GPU): the clock's
         #: thread makes its anchors there.
         self.device = torch.cuda.current_device()
@@ -129,10 +147,10 @@ class CudaEvents:
             return self._event(enable_timing=True, external=True)
         return self._event(enable_timing=True)
 
-    @staticmethod
-    def record(event: Any) -> None:
-        """Recorded on the current stream (in a capture: captured)."""
-        event.record()
+    def record(self, event: Any) -> None:
+        """Recorded on the current stream (the device named: torch's lookup of the current
+        device when none is named costs a launch some 10 us)."""
+        event.record(self._stream_of(self._device_now()))
 
     @staticmethod
     def done(event: Any) -> bool:
@@ -165,20 +183,40 @@ class CudaEvents:
         """(As a capture is about to begin, before torch begins it) the stamps of the current
         device made, where not yet: their module, memory and anchor point are made outside
         any capture."""
-        device = self._cuda.current_device()
+        device = self._device_now()
         if device not in self._stamps:
             from autoannot.keep.gpu_stamps import Stamps
 
             self._stamps[device] = stamps = Stamps(points=STAMP_POINTS, depth=STAMP_DEPTH)
             self._anchor_points[device] = stamps.new_point()
+        if BRANCHED and get_ident() not in self._branches:
+            self._branches[get_ident()] = [self._cuda.Stream(device), False]
 
     def point(self) -> Any:
-        """(In a capture) a stamp launched on the current stream, captured: its point on its
-        device's stamps; None where the device has none (``prepare_capture`` failed)."""
-        stamps = self._stamps.get(self._cuda.current_device())
+        """(In a capture) a stamp captured where the current stream is: on a branch of the
+        graph that waits for the stream's work so far and that nothing waits for until the
+        capture's end (``BRANCHED``), else on the stream itself. Its point on its device's
+        stamps; None where the device has none (``prepare_capture`` failed)."""
+        device = self._device_now()
+        stamps = self._stamps.get(device)
         if stamps is None:
             return None
-        return (stamps, stamps.stamp(self._cuda.current_stream().cuda_stream))
+        here = self._stream_of(device)
+        branch = self._branches.get(get_ident())
+        if branch is None:
+            return (stamps, stamps.stamp(here.cuda_stream))
+        branch[0].wait_stream(here)
+        branch[1] = True
+        return (stamps, stamps.stamp(branch[0].cuda_stream))
+
+    def capture_ending(self) -> None:
+        """(This thread's capture ends now, before torch ends it) its branch joined to the
+        current stream, where its stamps used it: a capture ends only with every stream it
+        forked joined."""
+        branch = self._branches.get(get_ident())
+        if branch is not None and branch[1]:
+            branch[1] = False
+            self._stream_of(self._device_now()).wait_stream(branch[0])
 
     @staticmethod
     def stamp_ns(point: Any, run: int) -> int:
@@ -340,6 +378,15 @@ class GpuClock:
         captured = self._capturing.pop(get_ident(), None)
         if captured:
             self._graphs[graph] = captured
+
+    def capture_ending(self) -> None:
+        """This thread's capture ends now: what its stamps forked joined (failures said)."""
+        ending = getattr(self.source, "capture_ending", None)
+        if ending is not None:
+            try:
+                ending()
+            except Exception as exc:
+                said("a capture's end", exc)
 
     def prepare_capture(self) -> None:
         """A capture is about to begin on this thread: what its stamps need made now."""
