@@ -65,7 +65,7 @@ class PlantedGpu:
     def new(self, external: bool = False) -> Event:
         return Event(external)
 
-    def record(self, event: Event) -> None:
+    def record(self, event: Event, stream: Any = None) -> Any:
         assert self.capture is None, "events are not recorded in a capture (stamps are)"
         self._records += 1
         if self.ends and self._records % 2 == 0 and self.payload is not None:  # (an end:

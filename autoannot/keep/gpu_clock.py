@@ -147,10 +147,13 @@ class CudaEvents:
             return self._event(enable_timing=True, external=True)
         return self._event(enable_timing=True)
 
-    def record(self, event: Any) -> None:
-        """Recorded on the current stream (the device named: torch's lookup of the current
-        device when none is named costs a launch some 10 us)."""
-        event.record(self._stream_of(self._device_now()))
+    def record(self, event: Any, stream: Any = None) -> Any:
+        """Recorded on ``stream``, or the current stream (the device named: torch's lookup of
+        the current device when none is named costs a launch some 10 us); the stream."""
+        if stream is None:
+            stream = self._stream_of(self._device_now())
+        event.record(stream)
+        return stream
 
     @staticmethod
     def done(event: Any) -> bool:
@@ -289,13 +292,15 @@ class _Pending:
     events (``end`` None: no end to be had) — for a replay's launch its stamps' points, its
     graph and replay number (``replay`` -1 else)."""
 
-    __slots__ = ("end", "entered_ns", "graph", "index", "replay", "start", "started_ns")
+    __slots__ = ("end", "entered_ns", "graph", "index", "replay", "start", "started_ns",
+                 "stream")
 
     def __init__(self, index: int, entered_ns: int, start: Any, end: Any,
                  graph: str | None = None, replay: int = -1) -> None:
         self.index, self.entered_ns, self.start, self.end = index, entered_ns, start, end
         self.graph, self.replay = graph, replay
         self.started_ns = 0
+        self.stream: Any = None  # (an eager launch's: where its events are recorded)
 
 
 class Captured:
@@ -351,8 +356,9 @@ class GpuClock:
             self._capturing.setdefault(get_ident(), []).append(captured)
             return captured
         start = self._pool.pop() if self._pool else source.new()
-        source.record(start)
-        return _Pending(index, time.monotonic_ns(), start, None)
+        pending = _Pending(index, time.monotonic_ns(), start, None)
+        pending.stream = source.record(start)  # (its end's too: looked up once)
+        return pending
 
     def ended(self, started: Any, waits: bool) -> None:
         """The launch ``started`` returned; ``waits``: the launching stream waits for the
@@ -364,7 +370,7 @@ class GpuClock:
             return
         if waits:
             started.end = self._pool.pop() if self._pool else source.new()
-            source.record(started.end)
+            source.record(started.end, started.stream)
         self._push([started])
 
     def failed(self, started: Any) -> None:

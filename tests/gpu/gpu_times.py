@@ -210,7 +210,7 @@ def cost_rank(out: str) -> None:
     # each layer's 32 MiB, the ring on, the GPU times on and off, alternated
     w = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    step_ms: dict[str, list[float]] = {"ring": [], "ring + GPU times": []}
+    step_ms: dict[str, list[float]] = {mode: [] for mode in modes}
     for r in range(10):
         for mode in (list(step_ms) if r % 2 == 0 else list(step_ms)[::-1]):
             ring = ring_of(f"s{r}{len(mode)}", mode)
@@ -245,6 +245,8 @@ def cost_rank(out: str) -> None:
         result[mode]["step_ms"] = round(statistics.median(step_ms[mode]), 4)
     result["step_ratio"] = round(result["ring + GPU times"]["step_ms"] / result["ring"]["step_ms"],
                                  4)
+    result["step_ratio_no_reader"] = round(
+        result["ring + GPU events, no reader"]["step_ms"] / result["ring"]["step_ms"], 4)
     result["host_us_added_a_call"] = round(result["ring + GPU times"]["host_us_a_call"]
                                            - result["ring"]["host_us_a_call"], 3)
     Path(out, "cost.json").write_text(json.dumps(result))
