@@ -18,6 +18,10 @@ STAND_OUT_FACTOR = 3.0
 STAND_OUT_FLOOR_US = 10.0
 STEADY_SHARE = 0.75
 STEADY_LEAST = 4
+#: The others' lateness measures the job's noise over this many instances at least (fewer: a
+#: single outlier would be taken for the noise, and a rank last at nearly every instance go
+#: unnamed).
+NOISE_LEAST = 5
 #: Below this, arrivals count as simultaneous: no straggler is named.
 IN_STEP_US = 2.0
 #: Problems listed one by one up to this many; the rest counted.
@@ -253,8 +257,9 @@ class Analysis:
         ``STAND_OUT_FACTOR`` times later than any other rank ever arrived last. Steadily: a
         rank last at ``STEADY_SHARE`` of a group's instances (at least ``STEADY_LEAST``), late
         there by a median ``STAND_OUT_FACTOR`` times the others' when they were last in that
-        group (its largest delay is led with). Both at least ``STAND_OUT_FLOOR_US`` late. Warm-up is
-        left out unless counted."""
+        group (its largest delay is led with; the others' median counts where they were last at
+        ``NOISE_LEAST`` instances at least). Both at least ``STAND_OUT_FLOOR_US`` late. Warm-up
+        is left out unless counted."""
         import numpy as np
 
         top = self.origins(1)
@@ -280,7 +285,8 @@ class Analysis:
                 continue
             mine = counted & (group == g) & (straggler == column)
             theirs = counted & (group == g) & (straggler != column)
-            bar = STAND_OUT_FACTOR * float(np.median(late[theirs])) if theirs.any() else 0.0
+            bar = (STAND_OUT_FACTOR * float(np.median(late[theirs]))
+                   if theirs.sum() >= NOISE_LEAST else 0.0)  # (fewer: no measure of noise)
             if float(np.median(late[mine])) >= max(STAND_OUT_FLOOR_US, bar):
                 rank = self.ranks[column]
                 return next((o for o in self.origins(len(self.instances))

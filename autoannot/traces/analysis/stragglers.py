@@ -13,9 +13,10 @@ its instances or more.
 **The job's own noise** (for a rank) is the median of the same wait at the instances of the
 last ``HISTORY`` windows of every group where some *other* rank was last, and of how far
 apart the other ranks arrived (groups of three ranks or more): measured over many windows and
-groups, never over one window alone, and never below ``NOISE_FLOOR_US`` (a host's clock and
-wake-up cannot tell waits apart below it). Where no other rank was ever last there is no
-measure: the threshold is the floor alone, and the line says so.
+groups, never over one window alone, never from fewer than ``NOISE_LEAST`` waits (one outlier
+is no measure), and never below ``NOISE_FLOOR_US`` (a host's clock and wake-up cannot tell
+waits apart below it). Where no other rank was last often enough there is no measure: the
+threshold is the floor alone, and the line says so.
 
 **Persistent**: a rank is named (``Tracker``) once ``WINDOWS`` consecutive windows of a group
 show it and they span ``SPAN_S`` seconds of the job's time at least (a fast group needs more
@@ -48,8 +49,10 @@ WINDOW, NEEDED = 20, 15
 WINDOWS, SPAN_S = 3, 2.0
 #: Late by this much at least, and this many times the job's own noise.
 FLOOR_US, FACTOR = 2000.0, 3.0
-#: Each group's last windows the job's noise is measured over; its least value.
-HISTORY, NOISE_FLOOR_US = 10, 10.0
+#: Each group's last windows the job's noise is measured over; its least value; the fewest
+#: waits it is measured from (fewer: unmeasured — one rank last once by an outlier is no
+#: measure of the job's noise).
+HISTORY, NOISE_FLOOR_US, NOISE_LEAST = 10, 10.0, 5
 
 #: entered[group][rank][seq]: when (us, its clock) — the readers' shape of the last launches.
 Entered = dict[str, dict[int, dict[int, float]]]
@@ -59,7 +62,7 @@ Entered = dict[str, dict[int, dict[int, float]]]
 class Straggler:
     """``rank`` was late at ``late`` of ``instances`` instances of ``group`` (#``first`` to
     #``last``, ``windows`` windows over ``span_s`` seconds), the others waiting ``late_by_us``
-    for it (median); the job's own noise ``noise_us`` (None: no other rank was last to measure
+    for it (median); the job's own noise ``noise_us`` (None: too few others last to measure
     it) over ``noise_of`` instances."""
 
     rank: int
@@ -89,7 +92,8 @@ class Straggler:
                  f"#{self.first}-#{self.last} ({self.windows} windows, {self.span_s:.1f} s)")
         noise = (f"the job's own noise {_us(self.noise_us)}, the median over {self.noise_of} "
                  "collectives where another rank was last" if self.noise_us is not None else
-                 "no other rank was last: the job's noise unmeasured")
+                 f"another rank was last at fewer than {NOISE_LEAST} collectives: the job's "
+                 "noise unmeasured")
         if self.by_time_outside:
             said = (f"STRAGGLER: rank {self.rank} spent the longest outside collectives "
                     f"before {self.late} {where}, {_us(self.late_by_us)} longer than the "
@@ -270,7 +274,7 @@ class Tracker:
         waits = [w.waited[w.last_of != rank] for recent in self._recent.values() for w in recent]
         spreads = [w.spread for recent in self._recent.values() for w in recent]
         pooled = np.concatenate(waits + spreads) if waits or spreads else np.empty(0)
-        if not len(pooled):
+        if len(pooled) < NOISE_LEAST:
             return None, 0
         return max(float(np.median(pooled)), NOISE_FLOOR_US), sum(len(w) for w in waits)
 
