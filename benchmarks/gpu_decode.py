@@ -9,8 +9,8 @@ the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times 
 "agent off" (graphs captured with the agent off), "ring on" (the agent on, its ring open,
 graphs captured with it: their ledgers kept, each replay's launches written to the ring),
 "ring + GPU times" (the same, each collective timed on the GPU: ``keep/gpu_clock.py``; how
-many of a loop's launches got their GPU start is said: replays back to back leave some
-unknown). Each
+many of a loop's launches got their GPU start is said), "ring + GPU start times" (the
+collectives of a graph stamped before alone: what their ends cost). Each
 round captures the graphs anew in its mode, then times a decode loop per batch size (CUDA
 events around the loop; the replays are back to back, as a server's). Per replay: the median
 over rounds of loop time / ``STEPS``; beside it, the host's time a replay call takes (the
@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 import autoannot
 from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
+from autoannot.keep import gpu_clock
 from autoannot.keep.gpu_clock import CudaEvents
 from autoannot.keep.ring import Ring
 from autoannot.traces.read import ring_files
@@ -41,7 +42,7 @@ from autoannot.traces.read import ring_files
 LAYERS, HIDDEN, STEPS = 16, 4096, 200
 ROUNDS = int(os.environ.get("ROUNDS", "9"))  # (alternated rounds of every mode)
 BATCHES = (1, 8, 32)
-MODES = ("agent off", "ring on", "ring + GPU times")
+MODES = ("agent off", "ring on", "ring + GPU times", "ring + GPU start times")
 
 
 def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
@@ -73,8 +74,10 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                 if mode != "agent off":
                     ring = Ring(f"{folder}/r{r}{len(mode)}", 1 << 16)
-                    if mode == "ring + GPU times":  # (as AUTOANNOT_GPU_TIMES=1 makes it)
+                    if mode.startswith("ring + GPU"):  # (as AUTOANNOT_GPU_TIMES=1 makes it)
                         ring.gpu_source = CudaEvents
+                    # (a graph's collectives stamped before alone: what their ends cost)
+                    gpu_clock.GRAPH_ENDS = mode != "ring + GPU start times"
                     AGENT.state.open_journal(ring)
                     autoannot.enable()
                 graphs = {}
@@ -108,7 +111,7 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                     if mode == "ring on":  # (the ring's records of these replays)
                         records[batch].append(ring.count - count)
                         writer[batch].append(ring.writer is not None)
-                    if mode == "ring + GPU times":  # (the GPU's times read: of the last)
+                    if mode.startswith("ring + GPU"):  # (the GPU's times read: of the last)
                         time.sleep(0.05)
                         gpu_timed[batch].append(_timed(ring, STEPS * LAYERS))
                 del graphs
@@ -139,6 +142,9 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                              for b in BATCHES},
                   "gpu_times_ratios": {b: round(medians["ring + GPU times"][b]
                                                 / medians["ring on"][b], 4) for b in BATCHES},
+                  "gpu_start_times_ratios": {b: round(medians["ring + GPU start times"][b]
+                                                      / medians["ring on"][b], 4)
+                                             for b in BATCHES},
                   "gpu_timed_launches": {b: sorted(set(n)) for b, n in gpu_timed.items()},
                   "host_us": hosts,
                   "ring_records": {b: sorted(set(n)) for b, n in records.items()},

@@ -98,6 +98,8 @@ POOL = 1024
 #: holds the work after it for a kernel's launch (~2 us each on an H100), one on a branch
 #: holds nothing but the graph's end.
 BRANCHED = True
+#: Whether a graph's collectives get a stamp after them too (their GPU end), or before alone.
+GRAPH_ENDS = True
 #: The stamps of a device: points (two a captured collective, for all graphs of the process)
 #: and runs kept of each (the clock reads a replay within this many replays of it).
 STAMP_POINTS, STAMP_DEPTH = 16384, 32
@@ -318,8 +320,9 @@ class GpuClock:
     the ring's), read by a thread of its own (started at the first timed launch)."""
 
     def __init__(self, path: str, capacity: int, source: Any,
-                 look_every: float = LOOK_EVERY_S, thread: bool = True) -> None:
-        self.path, self.capacity, self.source, self.look_every = path, capacity, source, look_every
+                 look_every: float | None = None, thread: bool = True) -> None:
+        self.path, self.capacity, self.source = path, capacity, source
+        self.look_every = LOOK_EVERY_S if look_every is None else look_every
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             os.ftruncate(fd, gpu_bytes(capacity))
@@ -365,7 +368,7 @@ class GpuClock:
         collective (its end is to be had)."""
         source = self.source
         if started.__class__ is Captured:
-            if waits and started.start is not None:
+            if waits and started.start is not None and GRAPH_ENDS:
                 started.end = source.point()
             return
         if waits:
