@@ -8,9 +8,9 @@ layers (two ``Linear(HIDDEN)`` and a tensor-parallel all-reduce each); a decode 
 the graph of its batch size ``STEPS`` times. Modes, alternated ``ROUNDS`` times in one process:
 "agent off" (graphs captured with the agent off), "ring on" (the agent on, its ring open,
 graphs captured with it: their ledgers kept, each replay's launches written to the ring),
-"ring + GPU times" (the same, each collective timed on the GPU: ``keep/gpu_clock.py``; how
-many of a loop's launches got their GPU start is said), "ring + GPU start times" (the
-collectives of a graph stamped before alone: what their ends cost). Each
+"ring + GPU times" (the same, each collective's GPU start timed: ``keep/gpu_clock.py``; how
+many of a loop's launches got their GPU start is said), "ring + GPU times and graph ends"
+(``AUTOANNOT_GPU_GRAPH_ENDS=1``: their GPU ends too). Each
 round captures the graphs anew in its mode, then times a decode loop per batch size (CUDA
 events around the loop; the replays are back to back, as a server's). Per replay: the median
 over rounds of loop time / ``STEPS``; beside it, the host's time a replay call takes (the
@@ -42,7 +42,7 @@ from autoannot.traces.read import ring_files
 LAYERS, HIDDEN, STEPS = 16, 4096, 200
 ROUNDS = int(os.environ.get("ROUNDS", "9"))  # (alternated rounds of every mode)
 BATCHES = (1, 8, 32)
-MODES = ("agent off", "ring on", "ring + GPU times", "ring + GPU start times")
+MODES = ("agent off", "ring on", "ring + GPU times", "ring + GPU times and graph ends")
 
 
 def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
@@ -76,8 +76,8 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                     ring = Ring(f"{folder}/r{r}{len(mode)}", 1 << 16)
                     if mode.startswith("ring + GPU"):  # (as AUTOANNOT_GPU_TIMES=1 makes it)
                         ring.gpu_source = CudaEvents
-                    # (a graph's collectives stamped before alone: what their ends cost)
-                    gpu_clock.GRAPH_ENDS = mode != "ring + GPU start times"
+                    # (a graph's collectives stamped after too: what their ends cost)
+                    gpu_clock.GRAPH_ENDS = mode.endswith("graph ends")
                     AGENT.state.open_journal(ring)
                     autoannot.enable()
                 graphs = {}
@@ -142,9 +142,9 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                              for b in BATCHES},
                   "gpu_times_ratios": {b: round(medians["ring + GPU times"][b]
                                                 / medians["ring on"][b], 4) for b in BATCHES},
-                  "gpu_start_times_ratios": {b: round(medians["ring + GPU start times"][b]
-                                                      / medians["ring on"][b], 4)
-                                             for b in BATCHES},
+                  "gpu_times_and_graph_ends_ratios": {
+                      b: round(medians["ring + GPU times and graph ends"][b]
+                               / medians["ring on"][b], 4) for b in BATCHES},
                   "gpu_timed_launches": {b: sorted(set(n)) for b, n in gpu_timed.items()},
                   "host_us": hosts,
                   "ring_records": {b: sorted(set(n)) for b, n in records.items()},

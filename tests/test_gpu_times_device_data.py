@@ -7,7 +7,8 @@ run's rings and logs:
   ran it (``plant_ms``, from timing events around the sleep) and the all-reduce's line
   (``rank1.line``): the truth the answers are held to;
 - ``graph``: a 1-rank NCCL graph of 8 all-reduces, 20 ms of sleep before the 5th, replayed
-  10 times one at a time, 10 times back to back, then once held 8 s before its 5th.
+  10 times one at a time, 10 times back to back, then once held 8 s before its 5th (these
+  runs stamped each collective before and after: ``AUTOANNOT_GPU_GRAPH_ENDS=1`` now).
 
 Run b is the one where rank 0 was once last by 29.75 ms (the shared GPU's time-slicing): a
 single instance that ``skew`` and the watch took for the job's noise, and so named no one.
