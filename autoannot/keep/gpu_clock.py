@@ -103,9 +103,11 @@ BRANCHED = True
 #: (``AUTOANNOT_GPU_GRAPH_ENDS``; read as a clock is made): on an H100, 16 collectives'
 #: stamps before and after cost a decode replay of batch 32 3.5%, before alone 0.8%.
 GRAPH_ENDS = config.gpu_graph_ends()
-#: The stamps of a device: points (two a captured collective, for all graphs of the process)
-#: and runs kept of each (the clock reads a replay within this many replays of it).
-STAMP_POINTS, STAMP_DEPTH = 16384, 32
+#: The stamps of a device: points (one a captured collective, two with its end, for all graphs
+#: of the process) and runs kept of each: the clock reads a replay within this many replays of
+#: it (at 32, a decode loop of 0.5 ms replays lost up to half a loop's times on the H100 where
+#: the clock's thread waited for Python's lock); 4 MiB of pinned host memory.
+STAMP_POINTS, STAMP_DEPTH = 4096, 128
 
 
 def on_cuda(args: tuple, kwargs: dict) -> bool:
