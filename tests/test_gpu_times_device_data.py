@@ -7,8 +7,9 @@ run's rings and logs:
   ran it (``plant_ms``, from timing events around the sleep) and the all-reduce's line
   (``rank1.line``): the truth the answers are held to;
 - ``graph``: a 1-rank NCCL graph of 8 all-reduces, 20 ms of sleep before the 5th, replayed
-  10 times one at a time, 10 times back to back, then once held 8 s before its 5th (these
-  runs stamped each collective before and after: ``AUTOANNOT_GPU_GRAPH_ENDS=1`` now).
+  10 times one at a time, 10 times back to back, then once held 8 s before its 5th (runs a
+  and b stamped each collective before and after, as ``AUTOANNOT_GPU_GRAPH_ENDS=1`` does now;
+  run c before alone, the default).
 
 Run b is the one where rank 0 was once last by 29.75 ms (the shared GPU's time-slicing): a
 single instance that ``skew`` and the watch took for the job's noise, and so named no one.
@@ -90,9 +91,10 @@ def test_the_watch_names_the_late_gpu_from_its_times(run: Path) -> None:
 
 
 def test_each_replays_collectives_have_their_own_gpu_times(run: Path) -> None:
-    """Every launch of the 20 replays has its GPU start and end; each replay's 5th starts 20 ms
-    (the plant, ±20%) after its 4th, one at a time and back to back; the held replay's 5th
-    started 8 s (±20%) after its 4th; each start is after its replay was called."""
+    """Every launch of the 20 replays has its GPU start (and end, where stamped); each
+    replay's 5th starts 20 ms (the plant, ±20%) after its 4th, one at a time and back to back;
+    the held replay's 5th started 8 s (±20%) after its 4th; each start is after its replay was
+    called."""
     one = ring_files.read(run / "graph" / "rings" / "rank0.ring")
     assert one.gpu is not None
     graph_kinds = {k for k, kind in one.kinds.items() if kind.get("graph")}
@@ -103,7 +105,8 @@ def test_each_replays_collectives_have_their_own_gpu_times(run: Path) -> None:
     starts = np.asarray(one.gpu["start_ns"])[replays]
     ends = np.asarray(one.gpu["end_ns"])[replays]
     entered = np.asarray(one.records["entered_ns"])[replays]
-    assert (starts > 0).all() and (ends >= starts).all(), (starts, ends)
+    assert (starts > 0).all(), starts  # (ends: all, where the run stamped them, or none)
+    assert (ends >= starts).all() or (ends == 0).all(), (starts, ends)
     assert (starts >= entered).all()
     fifth = (starts[:, 4] - starts[:, 3]) / 1e6
     assert (np.abs(fifth - 20.0) <= 4.0).all(), fifth
