@@ -86,7 +86,15 @@ class PlantedGpu:
             self.stream_ns = max(self.stream_ns, self.gpu_now())
             point.runs.append(self.stream_ns)
 
-    # stamps (a graph's launches) --------------------------------------------------------------
+    # stamps (a graph's launches; an eager one's where asked) ----------------------------------
+
+    def eager_stamp(self, stream: Any = None) -> tuple[Point, int, Any]:
+        """An eager launch's stamp: where the stream is, as an event recorded there would be."""
+        event = Event()
+        self.record(event)
+        point = Point()
+        point.runs.append(event.gpu_ns)
+        return point, 0, stream
 
     def point(self) -> Point:
         assert self.capture is not None

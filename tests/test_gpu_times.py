@@ -39,12 +39,16 @@ def _times(clock: GpuClock, count: int) -> Any:
     return times, state
 
 
-def test_a_launchs_gpu_start_and_end_are_the_gpus_on_the_hosts_clock(tmp_path: Path) -> None:
+@pytest.mark.parametrize("eager_stamps", [False, True])
+def test_a_launchs_gpu_start_and_end_are_the_gpus_on_the_hosts_clock(tmp_path: Path,
+                                                                     eager_stamps: bool) -> None:
     """A launch on an idle stream starts as it is called; one behind a 30 ms hold starts 30 ms
     later, and until then it is the launch the GPU waits before, since its entry; a call that
-    returned a Work has no end. Times on the host's monotonic clock, the GPU's 123 s off."""
+    returned a Work has no end. Times on the host's monotonic clock, the GPU's 123 s off. By
+    events or by stamps on a branch (``AUTOANNOT_GPU_EAGER_STAMPS``) alike."""
     gpu = PlantedGpu()
     clock = _clock(tmp_path, gpu)
+    clock.eager_stamps = eager_stamps
     before = time.monotonic_ns()
     clock.ended(clock.started(0), True)
     gpu.sleep(30)
@@ -186,19 +190,23 @@ def test_a_graph_whose_ledger_differs_from_its_events_is_not_timed(tmp_path: Pat
 
 
 def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int,
-                below: bool = False) -> Any:
+                below: bool = False, eager_stamps: bool = False) -> Any:
     """``steps`` all-reduces, ``STEP_S`` apart, through the agent with a ring that times them
     on a planted GPU; rank 1's stream held ``PLANT_MS`` before each (its host on time), or
     (``hold_at``) 60 s before that one only, then rank 0 watches for 3 s as the live watch
     does for 6 s. ``below``: through the process group (``pg.allreduce``: below the Python API,
-    seen by torch's group hooks). Returns the all-reduce's line and what the watch said."""
+    seen by torch's group hooks). ``eager_stamps``: timed by stamps, not events
+    (``AUTOANNOT_GPU_EAGER_STAMPS``). Returns the all-reduce's line and what the watch said."""
     import inspect
 
     import agent_hooks as hooks
 
     import autoannot
+    from autoannot.keep import gpu_clock
     from autoannot.keep.ring import Ring
     from autoannot.live import watch
+
+    gpu_clock.EAGER_STAMPS = eager_stamps
 
     autoannot.enable()
     gpu = PlantedGpu()
@@ -241,10 +249,11 @@ def planted_job(rank: int, world: int, out: str, hold_at: int | None, steps: int
     return {"line": line, "said": said}
 
 
-@pytest.fixture(scope="module")
-def late_gpu_run(tmp_path_factory) -> tuple[Path, list[Any]]:
+@pytest.fixture(scope="module", params=["events", "eager stamps"])
+def late_gpu_run(request, tmp_path_factory) -> tuple[Path, list[Any]]:
     out = tmp_path_factory.mktemp("late_gpu")
-    results = run_ranks(planted_job, 2, "gloo", (str(out), None, STEPS))
+    results = run_ranks(planted_job, 2, "gloo", (str(out), None, STEPS, False,
+                                                 request.param == "eager stamps"))
     return out, results
 
 
@@ -486,3 +495,37 @@ def test_a_ring_opened_at_start_up_times_the_gpu_where_torch_sees_one(tmp_path: 
         assert (timed, untimed, general) == ("True", "False", "True")
     else:  # (no GPU: the ring's fast route, as before GPU times)
         assert (timed, untimed, general, fast) == ("False", "True", "False", "True")
+
+
+def stale_route_rank(rank: int, world: int, out: str) -> Any:
+    """(A rank) its first launch on the route made before another thread's first launch
+    decided that torch sees no GPU (the ring's source then None)."""
+    import agent_hooks as hooks
+
+    import autoannot
+    from autoannot.keep.gpu_clock import CudaIfAny
+    from autoannot.keep.ring import Ring
+
+    autoannot.enable()
+    ring = Ring(f"{out}/rings")
+    ring.gpu_source = CudaIfAny(ring, hooks.AGENT.state.rerouted)
+    hooks.AGENT.state.open_journal(ring)
+    before = hooks.AGENT.state.route
+    ring.gpu_source.times((torch.ones(1),), {})  # (the other thread's first launch)
+    decided = ring.gpu_source
+    hooks.AGENT.state.route = before  # (this thread read the route before it changed)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    count = ring.count
+    hooks.AGENT.state.close_journal(ring)
+    ring.close()
+    autoannot.disable()
+    return {"decided": repr(decided), "sum": float(t.sum()), "count": count}
+
+
+def test_a_launch_on_the_route_made_before_the_gpu_was_decided_runs(tmp_path: Path) -> None:
+    """(Found by the footprint test's threads: an AttributeError reached the job's
+    ``all_reduce``.) Two threads' first launches at once: the one still on the route made
+    before the other decided runs, written to the ring, untimed."""
+    results = run_ranks(stale_route_rank, 1, "gloo", (str(tmp_path),))
+    assert results[0] == {"decided": "None", "sum": 4.0, "count": 1}, results

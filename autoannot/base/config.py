@@ -116,6 +116,12 @@ def gpu_graph_ends(env: Mapping[str, str] | None = None) -> bool:
     return flag("AUTOANNOT_GPU_GRAPH_ENDS", False, env)
 
 
+def gpu_eager_stamps(env: Mapping[str, str] | None = None) -> bool:
+    """``AUTOANNOT_GPU_EAGER_STAMPS=1``: an eager collective is timed by stamps on a branch of
+    its stream, as a graph's are, not by two events on it."""
+    return flag("AUTOANNOT_GPU_EAGER_STAMPS", False, env)
+
+
 def watch_requested(env: Mapping[str, str] | None = None) -> bool:
     """``AUTOANNOT_WATCH=1``: rank 0 watches the job's rings live (``live/watch.py``)."""
     return flag("AUTOANNOT_WATCH", False, env)

@@ -103,6 +103,14 @@ BRANCHED = True
 #: (``AUTOANNOT_GPU_GRAPH_ENDS``; read as a clock is made): on an H100, 16 collectives'
 #: stamps before and after cost a decode replay of batch 32 3.5%, before alone 0.8%.
 GRAPH_ENDS = config.gpu_graph_ends()
+#: Whether an eager launch is timed by stamps on a branch of its stream (as a graph's are)
+#: rather than by two events on the stream (``AUTOANNOT_GPU_EAGER_STAMPS``): events hold the
+#: stream's work after them (+3.3 us a collective on an H100), a branch's stamps do not.
+EAGER_STAMPS = config.gpu_eager_stamps()
+#: (An eager launch's ``graph``: it is read from stamps, as a replay's launch.)
+EAGER = ""
+#: Eager stamps: points used in turn (each run of one counted on the host).
+EAGER_POINTS = 1024
 #: The stamps of a device: points (one a captured collective, two with its end, for all graphs
 #: of the process) and runs kept of each: the clock reads a replay within this many replays of
 #: it (at 32, a decode loop of 0.5 ms replays lost up to half a loop's times on the H100 where
@@ -148,6 +156,14 @@ class CudaEvents:
         #: Per device: the stamps of graphs captured there, and their anchor's point.
         self._stamps: dict[int, Any] = {}
         self._anchor_points: dict[int, int] = {}
+        #: Per device: the points eager stamps take in turn, each one's runs so far, the next.
+        self._eager: dict[int, list[int]] = {}
+        self._eager_runs: dict[int, list[int]] = {}
+        self._eager_next = 0
+        self._eager_lock = threading.Lock()
+        #: Per launching thread: its eager branch (a stream of its own) and the event that
+        #: makes the branch wait for the launching stream.
+        self._eager_branches: dict[int, tuple[Any, Any]] = {}
 
     def new(self, external: bool = False) -> Any:
         if external:
@@ -199,6 +215,8 @@ class CudaEvents:
 
             self._stamps[device] = stamps = Stamps(points=STAMP_POINTS, depth=STAMP_DEPTH)
             self._anchor_points[device] = stamps.new_point()
+            self._eager[device] = [stamps.new_point() for _ in range(EAGER_POINTS)]
+            self._eager_runs[device] = [0] * EAGER_POINTS
         if BRANCHED and get_ident() not in self._branches:
             self._branches[get_ident()] = [self._cuda.Stream(device), False]
 
@@ -218,6 +236,32 @@ class CudaEvents:
         branch[0].wait_stream(here)
         branch[1] = True
         return (stamps, stamps.stamp(branch[0].cuda_stream))
+
+    def eager_stamp(self, stream: Any = None) -> tuple[Any, int, Any]:
+        """(An eager launch) a stamp on this thread's branch, after it waits for ``stream``
+        (the current stream where None): the point, its run and the stream. Nothing waits
+        on the branch: the stream's work after it is not held."""
+        device = self._device_now()
+        if device not in self._stamps:
+            self.prepare_capture()  # (the stamps made at the first: outside any capture)
+        if stream is None:
+            stream = self._stream_of(device)
+        branch = self._eager_branches.get(get_ident())
+        if branch is None:
+            branch = self._eager_branches[get_ident()] = (self._cuda.Stream(device),
+                                                          self._event())
+        branch[1].record(stream)
+        branch[0].wait_event(branch[1])
+        runs = self._eager_runs[device]
+        with self._eager_lock:  # (launching threads take points in turn)
+            at = self._eager_next
+            self._eager_next = (at + 1) % EAGER_POINTS
+            run = runs[at]
+            runs[at] = run + 1
+        stamps = self._stamps[device]
+        point = self._eager[device][at]
+        stamps.launch(point, branch[0].cuda_stream)
+        return (stamps, point), run, stream
 
     def capture_ending(self) -> None:
         """(This thread's capture ends now, before torch ends it) its branch joined to the
@@ -299,13 +343,13 @@ class _Pending:
     events (``end`` None: no end to be had) — for a replay's launch its stamps' points, its
     graph and replay number (``replay`` -1 else)."""
 
-    __slots__ = ("end", "entered_ns", "graph", "index", "replay", "start", "started_ns",
-                 "stream")
+    __slots__ = ("end", "end_run", "entered_ns", "graph", "index", "replay", "start",
+                 "started_ns", "stream")
 
     def __init__(self, index: int, entered_ns: int, start: Any, end: Any,
                  graph: str | None = None, replay: int = -1) -> None:
         self.index, self.entered_ns, self.start, self.end = index, entered_ns, start, end
-        self.graph, self.replay = graph, replay
+        self.graph, self.replay, self.end_run = graph, replay, replay
         self.started_ns = 0
         self.stream: Any = None  # (an eager launch's: where its events are recorded)
 
@@ -329,6 +373,7 @@ class GpuClock:
         self.path, self.capacity, self.source = path, capacity, source
         self.look_every = LOOK_EVERY_S if look_every is None else look_every
         self.graph_ends = GRAPH_ENDS
+        self.eager_stamps = EAGER_STAMPS and hasattr(source, "eager_stamp")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             os.ftruncate(fd, gpu_bytes(capacity))
@@ -364,6 +409,11 @@ class GpuClock:
             captured = Captured(point)
             self._capturing.setdefault(get_ident(), []).append(captured)
             return captured
+        if self.eager_stamps:  # (a stamp on a branch of the stream: ``EAGER_STAMPS``)
+            point, run, stream = source.eager_stamp()
+            pending = _Pending(index, time.monotonic_ns(), point, None, EAGER, run)
+            pending.stream = stream
+            return pending
         start = self._pool.pop() if self._pool else source.new()
         pending = _Pending(index, time.monotonic_ns(), start, None)
         pending.stream = source.record(start)  # (its end's too: looked up once)
@@ -377,7 +427,9 @@ class GpuClock:
             if waits and started.start is not None and self.graph_ends:
                 started.end = source.point()
             return
-        if waits:
+        if waits and started.graph is EAGER:
+            started.end, started.end_run, _ = source.eager_stamp(started.stream)
+        elif waits:
             started.end = self._pool.pop() if self._pool else source.new()
             source.record(started.end, started.stream)
         self._push([started])
@@ -562,7 +614,8 @@ class GpuClock:
             return None
 
     def _stamped(self, item: _Pending, finished: set[int]) -> bool:
-        """(A replay's launch) its stamps read: whether its GPU started it (its start written;
+        """(A replay's launch, or an eager one stamped) its stamps read: whether its GPU started
+        it (its start written;
         where its end is read too, or lost, or there is none, it is ``finished``)."""
         offset = self._stamp_offset
         if offset is None:
@@ -580,7 +633,7 @@ class GpuClock:
         if item.end is None:
             finished.add(id(item))
             return True
-        at = stamp_ns(item.end, item.replay)
+        at = stamp_ns(item.end, item.end_run)
         if at:
             if at > 0:
                 self._write(item.index, item.started_ns, at - offset)

@@ -85,6 +85,7 @@ class Stamps:
         self.points, self.depth = points, depth
         self._cuda = _driver()
         self._function = self._load()
+        self._launch = self._cuda.cuLaunchKernel
         self._slots = torch.zeros(points * depth, dtype=torch.int64, pin_memory=True)
         self._counts = torch.zeros(points, dtype=torch.int64, pin_memory=True)
         self._counters = torch.zeros(points, dtype=torch.int64, device="cuda")
@@ -110,6 +111,9 @@ class Stamps:
         function = ctypes.c_void_p()
         _check(cuda.cuModuleGetFunction(ctypes.byref(function), module, b"autoannot_stamp"),
                "cuModuleGetFunction")
+        cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_void_p]
+        cuda.cuLaunchKernel.restype = ctypes.c_int
         self._module = module
         return function
 
@@ -130,9 +134,10 @@ class Stamps:
 
     def launch(self, point: int, stream: int) -> None:
         """The stamp of ``point`` launched on ``stream`` (a ``cudaStream_t`` as an int)."""
-        _check(self._cuda.cuLaunchKernel(self._function, 1, 1, 1, 1, 1, 1, 0,
-                                         ctypes.c_void_p(stream), self._args[point][1], None),
-               "cuLaunchKernel")
+        code = self._launch(self._function, 1, 1, 1, 1, 1, 1, 0, stream, self._args[point][1],
+                            None)
+        if code:
+            _check(code, "cuLaunchKernel")
 
     def stamp(self, stream: int) -> int:
         """A new point, its stamp launched on ``stream``: the point."""

@@ -102,8 +102,8 @@ class Route:
 
     __slots__ = ("below_or_none", "blocks", "calls", "capturing", "files", "general", "inside",
                  "marks", "note", "recorders", "recorders_or_none", "replay_keepers",
-                 "ring_alone", "ring_only", "rings", "rings_or_none", "state", "timing",
-                 "wanting_below")
+                 "ring_alone", "ring_only", "rings", "rings_or_none", "state", "times",
+                 "timing", "wanting_below")
 
     def __init__(self, state: Any, captures: Any = None) -> None:
         self.state = state
@@ -126,6 +126,9 @@ class Route:
                                if state.live else ())
         #: The rings that time launches on CUDA tensors on the GPU (``keep.gpu_clock``).
         self.timing = tuple(r for r in self.rings if getattr(r, "gpu_source", None) is not None)
+        #: Whether a launch's arguments are timed: the first timing ring's source's rule, as it
+        #: was when the route was made (a ring's source may be decided since: ``on_gpu``).
+        self.times = self.timing[0].gpu_source.times if self.timing else None
         #: Whether a proxy's launch takes the whole rule (``run_general``): a record file,
         #: torch's marks or a block asks; else its rings, ledger and recorders are written by
         #: its launch function (``launcher``: the route's fast method).
@@ -162,8 +165,19 @@ class Route:
             return one_launch(self.state, how, wrapped, args, kwargs)
         return self.run_whole(kind, site_from(frame), bool(how & PYTHON_API), one_launch,
                               self.state, how, wrapped, args, kwargs,
-                              cuda=bool(self.timing) and self.timing[0].gpu_source.times(
-                                  args, kwargs))
+                              cuda=self.on_gpu(kind, args, kwargs))
+
+    def on_gpu(self, kind: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether a launch with these arguments is timed on the GPU (a ring times the GPU and
+        its tensors are on one); a failure of the rule is said once: not timed."""
+        times = self.times
+        if times is None:
+            return False
+        try:
+            return bool(times(args, kwargs))
+        except Exception as exc:
+            warn_once(kind[0], "asking whether the launch runs on a GPU", exc)
+            return False
 
     def run_whole(self, kind: Any, site: str | None, python_api: bool,
                   call: Callable[..., Any], *call_args: Any, cuda: bool = False) -> Any:

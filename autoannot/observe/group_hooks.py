@@ -304,7 +304,7 @@ class HookObserver:
         cuda = False
         if route.timing:  # (timed on the GPU where a ring asks: its start; its stream does not
             inputs = args.input_tensors  # wait for it at the post-hook: no end)
-            cuda = route.timing[0].gpu_source.times((inputs or args.output_tensors,), {})
+            cuda = route.on_gpu(kind, (inputs or args.output_tensors,), {})
         entered = route.entered(kind, site, python_api=False, cuda=cuda)  # (below the API)
         if entered is None:  # (said)
             return None
