@@ -14,8 +14,10 @@ autoannot code in the jobs).
    back to back: each time kept is its own replay's.
 3. a replay held 8 s before its 5th collective: the live watch names that collective of that
    graph, from the GPU's times.
-4. cost: a 1-rank NCCL all-reduce's host time a call with the GPU times on and off (the ring
-   on in both), alternated in one process.
+4. cost: a 1-rank NCCL all-reduce's host time a call and an eager bf16 step's time with the
+   GPU times off, by events and by stamps (the ring on in all), alternated in one process.
+Check 1 runs twice: the eager launches timed by events, then by stamps
+(``AUTOANNOT_GPU_EAGER_STAMPS=1``).
 
 Writes OUT/gpu_times.json (the figures and each check's verdict), the rings of 1-3 under OUT
 (small: 4,096 launches a ring), the ranks' logs; exits 1 where a check fails.
@@ -161,7 +163,7 @@ def cost_rank(out: str) -> None:
     import autoannot
     from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
     from autoannot.keep import gpu_clock
-    from autoannot.keep.gpu_clock import CudaEvents, GpuClock
+    from autoannot.keep.gpu_clock import CudaEvents
     from autoannot.keep.ring import Ring
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
@@ -169,28 +171,22 @@ def cost_rank(out: str) -> None:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     autoannot.enable()
     t = torch.ones(1 << 10, device="cuda")
-    modes = ("ring", "ring + GPU times", "ring + GPU events, no reader",
-             "ring + GPU times, looks every 10 ms")
+    modes = ("ring", "ring + GPU times", "ring + GPU stamps")
     host: dict[str, list[float]] = {mode: [] for mode in modes}
     gpu: dict[str, list[float]] = {mode: [] for mode in modes}
-    start_thread = GpuClock._start_thread
     calls = 2000
     def ring_of(name: str, mode: str) -> Ring:
         """A ring opened as the agent's (``mode``: with the GPU times or not)."""
         ring = Ring(f"{out}/cost/{name}", 1 << 14)
         if mode != "ring":
             ring.gpu_source = CudaEvents
-        # (no reader: the launching thread's part of the cost alone)
-        GpuClock._start_thread = ((lambda self: None) if mode.endswith("no reader")
-                                  else start_thread)
-        gpu_clock.LOOK_EVERY_S = 0.01 if mode.endswith("10 ms") else 0.001
+        gpu_clock.EAGER_STAMPS = mode.endswith("stamps")  # (AUTOANNOT_GPU_EAGER_STAMPS)
         AGENT.state.open_journal(ring)
         return ring
 
     def closed(ring: Ring) -> None:
         AGENT.state.close_journal(ring)
         ring.close()
-        GpuClock._start_thread = start_thread
 
     for r in range(12):
         for mode in (list(host) if r % 2 == 0 else list(host)[::-1]):
@@ -214,7 +210,7 @@ def cost_rank(out: str) -> None:
     w = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     step_ms: dict[str, list[float]] = {mode: [] for mode in modes}
-    for r in range(10):
+    for r in range(14):
         for mode in (list(step_ms) if r % 2 == 0 else list(step_ms)[::-1]):
             ring = ring_of(f"s{r}{len(mode)}", mode)
             torch.cuda.synchronize()
@@ -226,12 +222,12 @@ def cost_rank(out: str) -> None:
             torch.cuda.synchronize()
             step_ms[mode].append((time.perf_counter() - started) * 1e3 / 100)
             closed(ring)
-    # where the launching thread's time goes (no reader): the profile's top, on stderr
+    # where the launching thread's time goes (stamps): the profile's top, on stderr
     import cProfile
     import io
     import pstats
 
-    ring = ring_of("profiled", "ring + GPU events, no reader")
+    ring = ring_of("profiled", "ring + GPU stamps")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(500):
@@ -248,10 +244,8 @@ def cost_rank(out: str) -> None:
         result[mode]["step_ms"] = round(statistics.median(step_ms[mode]), 4)
     result["step_ratio"] = round(result["ring + GPU times"]["step_ms"] / result["ring"]["step_ms"],
                                  4)
-    result["step_ratio_looks_every_10_ms"] = round(
-        result["ring + GPU times, looks every 10 ms"]["step_ms"] / result["ring"]["step_ms"], 4)
-    result["step_ratio_no_reader"] = round(
-        result["ring + GPU events, no reader"]["step_ms"] / result["ring"]["step_ms"], 4)
+    result["step_ratio_stamps"] = round(
+        result["ring + GPU stamps"]["step_ms"] / result["ring"]["step_ms"], 4)
     result["host_us_added_a_call"] = round(result["ring + GPU times"]["host_us_a_call"]
                                            - result["ring"]["host_us_a_call"], 3)
     Path(out, "cost.json").write_text(json.dumps(result))
@@ -285,28 +279,31 @@ def _late_of(found: dict, rank: int) -> list[float]:
             if i["straggler"] == rank and not i["warmup"]]
 
 
-def check_eager(out: Path) -> dict:
-    rings = out / "eager" / "rings"
+def check_eager(out: Path, stamps: bool = False) -> dict:
+    """Check 1; ``stamps``: the eager launches timed by stamps (``AUTOANNOT_GPU_EAGER_STAMPS``)."""
+    folder = out / ("eager_stamps" if stamps else "eager")
+    rings = folder / "rings"
     rings.mkdir(parents=True)
     port = _port()
     env = _env(AUTOANNOT="1", AUTOANNOT_RING=str(rings), AUTOANNOT_RING_LAUNCHES="4096",
-               AUTOANNOT_WATCH="1", AUTOANNOT_WATCH_INTERVAL="0.25")
-    logs = [(out / "eager" / f"rank{rank}.log").open("w") for rank in range(2)]
+               AUTOANNOT_WATCH="1", AUTOANNOT_WATCH_INTERVAL="0.25",
+               AUTOANNOT_GPU_EAGER_STAMPS="1" if stamps else "0")
+    logs = [(folder / f"rank{rank}.log").open("w") for rank in range(2)]
     try:
         procs = [subprocess.Popen([sys.executable, str(HERE), "eager-rank", str(rank), port,
-                                   str(out / "eager")], env=env, stderr=logs[rank])
+                                   str(folder)], env=env, stderr=logs[rank])
                  for rank in range(2)]
         codes = [p.wait(timeout=240) for p in procs]
     finally:
         for log in logs:
             log.close()
-    said = (out / "eager" / "rank0.log").read_text().splitlines()
+    said = (folder / "rank0.log").read_text().splitlines()
     named = [line for line in said if "STRAGGLER" in line]
-    line = int((out / "eager" / "rank1.line").read_text()) if codes == [0, 0] else -1
-    plant = float((out / "eager" / "plant_ms").read_text()) if codes == [0, 0] else PLANT_MS
+    line = int((folder / "rank1.line").read_text()) if codes == [0, 0] else -1
+    plant = float((folder / "plant_ms").read_text()) if codes == [0, 0] else PLANT_MS
     lead = _skew_lead(rings)
     late = _late_of(lead, 1)
-    host_only = out / "eager" / "host_only"
+    host_only = folder / "host_only"
     host_only.mkdir()
     for path in rings.iterdir():
         if not path.name.endswith(".ring.gpu"):
@@ -407,7 +404,9 @@ def main() -> int:
 
     result = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
               "plant_ms": PLANT_MS}
-    for name, check in (("eager_gloo_cuda", check_eager), ("graph_nccl_1rank", check_graph),
+    for name, check in (("eager_gloo_cuda", check_eager),
+                        ("eager_gloo_cuda_stamps", lambda out: check_eager(out, stamps=True)),
+                        ("graph_nccl_1rank", check_graph),
                         ("cost_nccl_1rank", check_cost)):
         started = time.time()
         try:
