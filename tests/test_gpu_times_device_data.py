@@ -5,7 +5,8 @@ run's rings and logs:
 - ``eager``: two processes sharing the GPU over gloo with CUDA tensors, rank 1's stream held by
   ``torch.cuda._sleep`` before each of 90 all-reduces, its host on time; the plant as its GPU
   ran it (``plant_ms``, from timing events around the sleep) and the all-reduce's line
-  (``rank1.line``): the truth the answers are held to;
+  (``rank1.line``): the truth the answers are held to (run d: again as ``eager_stamps``, timed
+  by stamps: ``AUTOANNOT_GPU_EAGER_STAMPS=1``);
 - ``graph``: a 1-rank NCCL graph of 8 all-reduces, 20 ms of sleep before the 5th, replayed
   10 times one at a time, 10 times back to back, then once held 8 s before its 5th (runs a
   and b stamped each collective before and after, as ``AUTOANNOT_GPU_GRAPH_ENDS=1`` does now;
@@ -34,11 +35,32 @@ DATA = Path(__file__).parent / "data" / "gpu" / "times"
 RUNS = sorted(p.name for p in DATA.glob("h100_run_*.tgz"))
 
 
+def _eager_runs() -> list[tuple[str, str]]:
+    """(archive, folder) of each eager run: ``eager`` (events), ``eager_stamps`` (run d on)."""
+    found = []
+    for name in RUNS:
+        with tarfile.open(DATA / name) as archive:
+            folders = {member.name.split("/")[1] for member in archive.getmembers()
+                       if member.name.count("/") >= 2}
+        found += [(name, folder) for folder in ("eager", "eager_stamps") if folder in folders]
+    return found
+
+
+def _extracted(name: str, into: Path) -> Path:
+    with tarfile.open(DATA / name) as archive:
+        archive.extractall(into, filter="data")
+    return into / "times"
+
+
 @pytest.fixture(params=RUNS)
 def run(request, tmp_path: Path) -> Path:
-    with tarfile.open(DATA / request.param) as archive:
-        archive.extractall(tmp_path, filter="data")
-    return tmp_path / "times"
+    return _extracted(request.param, tmp_path)
+
+
+@pytest.fixture(params=_eager_runs(), ids="-".join)
+def eager(request, tmp_path: Path) -> Path:
+    name, folder = request.param
+    return _extracted(name, tmp_path) / folder
 
 
 def _skew(rings: Path) -> dict:
@@ -53,11 +75,11 @@ def _late_ms(found: dict, rank: int) -> list[float]:
             if i["straggler"] == rank and not i["warmup"]]
 
 
-def test_skew_names_the_late_gpu_by_its_plant_where_host_times_name_no_one(run: Path,
+def test_skew_names_the_late_gpu_by_its_plant_where_host_times_name_no_one(eager: Path,
                                                                           tmp_path: Path) -> None:
-    plant = float((run / "eager" / "plant_ms").read_text())
-    line = int((run / "eager" / "rank1.line").read_text())
-    found = _skew(run / "eager" / "rings")
+    plant = float((eager / "plant_ms").read_text())
+    line = int((eager / "rank1.line").read_text())
+    found = _skew(eager / "rings")
     assert found["lead"][0].startswith("rank 1 held the others up most"), found["lead"]
     assert found["lead"][0].endswith(f"gpu_times.py:{line}"), found["lead"]
     late = _late_ms(found, 1)
@@ -65,7 +87,7 @@ def test_skew_names_the_late_gpu_by_its_plant_where_host_times_name_no_one(run: 
     assert abs(statistics.median(late) - plant) <= 0.2 * plant, (statistics.median(late), plant)
     host_only = tmp_path / "host_only"
     host_only.mkdir()
-    for path in (run / "eager" / "rings").iterdir():
+    for path in (eager / "rings").iterdir():
         if not path.name.endswith(".ring.gpu"):
             shutil.copy(path, host_only)
     host = _skew(host_only)
@@ -74,12 +96,12 @@ def test_skew_names_the_late_gpu_by_its_plant_where_host_times_name_no_one(run: 
     assert not host_late or statistics.median(host_late) < 0.1 * plant, host_late
 
 
-def test_the_watch_names_the_late_gpu_from_its_times(run: Path) -> None:
+def test_the_watch_names_the_late_gpu_from_its_times(eager: Path) -> None:
     from autoannot.live import watch
     from autoannot.traces.analysis import stragglers
 
-    plant = float((run / "eager" / "plant_ms").read_text())
-    tails = watch.tails_of_rings(run / "eager" / "rings")
+    plant = float((eager / "plant_ms").read_text())
+    tails = watch.tails_of_rings(eager / "rings")
     assert tails.gpu == {"0"}, tails.gpu
     named, _ = stragglers.Tracker().update(tails.entered, tails.members, tails.gaps,
                                            tails.clocks, tails.sites, tails.labels, tails.gpu)
