@@ -19,7 +19,8 @@ autoannot code in the jobs).
 Check 1 runs twice: the eager launches timed by events, then by stamps
 (``AUTOANNOT_GPU_EAGER_STAMPS=1``).
 
-Writes OUT/gpu_times.json (the figures and each check's verdict), the rings of 1-3 under OUT
+``CHECKS=cost_nccl_1rank`` (names, commas) runs those alone; ``STEP_ROUNDS`` (14) the step's
+alternations. Writes OUT/gpu_times.json (the figures and each check's verdict), the rings of 1-3 under OUT
 (small: 4,096 launches a ring), the ranks' logs; exits 1 where a check fails.
 """
 
@@ -210,7 +211,7 @@ def cost_rank(out: str) -> None:
     w = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     step_ms: dict[str, list[float]] = {mode: [] for mode in modes}
-    for r in range(14):
+    for r in range(int(os.environ.get("STEP_ROUNDS", "14"))):
         for mode in (list(step_ms) if r % 2 == 0 else list(step_ms)[::-1]):
             ring = ring_of(f"s{r}{len(mode)}", mode)
             torch.cuda.synchronize()
@@ -408,6 +409,8 @@ def main() -> int:
                         ("eager_gloo_cuda_stamps", lambda out: check_eager(out, stamps=True)),
                         ("graph_nccl_1rank", check_graph),
                         ("cost_nccl_1rank", check_cost)):
+        if os.environ.get("CHECKS") and name not in os.environ["CHECKS"].split(","):
+            continue  # (CHECKS=a,b: those alone)
         started = time.time()
         try:
             result[name] = check(out)
