@@ -20,8 +20,8 @@ Check 1 runs twice: the eager launches timed by events, then by stamps
 (``AUTOANNOT_GPU_EAGER_STAMPS=1``).
 
 ``CHECKS=cost_nccl_1rank`` (names, commas) runs those alone; ``STEP_ROUNDS`` (14) the step's
-alternations. Writes OUT/gpu_times.json (the figures and each check's verdict), the rings of 1-3 under OUT
-(small: 4,096 launches a ring), the ranks' logs; exits 1 where a check fails.
+alternations. Writes OUT/gpu_times.json (the figures and each check's verdict), the rings of
+1-3 under OUT (small: 4,096 launches a ring), the ranks' logs; exits 1 where a check fails.
 """
 
 from __future__ import annotations
