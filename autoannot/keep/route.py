@@ -165,7 +165,7 @@ class Route:
             return one_launch(self.state, how, wrapped, args, kwargs)
         return self.run_whole(kind, site_from(frame), bool(how & PYTHON_API), one_launch,
                               self.state, how, wrapped, args, kwargs,
-                              cuda=self.on_gpu(kind, args, kwargs))
+                              cuda=self.times is not None and self.on_gpu(kind, args, kwargs))
 
     def on_gpu(self, kind: Any, args: tuple, kwargs: dict) -> bool:
         """Whether a launch with these arguments is timed on the GPU (a ring times the GPU and
