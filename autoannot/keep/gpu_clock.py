@@ -25,8 +25,8 @@ away): a one-thread kernel captured before and after each collective writes the 
 into a slot of host memory of its own for each run (``keep.gpu_stamps``); the clock reads
 replay ``k``'s times from run ``k`` of each, converted against a stamp of its own anchor.
 
-``source``: what makes, records and reads events (``CudaEvents``: torch's; a test plants
-its own timeline).
+``source``: what makes, records and reads events and stamps (``CudaEvents``: torch's events
+and ``keep.gpu_stamps``; a test plants its own timeline).
 """
 
 from __future__ import annotations
@@ -210,15 +210,22 @@ class CudaEvents:
         device made, where not yet: their module, memory and anchor point are made outside
         any capture."""
         device = self._device_now()
-        if device not in self._stamps:
+        self._stamps_on(device)
+        if BRANCHED and get_ident() not in self._branches:
+            self._branches[get_ident()] = [self._cuda.Stream(device), False]
+
+    def _stamps_on(self, device: int) -> Any:
+        """The stamps of ``device``, made at the first ask (outside any capture)."""
+        stamps = self._stamps.get(device)
+        if stamps is None:
             from autoannot.keep.gpu_stamps import Stamps
 
-            self._stamps[device] = stamps = Stamps(points=STAMP_POINTS, depth=STAMP_DEPTH)
+            stamps = Stamps(points=STAMP_POINTS, depth=STAMP_DEPTH)
             self._anchor_points[device] = stamps.new_point()
             self._eager[device] = [stamps.new_point() for _ in range(EAGER_POINTS)]
             self._eager_runs[device] = [0] * EAGER_POINTS
-        if BRANCHED and get_ident() not in self._branches:
-            self._branches[get_ident()] = [self._cuda.Stream(device), False]
+            self._stamps[device] = stamps
+        return stamps
 
     def point(self) -> Any:
         """(In a capture) a stamp captured where the current stream is: on a branch of the
@@ -242,8 +249,7 @@ class CudaEvents:
         (the current stream where None): the point, its run and the stream. Nothing waits
         on the branch: the stream's work after it is not held."""
         device = self._device_now()
-        if device not in self._stamps:
-            self.prepare_capture()  # (the stamps made at the first: outside any capture)
+        stamps = self._stamps_on(device)
         if stream is None:
             stream = self._stream_of(device)
         branch = self._eager_branches.get(get_ident())
@@ -258,7 +264,6 @@ class CudaEvents:
             self._eager_next = (at + 1) % EAGER_POINTS
             run = runs[at]
             runs[at] = run + 1
-        stamps = self._stamps[device]
         point = self._eager[device][at]
         stamps.launch(point, branch[0].cuda_stream)
         return (stamps, point), run, stream
@@ -340,8 +345,9 @@ class CudaIfAny:
 
 class _Pending:
     """A launch whose GPU times are to be read: its ring index, when it was entered, its two
-    events (``end`` None: no end to be had) — for a replay's launch its stamps' points, its
-    graph and replay number (``replay`` -1 else)."""
+    events (``end`` None: no end to be had) — or, read from stamps, their points and runs
+    (``replay``, ``end_run``): a replay's launch with its graph and replay number, an eager
+    one stamped with ``graph`` ``EAGER``."""
 
     __slots__ = ("end", "end_run", "entered_ns", "graph", "index", "replay", "start",
                  "started_ns", "stream")
@@ -579,7 +585,7 @@ class GpuClock:
             end = item.end
             ended_done = end is not None and done(end)
             if not item.started_ns:
-                at = self._time_of(item, item.start) if ended_done or done(item.start) else None
+                at = self._time_of(item.start) if ended_done or done(item.start) else None
                 if at is None:
                     waiting = item
                     break
@@ -588,7 +594,7 @@ class GpuClock:
             if end is None:
                 finished.add(id(item))
                 continue
-            at = self._time_of(item, end) if ended_done else None
+            at = self._time_of(end) if ended_done else None
             if at is None:
                 continue
             self._write(item.index, item.started_ns, at)
@@ -605,9 +611,10 @@ class GpuClock:
                             GPU_NONE if waiting is None else waiting.index,
                             0 if waiting is None else waiting.entered_ns, error)
 
-    def _time_of(self, item: _Pending, event: Any) -> int | None:
-        """A completed event's host time; None where it cannot be read yet (not expected of
-        an eager launch's event, which is recorded once: said, if it happens, by nothing)."""
+    def _time_of(self, event: Any) -> int | None:
+        """A completed event's host time; None where torch cannot read it yet (an event
+        recorded again between its ``query`` and its read: not expected of an eager launch's,
+        recorded once; left pending, as the look before it was)."""
         try:
             return self.host_ns(event)
         except RuntimeError:  # (recorded again since it read done: pending)
@@ -615,8 +622,8 @@ class GpuClock:
 
     def _stamped(self, item: _Pending, finished: set[int]) -> bool:
         """(A replay's launch, or an eager one stamped) its stamps read: whether its GPU started
-        it (its start written;
-        where its end is read too, or lost, or there is none, it is ``finished``)."""
+        it (its start written; where its end is read too, or lost, or there is none, it is
+        ``finished``)."""
         offset = self._stamp_offset
         if offset is None:
             return False

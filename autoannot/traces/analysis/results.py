@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from autoannot.traces import names
+from autoannot.traces.analysis.stragglers import NOISE_LEAST  # (the watch's rule: one measure)
 
 #: A rank stands out of the job's own noise (``Analysis.standing_out``) where it was this many
 #: times later than the others, and at least ``STAND_OUT_FLOOR_US`` late; steadily where it
@@ -18,10 +19,6 @@ STAND_OUT_FACTOR = 3.0
 STAND_OUT_FLOOR_US = 10.0
 STEADY_SHARE = 0.75
 STEADY_LEAST = 4
-#: The others' lateness measures the job's noise over this many instances at least (fewer: a
-#: single outlier would be taken for the noise, and a rank last at nearly every instance go
-#: unnamed).
-NOISE_LEAST = 5
 #: Below this, arrivals count as simultaneous: no straggler is named.
 IN_STEP_US = 2.0
 #: Problems listed one by one up to this many; the rest counted.
