@@ -13,10 +13,11 @@ many of a loop's launches got their GPU start is said), "ring + GPU times and gr
 (``AUTOANNOT_GPU_GRAPH_ENDS=1``: their GPU ends too). Each
 round captures the graphs anew in its mode, then times a decode loop per batch size (CUDA
 events around the loop; the replays are back to back, as a server's). Per replay: the median
-over rounds of loop time / ``STEPS``; beside it, the host's time a replay call takes (the
-loop's ``replay()`` calls, timed on the CPU) and how many records the ring got for the loop
-(each replay writes one a launch of its graph: ``LAYERS``). Prints a table, then one line of
-JSON (also written to OUT.json).
+over rounds of loop time / ``STEPS``, and the median and quartiles over rounds of the round's
+ratio (GPU times against the ring in the same round: paired); beside it, the host's time a
+replay call takes (the loop's ``replay()`` calls, timed on the CPU) and how many records the
+ring got for the loop (each replay writes one a launch of its graph: ``LAYERS``). Prints a
+table, then one line of JSON (also written to OUT.json).
 """
 
 from __future__ import annotations
@@ -34,15 +35,20 @@ import torch.distributed as dist
 
 import autoannot
 from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
-from autoannot.keep import gpu_clock
+from autoannot.keep import gpu_clock, gpu_stamps
 from autoannot.keep.gpu_clock import CudaEvents
 from autoannot.keep.ring import Ring
 from autoannot.traces.read import ring_files
 
+DEFAULT_KIND = gpu_stamps.KIND
 LAYERS, HIDDEN, STEPS = 16, 4096, 200
 ROUNDS = int(os.environ.get("ROUNDS", "9"))  # (alternated rounds of every mode)
 BATCHES = (1, 8, 32)
-MODES = ("agent off", "ring on", "ring + GPU times", "ring + GPU times and graph ends")
+#: Other kernels for a graph's stamps (``keep/gpu_stamps.py``'s ``PTX_BODY``), each a mode of
+#: its own: ``STAMP_KINDS=fenced,empty`` (what the kernel's body costs; ``empty`` times nothing).
+STAMP_KINDS = [k for k in os.environ.get("STAMP_KINDS", "").split(",") if k]
+MODES = ("agent off", "ring on", "ring + GPU times", "ring + GPU times and graph ends",
+         *(f"ring + GPU times ({kind} stamps)" for kind in STAMP_KINDS))
 
 
 def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
@@ -78,6 +84,8 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                         ring.gpu_source = CudaEvents
                     # (a graph's collectives stamped after too: what their ends cost)
                     gpu_clock.GRAPH_ENDS = mode.endswith("graph ends")
+                    gpu_stamps.KIND = (mode.split("(")[1].split()[0] if mode.endswith("stamps)")
+                                       else DEFAULT_KIND)
                     AGENT.state.open_journal(ring)
                     autoannot.enable()
                 graphs = {}
@@ -145,6 +153,15 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                   "gpu_times_and_graph_ends_ratios": {
                       b: round(medians["ring + GPU times and graph ends"][b]
                                / medians["ring on"][b], 4) for b in BATCHES},
+                  "paired_gpu_times_ratios": {b: _paired(times["ring + GPU times"][b],
+                                                         times["ring on"][b]) for b in BATCHES},
+                  "paired_gpu_times_and_graph_ends_ratios": {
+                      b: _paired(times["ring + GPU times and graph ends"][b],
+                                 times["ring on"][b]) for b in BATCHES},
+                  "paired_stamp_kinds_ratios": {
+                      kind: {b: _paired(times[f"ring + GPU times ({kind} stamps)"][b],
+                                        times["ring on"][b]) for b in BATCHES}
+                      for kind in STAMP_KINDS},
                   "gpu_timed_launches": {b: sorted(set(n)) for b, n in gpu_timed.items()},
                   "host_us": hosts,
                   "ring_records": {b: sorted(set(n)) for b, n in records.items()},
@@ -155,6 +172,15 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
             with open(out_path, "x") as f:
                 json.dump(result, f, indent=1)
     dist.destroy_process_group()
+
+
+def _paired(samples: list[float], bases: list[float]) -> dict[str, float]:
+    """The median and quartiles over rounds of a round's sample / its base in the same round
+    (the rounds alternate the modes: a pair is adjacent in time)."""
+    ratios = [s / b for s, b in zip(samples, bases, strict=True)]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return {"median": round(statistics.median(ratios), 4), "q1": round(q[0], 4),
+            "q3": round(q[2], 4)}
 
 
 def _timed(ring: Ring, last: int) -> int:

@@ -107,6 +107,13 @@ GRAPH_ENDS = config.gpu_graph_ends()
 #: rather than by two events on the stream (``AUTOANNOT_GPU_EAGER_STAMPS``): events hold the
 #: stream's work after them (+3.3 us a collective on an H100), a branch's stamps do not.
 EAGER_STAMPS = config.gpu_eager_stamps()
+#: Whether an eager launch's timing events are recorded on a branch of its stream (a stream of
+#: the clock's that waits for the launching stream at that point: an event without timing
+#: recorded on it, waited on) rather than on the stream itself: a timing event holds the
+#: stream's work after it, a plain one less (measured: ``benchmarks/gpu_step_cost.py``).
+EAGER_BRANCHED = False
+#: Whether an eager launch gets its GPU end too, not its start alone.
+EAGER_ENDS = True
 #: (An eager launch's ``graph``: it is read from stamps, as a replay's launch.)
 EAGER = ""
 #: Eager stamps: points used in turn (each run of one counted on the host).
@@ -114,8 +121,10 @@ EAGER_POINTS = 1024
 #: The stamps of a device: points (one a captured collective, two with its end, for all graphs
 #: of the process) and runs kept of each: the clock reads a replay within this many replays of
 #: it (at 32, a decode loop of 0.5 ms replays lost up to half a loop's times on the H100 where
-#: the clock's thread waited for Python's lock); 4 MiB of pinned host memory.
+#: the clock's thread waited for Python's lock); 8 MiB of pinned host memory (16 bytes a slot).
 STAMP_POINTS, STAMP_DEPTH = 4096, 128
+#: How long the clock's thread waits for an anchor's stamp on its idle stream (ns).
+STAMP_ANCHOR_WAIT_NS = 100_000_000
 
 
 def on_cuda(args: tuple, kwargs: dict) -> bool:
@@ -156,6 +165,9 @@ class CudaEvents:
         #: Per device: the stamps of graphs captured there, and their anchor's point.
         self._stamps: dict[int, Any] = {}
         self._anchor_points: dict[int, int] = {}
+        self._anchor_runs: dict[int, int] = {}
+        #: An anchor's stamp was never seen (``STAMP_ANCHOR_WAIT_NS``): no stamp is read.
+        self._stamps_unseen = False
         #: Per device: the points eager stamps take in turn, each one's runs so far, the next.
         self._eager: dict[int, list[int]] = {}
         self._eager_runs: dict[int, list[int]] = {}
@@ -164,6 +176,9 @@ class CudaEvents:
         #: Per launching thread: its eager branch (a stream of its own) and the event that
         #: makes the branch wait for the launching stream.
         self._eager_branches: dict[int, tuple[Any, Any]] = {}
+        #: Per launching thread and stream: the branch its events are recorded on
+        #: (``EAGER_BRANCHED``) and the event that makes it wait for the stream.
+        self._event_branches: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     def new(self, external: bool = False) -> Any:
         if external:
@@ -175,6 +190,16 @@ class CudaEvents:
         the current device when none is named costs a launch some 10 us); the stream."""
         if stream is None:
             stream = self._stream_of(self._device_now())
+        if EAGER_BRANCHED:
+            key = (get_ident(), stream.cuda_stream)
+            branch = self._event_branches.get(key)
+            if branch is None:
+                branch = self._event_branches[key] = (self._cuda.Stream(stream.device),
+                                                      self._event())
+            branch[1].record(stream)
+            branch[0].wait_event(branch[1])
+            event.record(branch[0])
+            return stream
         event.record(stream)
         return stream
 
@@ -282,28 +307,36 @@ class CudaEvents:
         """The GPU's clock (ns) at run ``run`` of ``point``: 0 not yet, -1 lost (written over:
         the reader fell ``STAMP_DEPTH`` runs behind)."""
         stamps, at = point
-        if stamps.count(at) - run > stamps.depth:
-            return -1
         return stamps.time(at, run)
 
     def stamp_anchor(self) -> tuple[int, int, int] | None:
         """(The clock's thread) a stamp launched on the clock's idle stream and waited for on
         the host: (its GPU time, the host's time before the launch, after it was seen); None
         where no stamps were made."""
-        if not self._stamps:
+        if not self._stamps or self._stamps_unseen:
             return None
         device = next(iter(self._stamps))
         stamps, point = self._stamps[device], self._anchor_points[device]
         with self._cuda.device(device):
             if self._side is None:
                 self._side = self._cuda.Stream()
-            run = stamps.count(point)
+            run = self._anchor_runs.get(device, 0)  # (launched by this thread alone)
+            self._anchor_runs[device] = run + 1
             before = time.monotonic_ns()
             stamps.launch(point, self._side.cuda_stream)
-            while stamps.count(point) <= run:
-                pass  # (an idle stream: microseconds)
+            deadline = before + STAMP_ANCHOR_WAIT_NS
+            while (at := stamps.time(point, run)) == 0:
+                now = time.monotonic_ns()
+                if now > deadline:  # (never seen: the stamps read no more, said once)
+                    self._stamps_unseen = True
+                    said("an anchor stamp", TimeoutError(
+                        f"its time not seen in {STAMP_ANCHOR_WAIT_NS / 1e9:g} s; a graph's "
+                        "collectives go without their GPU times"))
+                    return None
+                if now - before > 100_000:
+                    time.sleep(0)  # (past 100 us: Python's lock let go between asks)
             after = time.monotonic_ns()
-        return stamps.time(point, run), before, after
+        return at, before, after
 
     def anchor(self) -> Any:
         """An event recorded now on an idle stream of the clock's own (on the rank's device)."""
@@ -358,6 +391,36 @@ class _Pending:
         self.graph, self.replay, self.end_run = graph, replay, replay
         self.started_ns = 0
         self.stream: Any = None  # (an eager launch's: where its events are recorded)
+
+
+class _Replay:
+    """A replay whose launches' GPU times are to be read from their stamps: its graph's
+    captured launches (``captured``: each a ``Captured``), their first ring index, when the
+    replay was called, its number (its stamps' run); ``next``: the first launch whose start is
+    not read yet; ``open_ends``: launches whose start is read and end is not yet (with the
+    start's host time)."""
+
+    __slots__ = ("captured", "entered_ns", "first_index", "next", "open_ends", "replay")
+
+    graph = "replay"  # (read from stamps: as ``_Pending.graph``, never None)
+
+    def __init__(self, captured: list, first_index: int, entered_ns: int, replay: int) -> None:
+        self.captured, self.first_index, self.entered_ns = captured, first_index, entered_ns
+        self.replay, self.next = replay, 0
+        self.open_ends: list[tuple[int, int]] = []
+
+
+class _Waits:
+    """What a look found the GPU has not started: its ring index, when it was entered."""
+
+    __slots__ = ("entered_ns", "index")
+
+    def __init__(self, index: int, entered_ns: int) -> None:
+        self.index, self.entered_ns = index, entered_ns
+
+
+#: (A replay read but for ends still to come: ``GpuClock._replay_read``.)
+OPEN = _Waits(GPU_NONE, 0)
 
 
 class Captured:
@@ -433,6 +496,8 @@ class GpuClock:
             if waits and started.start is not None and self.graph_ends:
                 started.end = source.point()
             return
+        if not EAGER_ENDS:
+            waits = False
         if waits and started.graph is EAGER:
             started.end, started.end_run, _ = source.eager_stamp(started.stream)
         elif waits:
@@ -484,8 +549,7 @@ class GpuClock:
         with self._lock:
             number = self._replay_numbers.get(graph, 0)
             self._replay_numbers[graph] = number + 1
-        self._push([_Pending(first_index + i, entered_ns, c.start, c.end, graph, number)
-                    for i, c in enumerate(captured) if c.start is not None])
+        self._push([_Replay(captured, first_index, entered_ns, number)])
 
     def _push(self, items: list[_Pending]) -> None:
         with self._lock:
@@ -575,8 +639,17 @@ class GpuClock:
         with self._lock:
             items = list(self._pending)
         finished: set[int] = set()
-        waiting: _Pending | None = None
+        waiting: Any = None  # (a _Pending, or a _Waits)
         for item in items:
+            if item.__class__ is _Replay:
+                stopped = self._replay_read(item)
+                if stopped is None:
+                    finished.add(id(item))
+                    continue
+                if stopped is OPEN:
+                    continue
+                waiting = stopped
+                break
             if item.graph is not None:
                 if self._stamped(item, finished):
                     continue
@@ -619,6 +692,41 @@ class GpuClock:
             return self.host_ns(event)
         except RuntimeError:  # (recorded again since it read done: pending)
             return None
+
+    def _replay_read(self, item: _Replay) -> Any:
+        """(A replay) its launches' stamps read, in their order, from where the last look
+        stopped: None where every one is read (or lost, or untimed); a ``_Waits`` naming the
+        first the GPU has not started; ``OPEN`` where only ends are still to come."""
+        offset = self._stamp_offset
+        if offset is None:
+            return _Waits(item.first_index + item.next, item.entered_ns)
+        stamp_ns, run, write = self.source.stamp_ns, item.replay, self._write
+        captured, count = item.captured, len(item.captured)
+        stopped = None
+        while item.next < count:
+            launch = captured[item.next]
+            if launch.start is not None:
+                at = stamp_ns(launch.start, run)
+                if at == 0:
+                    stopped = _Waits(item.first_index + item.next, item.entered_ns)
+                    break
+                if at > 0:  # (-1: written over, the reader fell behind: lost)
+                    write(item.first_index + item.next, at - offset, 0)
+                    if launch.end is not None:
+                        item.open_ends.append((item.next, at - offset))
+            item.next += 1
+        if item.open_ends:
+            still = []
+            for position, started_ns in item.open_ends:
+                at = stamp_ns(captured[position].end, run)
+                if at > 0:
+                    write(item.first_index + position, started_ns, at - offset)
+                elif at == 0:
+                    still.append((position, started_ns))
+            item.open_ends = still
+        if stopped is not None:
+            return stopped
+        return OPEN if item.open_ends else None
 
     def _stamped(self, item: _Pending, finished: set[int]) -> bool:
         """(A replay's launch, or an eager one stamped) its stamps read: whether its GPU started

@@ -21,9 +21,15 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-#: The kernel: ``stamp(slots, counts, counter, mask)`` writes ``%globaltimer`` into
-#: ``slots[counter & mask]`` and the new count into ``*counts`` (host memory), after it.
-PTX = """
+#: The kernels, by kind. ``tagged`` (the default): ``stamp(slots, counts, counter, mask)``
+#: writes ``%globaltimer`` and its run's tag (the new count) into ``slots[counter & mask]`` (two
+#: 64-bit words of host memory, one 16-byte store) and counts the run on the device: the host
+#: takes a slot whose tag it reads the same before and after its time, and that tag says which
+#: run wrote it; nothing waits for the store to reach the host. ``fenced``: the time alone into
+#: the slot, then, after a system-wide fence (``membar.sys``: the kernel waits for its store to
+#: reach the host), the new count into ``counts`` (the host reads a slot below the count).
+#: ``empty``: nothing written (what a branch and a launch cost alone: measured, never read).
+PTX_HEAD = """
 .version {version}
 .target {target}
 .address_size 64
@@ -37,6 +43,25 @@ PTX = """
 {{
     .reg .b32 %r<4>;
     .reg .b64 %rd<9>;
+"""
+PTX_BODY = {
+    "tagged": """
+    mov.u64 %rd1, %globaltimer;
+    ld.param.u64 %rd2, [slots];
+    ld.param.u64 %rd8, [counter];
+    ld.param.u32 %r1, [mask];
+    ld.volatile.u64 %rd4, [%rd8];
+    cvt.u32.u64 %r2, %rd4;
+    and.b32 %r3, %r2, %r1;
+    mul.wide.u32 %rd5, %r3, 16;
+    add.s64 %rd6, %rd2, %rd5;
+    add.s64 %rd7, %rd4, 1;
+    st.volatile.v2.u64 [%rd6], {{%rd1, %rd7}};
+    st.volatile.u64 [%rd8], %rd7;
+    ret;
+}}
+""",
+    "fenced": """
     mov.u64 %rd1, %globaltimer;
     ld.param.u64 %rd2, [slots];
     ld.param.u64 %rd3, [counts];
@@ -45,7 +70,7 @@ PTX = """
     ld.volatile.u64 %rd4, [%rd8];
     cvt.u32.u64 %r2, %rd4;
     and.b32 %r3, %r2, %r1;
-    mul.wide.u32 %rd5, %r3, 8;
+    mul.wide.u32 %rd5, %r3, 16;
     add.s64 %rd6, %rd2, %rd5;
     st.volatile.u64 [%rd6], %rd1;
     add.s64 %rd7, %rd4, 1;
@@ -54,9 +79,30 @@ PTX = """
     st.volatile.u64 [%rd3], %rd7;
     ret;
 }}
-"""
+""",
+    "empty": """
+    ret;
+}}
+""",
+}
+#: Which kernel ``Stamps`` loads (``PTX_BODY``).
+KIND = "tagged"
 #: (PTX ISA version, target) tried in order: the oldest this driver JITs for this GPU.
 TARGETS = (("6.4", "sm_75"), ("6.0", "sm_70"), ("5.0", "sm_52"))
+
+
+def tagged_time(slots: Any, at: int, run: int) -> int:
+    """The time in the tagged slot at ``slots[at]`` (its tag at ``at + 1``) where run ``run``
+    wrote it: 0 where no run past ``run - 1`` has written there yet, or the slot was being
+    written as it was read (its tag changed: read again later), -1 where a later run wrote over
+    it."""
+    tag = slots[at + 1]
+    if tag <= run:
+        return 0
+    if tag != run + 1:
+        return -1
+    value = slots[at]
+    return value if slots[at + 1] == tag else 0
 
 
 class StampError(RuntimeError):
@@ -77,19 +123,20 @@ class Stamps:
     two): the module loaded in the current CUDA context, the memory made (the caller's device
     must be current; torch made the context)."""
 
-    def __init__(self, points: int = 4096, depth: int = 64) -> None:
+    def __init__(self, points: int = 4096, depth: int = 64, kind: str | None = None) -> None:
         import torch
 
         if depth & (depth - 1):
             raise ValueError(f"depth {depth} is not a power of two")
         self.points, self.depth = points, depth
+        self.kind = KIND if kind is None else kind
         self._cuda = _driver()
         self._function = self._load()
         self._launch = self._cuda.cuLaunchKernel
-        self._slots = torch.zeros(points * depth, dtype=torch.int64, pin_memory=True)
+        self._slots = torch.zeros(points * depth * 2, dtype=torch.int64, pin_memory=True)
         self._counts = torch.zeros(points, dtype=torch.int64, pin_memory=True)
         self._counters = torch.zeros(points, dtype=torch.int64, device="cuda")
-        self.slots = (ctypes.c_int64 * (points * depth)).from_address(self._slots.data_ptr())
+        self.slots = (ctypes.c_int64 * (points * depth * 2)).from_address(self._slots.data_ptr())
         self.counts = (ctypes.c_int64 * points).from_address(self._counts.data_ptr())
         self._used = 0
         self._args: list[Any] = []
@@ -103,7 +150,8 @@ class Stamps:
         module = ctypes.c_void_p()
         code = -1
         for version, target in TARGETS:
-            image = PTX.format(version=version, target=target).encode() + b"\0"
+            ptx = PTX_HEAD + PTX_BODY[self.kind]
+            image = ptx.format(version=version, target=target).encode() + b"\0"
             code = cuda.cuModuleLoadData(ctypes.byref(module), image)
             if code == 0:
                 break
@@ -123,7 +171,7 @@ class Stamps:
         if point >= self.points:
             raise StampError(f"all {self.points} points taken")
         self._used = point + 1
-        slots = ctypes.c_uint64(self._slots.data_ptr() + point * self.depth * 8)
+        slots = ctypes.c_uint64(self._slots.data_ptr() + point * self.depth * 16)
         counts = ctypes.c_uint64(self._counts.data_ptr() + point * 8)
         counter = ctypes.c_uint64(self._counters.data_ptr() + point * 8)
         mask = ctypes.c_uint32(self.depth - 1)
@@ -145,20 +193,21 @@ class Stamps:
         self.launch(point, stream)
         return point
 
-    def count(self, point: int) -> int:
-        """How many runs of ``point`` have written their time."""
-        return self.counts[point]
-
     def time(self, point: int, run: int) -> int:
         """The GPU's clock (ns) at ``point``'s run ``run`` (0 first); 0 where that run has not
-        written yet or its slot was written over since."""
-        count = self.counts[point]
-        if run >= count or count - run > self.depth:
-            return 0
-        at = self.slots[point * self.depth + (run & (self.depth - 1))]
-        if self.counts[point] - run > self.depth:  # (written over as it was read)
-            return 0
-        return at
+        written yet, -1 where its slot was written over since (the reader fell ``depth`` runs
+        behind)."""
+        at = (point * self.depth + (run & (self.depth - 1))) * 2
+        slots = self.slots
+        if self.kind == "fenced":
+            count = self.counts[point]
+            if run >= count:
+                return 0
+            if count - run > self.depth:
+                return -1
+            value = slots[at]
+            return -1 if self.counts[point] - run > self.depth else value
+        return tagged_time(slots, at, run)
 
     def reset(self) -> None:
         """Every point free again, its counts 0 (after the GPU is done with them)."""
