@@ -22,7 +22,9 @@ beside it), alternated ``ROUNDS`` times in one process, each round in a rotated 
 - the agent's GPU times as they ship, and with its knobs: ``GPU times`` (events on the stream,
   start and end), ``GPU times, start only``, ``GPU times, branched`` (``EAGER_BRANCHED``),
   ``GPU times, branched, start only``, ``GPU times, clock looks every 0.5 s`` (the clock's
-  thread kept out of the way: what its looks cost), ``GPU stamps`` (``EAGER_STAMPS``).
+  thread kept out of the way: what its looks cost), ``GPU stamps`` (``EAGER_STAMPS``),
+  ``GPU times, driver's events`` (``DriverEvents``: the driver's events through ctypes, not
+  torch's), and the same branched.
 
 Per variant: the median over rounds of the round's ratio to ``ring`` in the same round (paired:
 the GPU's clock and heat drift between rounds, not within one), the ratios' quartiles, and the
@@ -47,7 +49,7 @@ import torch.distributed as dist
 import autoannot
 from autoannot.agent.instrumentation import INSTRUMENTATION as AGENT
 from autoannot.keep import gpu_clock
-from autoannot.keep.gpu_clock import CudaEvents
+from autoannot.keep.gpu_clock import CudaEvents, DriverEvents
 from autoannot.keep.ring import Ring
 
 LAYERS, SIZE = 4, 4096
@@ -56,13 +58,15 @@ ROUNDS = int(os.environ.get("ROUNDS", "60"))
 CALL_ROUNDS = int(os.environ.get("CALL_ROUNDS", "8"))
 HAND = ("+1 timing event", "+2 timing events", "+1 plain event", "+branch timing event",
         "+2 branch timing events", "+branch stamp")
-AGENTS = {  # name: (EAGER_BRANCHED, EAGER_ENDS, LOOK_EVERY_S, EAGER_STAMPS)
-    "GPU times": (False, True, 0.001, False),
-    "GPU times, start only": (False, False, 0.001, False),
-    "GPU times, branched": (True, True, 0.001, False),
-    "GPU times, branched, start only": (True, False, 0.001, False),
-    "GPU times, clock looks every 0.5 s": (False, True, 0.5, False),
-    "GPU stamps": (False, True, 0.001, True),
+AGENTS = {  # name: (EAGER_BRANCHED, EAGER_ENDS, LOOK_EVERY_S, EAGER_STAMPS, driver's events)
+    "GPU times": (False, True, 0.001, False, False),
+    "GPU times, start only": (False, False, 0.001, False, False),
+    "GPU times, branched": (True, True, 0.001, False, False),
+    "GPU times, branched, start only": (True, False, 0.001, False, False),
+    "GPU times, clock looks every 0.5 s": (False, True, 0.5, False, False),
+    "GPU stamps": (False, True, 0.001, True, False),
+    "GPU times, driver's events": (False, True, 0.001, False, True),
+    "GPU times, driver's events, branched": (True, True, 0.001, False, True),
 }
 VARIANTS = ("ring", *HAND, *AGENTS)
 KINDS = os.environ.get("KIND", "sleep,matmul").split(",")
@@ -143,10 +147,10 @@ def main() -> int:
     def opened(name: str, tag: str) -> Ring:
         ring = Ring(f"{folder}/{tag}", 1 << 14)
         if name in AGENTS:
-            branched, ends, look, eager_stamps = AGENTS[name]
+            branched, ends, look, eager_stamps, driver = AGENTS[name]
             gpu_clock.EAGER_BRANCHED, gpu_clock.EAGER_ENDS = branched, ends
             gpu_clock.LOOK_EVERY_S, gpu_clock.EAGER_STAMPS = look, eager_stamps
-            ring.gpu_source = CudaEvents
+            ring.gpu_source = DriverEvents if driver else CudaEvents
         AGENT.state.open_journal(ring)
         return ring
 

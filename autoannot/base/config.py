@@ -116,6 +116,12 @@ def gpu_graph_ends(env: Mapping[str, str] | None = None) -> bool:
     return flag("AUTOANNOT_GPU_GRAPH_ENDS", False, env)
 
 
+def gpu_driver_events(env: Mapping[str, str] | None = None) -> bool:
+    """``AUTOANNOT_GPU_DRIVER_EVENTS``: an eager collective's timing events are made and read
+    through the CUDA driver's API (``DriverEvents``), not torch's ``Event``."""
+    return flag("AUTOANNOT_GPU_DRIVER_EVENTS", False, env)
+
+
 def gpu_eager_stamps(env: Mapping[str, str] | None = None) -> bool:
     """``AUTOANNOT_GPU_EAGER_STAMPS=1``: an eager collective is timed by stamps on a branch of
     its stream, as a graph's are, not by two events on it."""

@@ -107,6 +107,9 @@ GRAPH_ENDS = config.gpu_graph_ends()
 #: rather than by two events on the stream (``AUTOANNOT_GPU_EAGER_STAMPS``): events hold the
 #: stream's work after them (+3.3 us a collective on an H100), a branch's stamps do not.
 EAGER_STAMPS = config.gpu_eager_stamps()
+#: Whether a ring's source is ``DriverEvents`` rather than ``CudaEvents`` where torch sees CUDA
+#: (``AUTOANNOT_GPU_DRIVER_EVENTS``).
+DRIVER_EVENTS = config.gpu_driver_events()
 #: Whether an eager launch's timing events are recorded on a branch of its stream (a stream of
 #: the clock's that waits for the launching stream at that point: an event without timing
 #: recorded on it, waited on) rather than on the stream itself: a timing event holds the
@@ -348,6 +351,95 @@ class CudaEvents:
         return event
 
 
+class DriverEvents(CudaEvents):
+    """``CudaEvents`` whose timing events are the CUDA driver's own, made, recorded, asked and
+    read through its public API (``cuEventCreate``, ``cuEventRecord``, ``cuEventQuery``,
+    ``cuEventElapsedTime``; ctypes, Python's lock held: each call is microseconds) — the same
+    events torch's ``Event`` wraps, without torch's Python and C++ around each call; streams
+    and stamps are torch's and ``CudaEvents``'. An event is the driver's handle (an int)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        super().__init__()
+        driver = ctypes.PyDLL("libcuda.so.1")  # (Python's lock held across a call)
+        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        for name, args in (("cuEventCreate", [pointer, ctypes.c_uint]),
+                           ("cuEventRecord", [handle, handle]),
+                           ("cuEventQuery", [handle]),
+                           ("cuEventDestroy_v2", [handle]),
+                           ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
+                           ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), handle,
+                                                   handle])):
+            function = getattr(driver, name)
+            function.argtypes, function.restype = args, ctypes.c_int
+        self._driver, self._ctypes = driver, ctypes
+        self._record_event, self._query = driver.cuEventRecord, driver.cuEventQuery
+        self._ms = ctypes.c_float()
+
+    def _made(self, flags: int) -> int:
+        event = self._ctypes.c_void_p()
+        code = self._driver.cuEventCreate(self._ctypes.byref(event), flags)
+        if code:
+            raise RuntimeError(f"cuEventCreate failed: CUresult {code}")
+        return event.value
+
+    def new(self, external: bool = False) -> Any:
+        return self._made(0)  # (CU_EVENT_DEFAULT: timed)
+
+    def free(self, event: Any) -> None:
+        self._driver.cuEventDestroy_v2(event)
+
+    def record(self, event: Any, stream: Any = None) -> Any:
+        if stream is None:
+            stream = self._stream_of(self._device_now())
+        handle = stream.cuda_stream
+        if EAGER_BRANCHED:
+            key = (get_ident(), handle)
+            branch = self._event_branches.get(key)
+            if branch is None:
+                branch = self._event_branches[key] = (self._cuda.Stream(stream.device),
+                                                      self._made(2))  # (no timing)
+            code = self._record_event(branch[1], handle) or self._driver.cuStreamWaitEvent(
+                branch[0].cuda_stream, branch[1], 0)
+            handle = branch[0].cuda_stream
+        else:
+            code = 0
+        code = code or self._record_event(event, handle)
+        if code:
+            raise RuntimeError(f"cuEventRecord failed: CUresult {code}")
+        return stream
+
+    def done(self, event: Any) -> bool:
+        code = self._query(event)
+        if code == 600:  # (CUDA_ERROR_NOT_READY)
+            return False
+        if code:
+            raise RuntimeError(f"cuEventQuery failed: CUresult {code}")
+        return True
+
+    def ms_between(self, first: Any, second: Any) -> float:
+        code = self._driver.cuEventElapsedTime(self._ctypes.byref(self._ms), first, second)
+        if code:  # (600: not ready, as torch's: the launch stays pending)
+            raise RuntimeError(f"cuEventElapsedTime failed: CUresult {code}")
+        return self._ms.value
+
+    def anchor(self) -> Any:
+        with self._cuda.device(self.device):
+            if self._side is None:
+                self._side = self._cuda.Stream()
+            event = self._made(0)
+            code = self._record_event(event, self._side.cuda_stream)
+            if code:
+                raise RuntimeError(f"cuEventRecord failed: CUresult {code}")
+        if self._last_anchor is not None:
+            self.free(self._last_anchor)
+        self._last_anchor = event
+        return event
+
+    _last_anchor: Any = None
+
+
 class CudaIfAny:
     """The source a ring is given as it opens at start-up, before torch is imported (so before
     anyone can say whether torch sees a GPU): at its first launch it asks — torch is imported
@@ -371,7 +463,8 @@ class CudaIfAny:
         except Exception:  # (a CUDA build with a broken driver: no GPU times)
             sees = False
         if self.ring.gpu_source is self:
-            self.ring.gpu_source = CudaEvents if sees else None
+            self.ring.gpu_source = ((DriverEvents if DRIVER_EVENTS else CudaEvents) if sees
+                                    else None)
             self.rerouted()
         return sees
 
@@ -565,10 +658,17 @@ class GpuClock:
             self._start_thread()
 
     def _release(self, item: _Pending) -> None:
-        if item.graph is None and len(self._pool) < POOL:
-            self._pool.append(item.start)
-            if item.end is not None:
-                self._pool.append(item.end)
+        if item.graph is not None:
+            return
+        for event in (item.start, item.end):
+            if event is None:
+                continue
+            if len(self._pool) < POOL:
+                self._pool.append(event)
+            else:
+                free = getattr(self.source, "free", None)
+                if free is not None:  # (a driver's handle: let go by hand)
+                    free(event)
 
     # the clock's thread ---------------------------------------------------------------------
 

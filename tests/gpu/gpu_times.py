@@ -16,8 +16,8 @@ autoannot code in the jobs).
    graph, from the GPU's times.
 4. cost: a 1-rank NCCL all-reduce's host time a call and an eager bf16 step's time with the
    GPU times off, by events and by stamps (the ring on in all), alternated in one process.
-Check 1 runs twice: the eager launches timed by events, then by stamps
-(``AUTOANNOT_GPU_EAGER_STAMPS=1``).
+Check 1 runs three times: the eager launches timed by torch's events, by stamps
+(``AUTOANNOT_GPU_EAGER_STAMPS=1``), by the driver's events (``AUTOANNOT_GPU_DRIVER_EVENTS=1``).
 
 ``CHECKS=cost_nccl_1rank`` (names, commas) runs those alone; ``STEP_ROUNDS`` (14) the step's
 alternations. Writes OUT/gpu_times.json (the figures and each check's verdict), the rings of
@@ -280,15 +280,17 @@ def _late_of(found: dict, rank: int) -> list[float]:
             if i["straggler"] == rank and not i["warmup"]]
 
 
-def check_eager(out: Path, stamps: bool = False) -> dict:
-    """Check 1; ``stamps``: the eager launches timed by stamps (``AUTOANNOT_GPU_EAGER_STAMPS``)."""
-    folder = out / ("eager_stamps" if stamps else "eager")
+def check_eager(out: Path, stamps: bool = False, driver: bool = False) -> dict:
+    """Check 1; ``stamps``: the eager launches timed by stamps (``AUTOANNOT_GPU_EAGER_STAMPS``);
+    ``driver``: by the driver's events (``AUTOANNOT_GPU_DRIVER_EVENTS``)."""
+    folder = out / ("eager_stamps" if stamps else "eager_driver" if driver else "eager")
     rings = folder / "rings"
     rings.mkdir(parents=True)
     port = _port()
     env = _env(AUTOANNOT="1", AUTOANNOT_RING=str(rings), AUTOANNOT_RING_LAUNCHES="4096",
                AUTOANNOT_WATCH="1", AUTOANNOT_WATCH_INTERVAL="0.25",
-               AUTOANNOT_GPU_EAGER_STAMPS="1" if stamps else "0")
+               AUTOANNOT_GPU_EAGER_STAMPS="1" if stamps else "0",
+               AUTOANNOT_GPU_DRIVER_EVENTS="1" if driver else "0")
     logs = [(folder / f"rank{rank}.log").open("w") for rank in range(2)]
     try:
         procs = [subprocess.Popen([sys.executable, str(HERE), "eager-rank", str(rank), port,
@@ -407,6 +409,7 @@ def main() -> int:
               "plant_ms": PLANT_MS}
     for name, check in (("eager_gloo_cuda", check_eager),
                         ("eager_gloo_cuda_stamps", lambda out: check_eager(out, stamps=True)),
+                        ("eager_gloo_cuda_driver", lambda out: check_eager(out, driver=True)),
                         ("graph_nccl_1rank", check_graph),
                         ("cost_nccl_1rank", check_cost)):
         if os.environ.get("CHECKS") and name not in os.environ["CHECKS"].split(","):
