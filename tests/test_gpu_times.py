@@ -71,6 +71,28 @@ def test_a_launchs_gpu_start_and_end_are_the_gpus_on_the_hosts_clock(tmp_path: P
     clock.close()
 
 
+def test_where_eager_stamps_cannot_be_made_the_launches_are_timed_by_events(
+        tmp_path: Path, recwarn) -> None:
+    """Stamps the driver refuses (no JIT for its PTX, say): said once, and the launch and those
+    after it are timed by events, not left untimed."""
+    gpu = PlantedGpu()
+
+    def refused(stream: Any = None) -> Any:
+        raise RuntimeError("cuModuleLoadData failed: CUresult 218")
+
+    gpu.eager_stamp = refused
+    clock = _clock(tmp_path, gpu)
+    clock.eager_stamps = True
+    for index in range(3):
+        clock.ended(clock.started(index), True)
+    clock.look()
+    times, _ = _times(clock, 3)
+    assert (times["start_ns"] > 0).all() and (times["end_ns"] >= times["start_ns"]).all()
+    said = [str(w.message) for w in recwarn if "eager stamps failed" in str(w.message)]
+    assert len(said) == 1 and "timed by events instead" in said[0], said
+    clock.close()
+
+
 def _captured(clock: GpuClock, gpu: PlantedGpu, graph: str, collectives: int = 8) -> list[Any]:
     clock.graph_ends = True  # (AUTOANNOT_GPU_GRAPH_ENDS=1: a stamp before and after each)
     gpu.capture = []

@@ -174,11 +174,12 @@ class CudaEvents:
         #: Per device: the points eager stamps take in turn, each one's runs so far, the next.
         self._eager: dict[int, list[int]] = {}
         self._eager_runs: dict[int, list[int]] = {}
-        self._eager_next = 0
+        self._eager_next: dict[int, int] = {}
         self._eager_lock = threading.Lock()
-        #: Per launching thread: its eager branch (a stream of its own) and the event that
-        #: makes the branch wait for the launching stream.
-        self._eager_branches: dict[int, tuple[Any, Any]] = {}
+        #: Per launching thread and stream: its eager stamps' branch (a stream of its own,
+        #: kept by torch, as the driver's handle) and the event that makes it wait.
+        self._eager_branches: dict[tuple[int, int], tuple[int, int]] = {}
+        self._branch_streams: list[Any] = []
         #: Per launching thread and stream: the branch its events are recorded on
         #: (``EAGER_BRANCHED``) and the event that makes it wait for the stream.
         self._event_branches: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -252,6 +253,7 @@ class CudaEvents:
             self._anchor_points[device] = stamps.new_point()
             self._eager[device] = [stamps.new_point() for _ in range(EAGER_POINTS)]
             self._eager_runs[device] = [0] * EAGER_POINTS
+            self._eager_next[device] = 0
             self._stamps[device] = stamps
         return stamps
 
@@ -273,27 +275,29 @@ class CudaEvents:
         return (stamps, stamps.stamp(branch[0].cuda_stream))
 
     def eager_stamp(self, stream: Any = None) -> tuple[Any, int, Any]:
-        """(An eager launch) a stamp on this thread's branch, after it waits for ``stream``
-        (the current stream where None): the point, its run and the stream. Nothing waits
-        on the branch: the stream's work after it is not held."""
+        """(An eager launch) a stamp on a branch of ``stream`` (the current stream where None)
+        that waits for its work so far (a branch a launching thread and stream): the point,
+        its run and the stream. Nothing waits on the branch: the stream's work after it is
+        not held."""
         device = self._device_now()
         stamps = self._stamps_on(device)
         if stream is None:
             stream = self._stream_of(device)
-        branch = self._eager_branches.get(get_ident())
+        handle = stream.cuda_stream
+        key = (get_ident(), handle)
+        branch = self._eager_branches.get(key)
         if branch is None:
-            branch = self._eager_branches[get_ident()] = (self._cuda.Stream(device),
-                                                          self._event())
-        branch[1].record(stream)
-        branch[0].wait_event(branch[1])
+            side = self._cuda.Stream(device)
+            self._branch_streams.append(side)  # (kept: its handle is used)
+            branch = self._eager_branches[key] = (side.cuda_stream, stamps.new_fork())
         runs = self._eager_runs[device]
         with self._eager_lock:  # (launching threads take points in turn)
-            at = self._eager_next
-            self._eager_next = (at + 1) % EAGER_POINTS
+            at = self._eager_next[device]
+            self._eager_next[device] = (at + 1) % EAGER_POINTS
             run = runs[at]
             runs[at] = run + 1
         point = self._eager[device][at]
-        stamps.launch(point, branch[0].cuda_stream)
+        stamps.launch_after(point, handle, branch[0], branch[1])
         return (stamps, point), run, stream
 
     def capture_ending(self) -> None:
@@ -572,10 +576,17 @@ class GpuClock:
             self._capturing.setdefault(get_ident(), []).append(captured)
             return captured
         if self.eager_stamps:  # (a stamp on a branch of the stream: ``EAGER_STAMPS``)
-            point, run, stream = source.eager_stamp()
-            pending = _Pending(index, time.monotonic_ns(), point, None, EAGER, run)
-            pending.stream = stream
-            return pending
+            try:
+                point, run, stream = source.eager_stamp()
+            except Exception as exc:  # (no stamps here: events from now on, said once)
+                self.eager_stamps = False
+                say_once("gpu clock:eager stamps", "autoannot: the GPU's times: eager stamps "
+                         f"failed: {type(exc).__name__}: {exc}; eager launches are timed by "
+                         "events instead")
+            else:
+                pending = _Pending(index, time.monotonic_ns(), point, None, EAGER, run)
+                pending.stream = stream
+                return pending
         start = self._pool.pop() if self._pool else source.new()
         pending = _Pending(index, time.monotonic_ns(), start, None)
         pending.stream = source.record(start)  # (its end's too: looked up once)

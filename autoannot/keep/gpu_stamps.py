@@ -133,6 +133,16 @@ class Stamps:
         self._cuda = _driver()
         self._function = self._load()
         self._launch = self._cuda.cuLaunchKernel
+        # (the eager path's calls, Python's lock held across each: microseconds)
+        held = ctypes.PyDLL("libcuda.so.1")
+        handle = ctypes.c_void_p
+        for name, args in (("cuEventRecord", [handle, handle]),
+                           ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
+                           ("cuEventCreate", [ctypes.POINTER(handle), ctypes.c_uint]),
+                           ("cuLaunchKernel", self._cuda.cuLaunchKernel.argtypes)):
+            function = getattr(held, name)
+            function.argtypes, function.restype = args, ctypes.c_int
+        self._held = held
         self._slots = torch.zeros(points * depth * 2, dtype=torch.int64, pin_memory=True)
         self._counts = torch.zeros(points, dtype=torch.int64, pin_memory=True)
         self._counters = torch.zeros(points, dtype=torch.int64, device="cuda")
@@ -186,6 +196,23 @@ class Stamps:
                             None)
         if code:
             _check(code, "cuLaunchKernel")
+
+    def new_fork(self) -> int:
+        """An event without timing (a driver's handle): what a branch waits on."""
+        event = ctypes.c_void_p()
+        _check(self._held.cuEventCreate(ctypes.byref(event), 2), "cuEventCreate")
+        return event.value
+
+    def launch_after(self, point: int, stream: int, branch: int, fork: int) -> None:
+        """The stamp of ``point`` launched on ``branch`` once ``branch`` has waited for the
+        work on ``stream`` so far (``fork``: an event of ``new_fork``, recorded on ``stream``
+        here): three calls of the driver, ``stream`` held by none."""
+        held = self._held
+        code = held.cuEventRecord(fork, stream) or held.cuStreamWaitEvent(branch, fork, 0) \
+            or held.cuLaunchKernel(self._function, 1, 1, 1, 1, 1, 1, 0, branch,
+                                   self._args[point][1], None)
+        if code:
+            _check(code, "a stamp's launch on a branch")
 
     def stamp(self, stream: int) -> int:
         """A new point, its stamp launched on ``stream``: the point."""
