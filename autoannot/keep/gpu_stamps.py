@@ -6,14 +6,15 @@ graph is one for all its replays.
 
 Why by hand: no library launches such a kernel. torch has no op that reads the GPU's clock
 into host memory, and compiling one needs a CUDA compiler at run time; the kernel here is
-eleven lines of PTX, which the driver's own JIT compiles (``cuModuleLoadData``), launched
+twelve lines of PTX, which the driver's own JIT compiles (``cuModuleLoadData``), launched
 through the driver's public API (``cuLaunchKernel``, in a capture: captured as a kernel node)
 on the stream torch hands out. Nothing of torch's private state is touched.
 
 A point is one place in the work a stamp is launched at (one in a graph: each replay runs it
 once); its runs count up on the GPU (a counter in device memory), and each run writes its
-time and its run number to host memory: the host reads run ``k``'s time while it is one of
-the last ``depth``.
+time and its run's tag in one 16-byte store to host memory, with no fence (nothing waits for
+the store to cross the bus): the host reads run ``k``'s time while it is one of the last
+``depth``, reading the tag before and after the time (``tagged_time``).
 """
 
 from __future__ import annotations
