@@ -3,7 +3,7 @@ runs on the device: tests/gpu/gpu_times.py)."""
 
 from __future__ import annotations
 
-from autoannot.keep.gpu_stamps import PTX_BODY, PTX_HEAD, tagged_time
+from autoannot.keep.gpu_stamps import PTX_BODY, PTX_HEAD, fenced_time, tagged_time
 
 
 class Tearing(list):
@@ -31,6 +31,17 @@ def test_a_tagged_slot_gives_its_runs_time_and_no_other_runs() -> None:
     slots[0:2] = [5_000, depth + 1]
     assert tagged_time(slots, 0, depth) == 5_000
     assert tagged_time(slots, 0, 0) == -1  # (written over by run 4: lost)
+
+
+def test_a_fenced_slot_is_read_below_its_points_count_and_lost_once_written_over() -> None:
+    depth = 4
+    slots, counts = [0] * (2 * depth), [0]
+    assert fenced_time(slots, 0, counts, 0, 0, depth) == 0  # (not counted yet)
+    slots[0], counts[0] = 1_000, 1  # (run 0: its time, then the count)
+    assert fenced_time(slots, 0, counts, 0, 0, depth) == 1_000
+    assert fenced_time(slots, 2, counts, 0, 1, depth) == 0  # (run 1 not yet)
+    counts[0] = depth + 1  # (run 4 wrote slot 0 over)
+    assert fenced_time(slots, 0, counts, 0, 0, depth) == -1
 
 
 def test_a_slot_written_as_it_is_read_is_read_again_later() -> None:

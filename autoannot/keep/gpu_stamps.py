@@ -106,6 +106,19 @@ def tagged_time(slots: Any, at: int, run: int) -> int:
     return value if slots[at + 1] == tag else 0
 
 
+def fenced_time(slots: Any, at: int, counts: Any, point: int, run: int, depth: int) -> int:
+    """The time in the fenced slot at ``slots[at]`` where run ``run`` of ``point`` wrote it
+    (``counts[point]``: how many runs have written, each before it counted): 0 not yet, -1
+    written over since (``depth`` runs later), asked again after the time is read."""
+    count = counts[point]
+    if run >= count:
+        return 0
+    if count - run > depth:
+        return -1
+    value = slots[at]
+    return -1 if counts[point] - run > depth else value
+
+
 class StampError(RuntimeError):
     """The driver refused a step of the stamps (its call and code said)."""
 
@@ -228,13 +241,7 @@ class Stamps:
         at = (point * self.depth + (run & (self.depth - 1))) * 2
         slots = self.slots
         if self.kind == "fenced":
-            count = self.counts[point]
-            if run >= count:
-                return 0
-            if count - run > self.depth:
-                return -1
-            value = slots[at]
-            return -1 if self.counts[point] - run > self.depth else value
+            return fenced_time(slots, at, self.counts, point, run, self.depth)
         return tagged_time(slots, at, run)
 
     def reset(self) -> None:
