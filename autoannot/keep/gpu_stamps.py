@@ -6,15 +6,16 @@ graph is one for all its replays.
 
 Why by hand: no library launches such a kernel. torch has no op that reads the GPU's clock
 into host memory, and compiling one needs a CUDA compiler at run time; the kernel here is
-twelve lines of PTX, which the driver's own JIT compiles (``cuModuleLoadData``), launched
+a dozen lines of PTX, which the driver's own JIT compiles (``cuModuleLoadData``), launched
 through the driver's public API (``cuLaunchKernel``, in a capture: captured as a kernel node)
 on the stream torch hands out. Nothing of torch's private state is touched.
 
 A point is one place in the work a stamp is launched at (one in a graph: each replay runs it
 once); its runs count up on the GPU (a counter in device memory), and each run writes its
-time and its run's tag in one 16-byte store to host memory, with no fence (nothing waits for
-the store to cross the bus): the host reads run ``k``'s time while it is one of the last
-``depth``, reading the tag before and after the time (``tagged_time``).
+time to host memory and, after a system fence, its count (``fenced``), or its time and its
+run's tag in one 16-byte store with no fence (``tagged``: nothing waits for the store to
+cross the bus; the host reads the tag before and after the time): the host reads run ``k``'s
+time while it is one of the last ``depth``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-#: The kernels, by kind. ``tagged`` (the default): ``stamp(slots, counts, counter, mask)``
+#: The kernels, by kind. ``tagged``: ``stamp(slots, counts, counter, mask)``
 #: writes ``%globaltimer`` and its run's tag (the new count) into ``slots[counter & mask]`` (two
 #: 64-bit words of host memory, one 16-byte store) and counts the run on the device: the host
 #: takes a slot whose tag it reads the same before and after its time, and that tag says which
-#: run wrote it; nothing waits for the store to reach the host. ``fenced``: the time alone into
+#: run wrote it; nothing waits for the store to reach the host. ``fenced`` (the default: the
+#: one run on a device, 2026-12-07; ``tagged`` is not yet): the time alone into
 #: the slot, then, after a system-wide fence (``membar.sys``: the kernel waits for its store to
 #: reach the host), the new count into ``counts`` (the host reads a slot below the count).
 #: ``empty``: nothing written (what a branch and a launch cost alone: measured, never read).
@@ -87,7 +89,7 @@ PTX_BODY = {
 """,
 }
 #: Which kernel ``Stamps`` loads (``PTX_BODY``).
-KIND = "tagged"
+KIND = "fenced"
 #: (PTX ISA version, target) tried in order: the oldest this driver JITs for this GPU.
 TARGETS = (("6.4", "sm_75"), ("6.0", "sm_70"), ("5.0", "sm_52"))
 
