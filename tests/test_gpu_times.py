@@ -316,6 +316,47 @@ def _late_of(found: dict[str, Any], rank: int) -> list[float]:
             if i["straggler"] == rank and not i["warmup"]]
 
 
+def test_the_metrics_count_the_gpus_time_in_collectives_where_the_host_counts_none(
+        late_gpu_run) -> None:
+    """Rank 1's GPU 20 ms late before each all-reduce: rank 0's GPU waits for it in every
+    one, so its GPU seconds in the all-reduces' group come to about steps x the plant, rank
+    1's to little, and the hosts' (on time) to little; a second read adds nothing; the
+    Prometheus counter and the published totals say the same."""
+    pytest.importorskip("prometheus_client")
+    from autoannot.live.metrics import JobMetrics
+    from autoannot.live.tally import Tally
+
+    out, _ = late_gpu_run
+    rings = out / "rings"
+    gpu: dict[int, float] = {}
+    host: dict[int, float] = {}
+    documents = []  # (what each rank publishes through a store)
+    for path in ring_files.in_folder(rings):
+        tally = Tally()
+        tally.update(path)
+        group = max(tally.gpu_seconds, key=tally.gpu_seconds.get, default=None)
+        rank = int(tally.rank)
+        gpu[rank] = tally.gpu_seconds.get(group, 0.0) if group else 0.0
+        host[rank] = tally.seconds.get(group, 0.0) if group else 0.0
+        tally.update(path)
+        assert not tally.gpu_added  # (each launch counted once)
+        assert tally.totals()[group]["gpu_seconds"] == round(gpu[rank], 6)
+        documents.append({"rank": rank, "totals": tally.totals()})
+    planted = STEPS * PLANT_MS / 1e3
+    assert abs(gpu[0] - planted) <= 0.2 * planted, (gpu, planted)
+    assert gpu[1] < 0.2 * planted and host[0] < 0.3 * planted, (gpu, host)
+    for read in ("rings", "store"):
+        metrics = JobMetrics()
+        if read == "rings":
+            metrics.update(rings)
+        else:
+            metrics.update_published(documents)
+        counted = {int(s.labels["rank"]): s.value for m in metrics.registry.collect()
+                   if m.name == "autoannot_collective_gpu_seconds" for s in m.samples
+                   if s.name.endswith("_total")}
+        assert abs(counted[0] - gpu[0]) < 1e-5 and counted[1] < 0.2 * planted, (read, counted)
+
+
 def test_the_watch_names_the_late_gpu_from_the_gpus_times(late_gpu_run) -> None:
     """The straggler windows of the live watch on the same rings: rank 1's GPU named, late by
     the plant (±20%), the line saying it is read from the GPU's times."""

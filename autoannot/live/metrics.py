@@ -6,6 +6,10 @@ looks from the rings (``live/watch.py``):
 * ``autoannot_collective_seconds_total{rank, group, group_desc}``: time from each launch's
   entry to its return, counted once it returned (a blocking call's completion: gloo's, and any
   ``async_op=False`` call on the CPU; for a Work or a GPU stream, its issue);
+* ``autoannot_collective_gpu_seconds_total{rank, group, group_desc}``: time on the GPU from
+  each launch's start to its end, where the ring has the GPU's times (``keep/gpu_clock.py``),
+  counted once both are read (``live.tally``); a late rank's GPU shows short here, the ranks
+  that wait for it long;
 * ``autoannot_straggler_wait_seconds{rank, group, group_desc}``: how long the others wait for a
   rank that stands out as a straggler (the median over the windows it was named by, the
   watcher's rule: ``analysis.stragglers``; the series is there from when it is named until it
@@ -45,6 +49,9 @@ class JobMetrics:
         self.seconds = Counter("autoannot_collective_seconds", "Time from a collective's "
                                "entry to its return", ["rank", "group", "group_desc"],
                                registry=self.registry)
+        self.gpu_seconds = Counter("autoannot_collective_gpu_seconds", "Time on the GPU from "
+                                   "a collective's start to its end",
+                                   ["rank", "group", "group_desc"], registry=self.registry)
         self.straggler = Gauge("autoannot_straggler_wait_seconds", "How long the others wait "
                                "for a rank that stands out as a straggler (median)",
                                ["rank", "group", "group_desc"], registry=self.registry)
@@ -74,6 +81,8 @@ class JobMetrics:
                 self.launches.labels(rank, group, tally.called.get(group, ""), collective).inc(n)
             for group, took in seconds.items():
                 self.seconds.labels(rank, group, tally.called.get(group, "")).inc(took)
+            for group, took in tally.gpu_added.items():
+                self.gpu_seconds.labels(rank, group, tally.called.get(group, "")).inc(took)
             if tally.lost and self.say and not self._lost_said:
                 self._lost_said = True
                 self.say(f"autoannot watch: {path.name} entered more than its launches "
@@ -92,6 +101,9 @@ class JobMetrics:
                                (rank, group, collective), float(n))
                 self._grow(self.seconds.labels(rank, group, called), (rank, group, ""),
                            float(totals.get("seconds", 0.0)))
+                if "gpu_seconds" in totals:
+                    self._grow(self.gpu_seconds.labels(rank, group, called),
+                               (rank, group, "(gpu seconds)"), float(totals["gpu_seconds"]))
 
     def _grow(self, counter: Any, key: tuple[str, str, str], total: float) -> None:
         before = self._published.get(key, 0.0)

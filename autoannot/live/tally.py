@@ -2,8 +2,12 @@
 each collective, and the time from each launch's entry to its return (a blocking call's
 completion: gloo's, and any ``async_op=False`` call on the CPU; for a Work or a GPU stream, its
 issue; none for a graph replay's launches, which share the replay's), each launch counted once,
-once it returned. Read again and again (``update``), a tally
-reads only what the ring entered since, and the launches still running the last time.
+once it returned; and, where the ring has the GPU's times (``keep/gpu_clock.py``), the time
+on the GPU from each launch's start to its end, counted once both are read (launches whose
+GPU end is to be had: eager calls whose stream waits for the collective, a graph's with
+``AUTOANNOT_GPU_GRAPH_ENDS``; one with no end read within ``GPU_WAIT`` launches of it is not
+counted). Read again and again (``update``), a tally reads only what the ring entered since,
+and the launches still running (or whose GPU end is still to come) the last time.
 
 The figures of the live watch's metrics (``live.metrics``: from rings of this host) and of
 the progress each rank publishes (``live.publish``: through a store, from every host) are
@@ -20,13 +24,18 @@ from autoannot.traces import names
 from autoannot.traces.read import ring_files
 from autoannot.traces.read.rank_files import group_ranks
 
+#: A launch's GPU end is looked for while it is one of the ring's last this many launches.
+GPU_WAIT = 1024
+
 
 class Tally:
     """The running figures of one ring. ``launches[(group, collective)]`` and
     ``seconds[group]``: totals since the tally's first read (or since the ring's run began
     anew); ``called[group]``: what the group is called (``names.group_desc``: its
     description, or its ranks); ``rank``: the ring's; ``lost``: whether more launches than the
-    ring holds came between two reads (those written over were not counted)."""
+    ring holds came between two reads (those written over were not counted);
+    ``gpu_seconds[group]``: the GPU's time in the group's collectives, where the ring has it,
+    and ``gpu_added`` what the last update added to it."""
 
     def __init__(self) -> None:
         self.launches: dict[tuple[str, str], int] = {}
@@ -36,6 +45,9 @@ class Tally:
         self.rank: int | None = None  # the ring's rank, once read
         self._next = 0  # the first launch not yet counted
         self._open: dict[int, str] = {}  # launches counted, not yet returned -> their group
+        self.gpu_seconds: dict[str, float] = {}
+        self.gpu_added: dict[str, float] = {}
+        self._gpu_open: dict[int, str] = {}  # launches started on the GPU, no end read yet
 
     def update(self, path: Path) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
         """Count what the ring entered, and what returned, since the last update; what was
@@ -46,7 +58,10 @@ class Tally:
         if count < start:  # (a new run wrote this file anew)
             start = 0
             pending.clear()
-        low = min([start, *pending])
+            self._gpu_open.clear()
+        gpu_open = self._gpu_open = {i: g for i, g in self._gpu_open.items()
+                                     if i >= count - GPU_WAIT}
+        low = min([start, *pending, *gpu_open])
         if count - low > capacity:
             self.lost = self.lost or count - start > capacity
             low = max(low, count - capacity)
@@ -59,15 +74,28 @@ class Tally:
             one = ring_files.read(path, min(capacity, one.count - low))
         launches: dict[tuple[str, str], int] = {}
         seconds: dict[str, float] = {}
+        gpu_added: dict[str, float] = {}
         first = one.count - len(one.records)
         records = one.records
         kinds = one.kinds
+        gpu = one.gpu
         for k in range(len(records)):
             index = first + k
-            if index < start and index not in pending:
+            if index < start and index not in pending and index not in gpu_open:
                 continue
             kind = kinds.get(int(records["kind"][k]))
             if kind is None:
+                continue
+            if gpu is not None and (index >= start or index in gpu_open):
+                started_ns, ended_ns = int(gpu["start_ns"][k]), int(gpu["end_ns"][k])
+                if started_ns > 0 and ended_ns > 0:
+                    group = str(kind["group"])
+                    gpu_added[group] = gpu_added.get(group, 0.0) + max(
+                        0, ended_ns - started_ns) / 1e9
+                    gpu_open.pop(index, None)
+                elif index >= start:  # (its GPU times may come: looked for again)
+                    gpu_open[index] = str(kind["group"])
+            if index < start and index not in pending:
                 continue
             group = str(kind["group"])
             if group not in self.called:
@@ -95,11 +123,15 @@ class Tally:
             self.launches[key] = self.launches.get(key, 0) + n
         for group, took in seconds.items():
             self.seconds[group] = self.seconds.get(group, 0.0) + took
+        for group, took in gpu_added.items():
+            self.gpu_seconds[group] = self.gpu_seconds.get(group, 0.0) + took
+        self.gpu_added = gpu_added
         return launches, seconds
 
     def totals(self) -> dict[str, dict[str, Any]]:
         """The totals by group, as a rank publishes them: ``{group: {"launches":
-        {collective: n}, "seconds": s, "called": what it is called}}``."""
+        {collective: n}, "seconds": s, "called": what it is called}}``, and ``"gpu_seconds"``
+        where the ring has the GPU's times of the group's launches."""
         found: dict[str, dict[str, Any]] = {}
 
         def of(group: str) -> dict[str, Any]:
@@ -110,4 +142,6 @@ class Tally:
             of(group)["launches"][collective] = n
         for group, took in self.seconds.items():
             of(group)["seconds"] = round(took, 6)
+        for group, took in self.gpu_seconds.items():
+            of(group)["gpu_seconds"] = round(took, 6)
         return found
