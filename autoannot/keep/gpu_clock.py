@@ -169,8 +169,9 @@ class CudaEvents:
         self._stamps: dict[int, Any] = {}
         self._anchor_points: dict[int, int] = {}
         self._anchor_runs: dict[int, int] = {}
-        #: An anchor's stamp was never seen (``STAMP_ANCHOR_WAIT_NS``): no stamp is read.
-        self._stamps_unseen = False
+        #: An anchor's stamp was not seen in ``STAMP_ANCHOR_WAIT_NS``: none is launched again
+        #: before this (``time.monotonic()``).
+        self._stamps_unseen_until = 0.0
         #: Per device: the points eager stamps take in turn, each one's runs so far, the next.
         self._eager: dict[int, list[int]] = {}
         self._eager_runs: dict[int, list[int]] = {}
@@ -320,7 +321,7 @@ class CudaEvents:
         """(The clock's thread) a stamp launched on the clock's idle stream and waited for on
         the host: (its GPU time, the host's time before the launch, after it was seen); None
         where no stamps were made."""
-        if not self._stamps or self._stamps_unseen:
+        if not self._stamps or time.monotonic() < self._stamps_unseen_until:
             return None
         device = next(iter(self._stamps))
         stamps, point = self._stamps[device], self._anchor_points[device]
@@ -334,11 +335,12 @@ class CudaEvents:
             deadline = before + STAMP_ANCHOR_WAIT_NS
             while (at := stamps.time(point, run)) == 0:
                 now = time.monotonic_ns()
-                if now > deadline:  # (never seen: the stamps read no more, said once)
-                    self._stamps_unseen = True
+                if now > deadline:  # (not seen: asked again in ANCHOR_EVERY_S, said once)
+                    self._stamps_unseen_until = time.monotonic() + ANCHOR_EVERY_S
                     said("an anchor stamp", TimeoutError(
                         f"its time not seen in {STAMP_ANCHOR_WAIT_NS / 1e9:g} s; a graph's "
-                        "collectives go without their GPU times"))
+                        f"collectives wait for their GPU times until one is ({ANCHOR_EVERY_S:g} "
+                        "s between tries)"))
                     return None
                 if now - before > 100_000:
                     time.sleep(0)  # (past 100 us: Python's lock let go between asks)
