@@ -56,7 +56,8 @@ from autoannot.base.ring_format import (
 LOOK_EVERY_S = 0.001
 #: How often the anchor is made again (seconds): the GPU's clock and the host's drift apart.
 ANCHOR_EVERY_S = 10.0
-#: At most this many launches wait to be read; past it, launches go untimed (said once).
+#: At most this many eager launches and replays wait to be read; past it, they go untimed
+#: (said once).
 MOST_PENDING = 1 << 14
 #: Captures under way in this process (``keep.captures`` counts them): the clock's thread does
 #: not look meanwhile — a CUDA query from another thread while a graph is captured in torch's
