@@ -44,7 +44,7 @@ DEFAULT_KIND = gpu_stamps.KIND
 LAYERS, HIDDEN, STEPS = 16, 4096, 200
 ROUNDS = int(os.environ.get("ROUNDS", "9"))  # (alternated rounds of every mode)
 BATCHES = (1, 8, 32)
-#: Other kernels for a graph's stamps (``keep/gpu_stamps.py``'s ``PTX_BODY``), each a mode of
+#: Other kernels for a graph's stamps (``keep/gpu_stamps.py``'s ``PTX_STORES``), each a mode of
 #: its own: ``STAMP_KINDS=fenced,empty`` (what the kernel's body costs; ``empty`` times nothing).
 STAMP_KINDS = [k for k in os.environ.get("STAMP_KINDS", "").split(",") if k]
 MODES = ("agent off", "ring on", "ring + GPU times", "ring + GPU times and graph ends",

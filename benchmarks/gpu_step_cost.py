@@ -24,7 +24,7 @@ beside it), alternated ``ROUNDS`` times in one process, each round in a rotated 
   ``GPU times, branched, start only``, ``GPU times, clock looks every 0.5 s`` (the clock's
   thread kept out of the way: what its looks cost), ``GPU stamps`` (``EAGER_STAMPS``),
   ``GPU times, driver's events`` (``DriverEvents``: the driver's events through ctypes, not
-  torch's), and the same branched.
+  torch's).
 
 Per variant: the median over rounds of the round's ratio to ``ring`` in the same round (paired:
 the GPU's clock and heat drift between rounds, not within one), the ratios' quartiles, and the
@@ -66,7 +66,6 @@ AGENTS = {  # name: (EAGER_BRANCHED, EAGER_ENDS, LOOK_EVERY_S, EAGER_STAMPS, dri
     "GPU times, clock looks every 0.5 s": (False, True, 0.5, False, False),
     "GPU stamps": (False, True, 0.001, True, False),
     "GPU times, driver's events": (False, True, 0.001, False, True),
-    "GPU times, driver's events, branched": (True, True, 0.001, False, True),
 }
 VARIANTS = ("ring", *HAND, *AGENTS)
 KINDS = os.environ.get("KIND", "sleep,matmul").split(",")

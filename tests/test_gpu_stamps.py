@@ -3,7 +3,7 @@ runs on the device: tests/gpu/gpu_times.py)."""
 
 from __future__ import annotations
 
-from autoannot.keep.gpu_stamps import PTX_BODY, PTX_HEAD, fenced_time, tagged_time
+from autoannot.keep.gpu_stamps import PTX_STORES, fenced_time, ptx, tagged_time
 
 
 class Tearing(list):
@@ -51,13 +51,13 @@ def test_a_slot_written_as_it_is_read_is_read_again_later() -> None:
 
 
 def test_every_kernel_reads_the_clock_before_it_writes_and_the_tagged_one_has_no_fence() -> None:
+    kernels = {kind: ptx(kind, "6.4", "sm_75") for kind in PTX_STORES}
     for kind in ("tagged", "fenced"):
-        body = PTX_BODY[kind]
+        body = kernels[kind]
         assert body.index("%globaltimer") < body.index("st.volatile")
-    assert "membar" not in PTX_BODY["tagged"] and "membar.sys" in PTX_BODY["fenced"]
-    assert "st.volatile.v2.u64" in PTX_BODY["tagged"]  # (time and tag in one store)
-    assert "mul.wide.u32 %rd5, %r3, 16" in PTX_BODY["tagged"]  # (16 bytes a slot)
-    for body in PTX_BODY.values():  # (each formats into one whole entry)
-        ptx = (PTX_HEAD + body).format(version="6.4", target="sm_75")
-        assert ptx.count("{") == ptx.count("}") and ptx.rstrip().endswith("}")
-        assert ".entry autoannot_stamp(" in ptx and "{{" not in ptx
+    assert "membar" not in kernels["tagged"] and "membar.sys" in kernels["fenced"]
+    assert "st.volatile.v2.u64" in kernels["tagged"]  # (time and tag in one store)
+    assert "mul.wide.u32 %rd5, %r3, 16" in kernels["tagged"]  # (16 bytes a slot)
+    for text in kernels.values():  # (each formats into one whole entry)
+        assert text.count("{") == text.count("}") and text.rstrip().endswith("}")
+        assert ".entry autoannot_stamp(" in text and "{{" not in text

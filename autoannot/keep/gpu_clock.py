@@ -363,23 +363,16 @@ class DriverEvents(CudaEvents):
     read through its public API (``cuEventCreate``, ``cuEventRecord``, ``cuEventQuery``,
     ``cuEventElapsedTime``; ctypes, Python's lock held: each call is microseconds) — the same
     events torch's ``Event`` wraps, without torch's Python and C++ around each call; streams
-    and stamps are torch's and ``CudaEvents``'. An event is the driver's handle (an int)."""
+    and stamps are torch's and ``CudaEvents``'. An event is the driver's handle (an int).
+    (``EAGER_BRANCHED`` is torch's events' alone.)"""
 
     def __init__(self) -> None:
         import ctypes
 
+        from autoannot.keep.gpu_stamps import held_driver
+
         super().__init__()
-        driver = ctypes.PyDLL("libcuda.so.1")  # (Python's lock held across a call)
-        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-        for name, args in (("cuEventCreate", [pointer, ctypes.c_uint]),
-                           ("cuEventRecord", [handle, handle]),
-                           ("cuEventQuery", [handle]),
-                           ("cuEventDestroy_v2", [handle]),
-                           ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
-                           ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), handle,
-                                                   handle])):
-            function = getattr(driver, name)
-            function.argtypes, function.restype = args, ctypes.c_int
+        driver = held_driver()
         self._driver, self._ctypes = driver, ctypes
         self._record_event, self._query = driver.cuEventRecord, driver.cuEventQuery
         self._ms = ctypes.c_float()
@@ -400,19 +393,7 @@ class DriverEvents(CudaEvents):
     def record(self, event: Any, stream: Any = None) -> Any:
         if stream is None:
             stream = self._stream_of(self._device_now())
-        handle = stream.cuda_stream
-        if EAGER_BRANCHED:
-            key = (get_ident(), handle)
-            branch = self._event_branches.get(key)
-            if branch is None:
-                branch = self._event_branches[key] = (self._cuda.Stream(stream.device),
-                                                      self._made(2))  # (no timing)
-            code = self._record_event(branch[1], handle) or self._driver.cuStreamWaitEvent(
-                branch[0].cuda_stream, branch[1], 0)
-            handle = branch[0].cuda_stream
-        else:
-            code = 0
-        code = code or self._record_event(event, handle)
+        code = self._record_event(event, stream.cuda_stream)
         if code:
             raise RuntimeError(f"cuEventRecord failed: CUresult {code}")
         return stream
@@ -477,10 +458,9 @@ class CudaIfAny:
 
 
 class _Pending:
-    """A launch whose GPU times are to be read: its ring index, when it was entered, its two
-    events (``end`` None: no end to be had) — or, read from stamps, their points and runs
-    (``replay``, ``end_run``): a replay's launch with its graph and replay number, an eager
-    one stamped with ``graph`` ``EAGER``."""
+    """An eager launch whose GPU times are to be read: its ring index, when it was entered,
+    its two events (``end`` None: no end to be had) — or, stamped (``graph`` ``EAGER``), its
+    two stamps' points and their runs (``replay``, ``end_run``). (A replay is a ``_Replay``.)"""
 
     __slots__ = ("end", "end_run", "entered_ns", "graph", "index", "replay", "start",
                  "started_ns", "stream")
@@ -843,7 +823,7 @@ class GpuClock:
         return OPEN if item.open_ends else None
 
     def _stamped(self, item: _Pending, finished: set[int]) -> bool:
-        """(A replay's launch, or an eager one stamped) its stamps read: whether its GPU started
+        """(An eager launch stamped) its stamps read: whether its GPU started
         it (its start written; where its end is read too, or lost, or there is none, it is
         ``finished``)."""
         offset = self._stamp_offset

@@ -31,7 +31,7 @@ from typing import Any
 #: one run on a device, 2026-12-07; ``tagged`` is not yet): the time alone into
 #: the slot, then, after a system-wide fence (``membar.sys``: the kernel waits for its store to
 #: reach the host), the new count into ``counts`` (the host reads a slot below the count).
-#: ``empty``: nothing written (what a branch and a launch cost alone: measured, never read).
+#: ``empty``: nothing stored (what a branch and a launch cost alone: measured, never read).
 PTX_HEAD = """
 .version {version}
 .target {target}
@@ -47,8 +47,9 @@ PTX_HEAD = """
     .reg .b32 %r<4>;
     .reg .b64 %rd<9>;
 """
-PTX_BODY = {
-    "tagged": """
+#: Every kind's first part: the clock read, the run's slot found (``%rd6``: 16 bytes a slot),
+#: the run counted (``%rd7``: the new count; ``%rd8``: the device counter).
+PTX_SLOT = """
     mov.u64 %rd1, %globaltimer;
     ld.param.u64 %rd2, [slots];
     ld.param.u64 %rd8, [counter];
@@ -59,24 +60,18 @@ PTX_BODY = {
     mul.wide.u32 %rd5, %r3, 16;
     add.s64 %rd6, %rd2, %rd5;
     add.s64 %rd7, %rd4, 1;
+"""
+#: Each kind's stores (after ``PTX_SLOT``).
+PTX_STORES = {
+    "tagged": """
     st.volatile.v2.u64 [%rd6], {{%rd1, %rd7}};
     st.volatile.u64 [%rd8], %rd7;
     ret;
 }}
 """,
     "fenced": """
-    mov.u64 %rd1, %globaltimer;
-    ld.param.u64 %rd2, [slots];
     ld.param.u64 %rd3, [counts];
-    ld.param.u64 %rd8, [counter];
-    ld.param.u32 %r1, [mask];
-    ld.volatile.u64 %rd4, [%rd8];
-    cvt.u32.u64 %r2, %rd4;
-    and.b32 %r3, %r2, %r1;
-    mul.wide.u32 %rd5, %r3, 16;
-    add.s64 %rd6, %rd2, %rd5;
     st.volatile.u64 [%rd6], %rd1;
-    add.s64 %rd7, %rd4, 1;
     st.volatile.u64 [%rd8], %rd7;
     membar.sys;
     st.volatile.u64 [%rd3], %rd7;
@@ -88,7 +83,14 @@ PTX_BODY = {
 }}
 """,
 }
-#: Which kernel ``Stamps`` loads (``PTX_BODY``).
+
+
+def ptx(kind: str, version: str, target: str) -> str:
+    """The kernel of ``kind`` (``PTX_STORES``) for a PTX ISA ``version`` and ``target``."""
+    return (PTX_HEAD + PTX_SLOT + PTX_STORES[kind]).format(version=version, target=target)
+
+
+#: Which kernel ``Stamps`` loads (``PTX_STORES``).
 KIND = "fenced"
 #: (PTX ISA version, target) tried in order: the oldest this driver JITs for this GPU.
 TARGETS = (("6.4", "sm_75"), ("6.0", "sm_70"), ("5.0", "sm_52"))
@@ -129,6 +131,30 @@ def _driver() -> Any:
     return ctypes.CDLL("libcuda.so.1")
 
 
+_HELD: list[Any] = []
+
+
+def held_driver() -> Any:
+    """The driver's library whose calls hold Python's lock (each is microseconds: no thread
+    switch around it), its event, stream-wait and launch functions typed; made once."""
+    if not _HELD:
+        held = ctypes.PyDLL("libcuda.so.1")
+        handle = ctypes.c_void_p
+        for name, args in (("cuEventCreate", [ctypes.POINTER(handle), ctypes.c_uint]),
+                           ("cuEventRecord", [handle, handle]),
+                           ("cuEventQuery", [handle]),
+                           ("cuEventDestroy_v2", [handle]),
+                           ("cuEventElapsedTime", [ctypes.POINTER(ctypes.c_float), handle,
+                                                   handle]),
+                           ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
+                           ("cuLaunchKernel", [handle, *[ctypes.c_uint] * 7, handle, handle,
+                                               handle])):
+            function = getattr(held, name)
+            function.argtypes, function.restype = args, ctypes.c_int
+        _HELD.append(held)
+    return _HELD[0]
+
+
 def _check(code: int, what: str) -> None:
     if code != 0:
         raise StampError(f"{what} failed: CUresult {code}")
@@ -149,16 +175,7 @@ class Stamps:
         self._cuda = _driver()
         self._function = self._load()
         self._launch = self._cuda.cuLaunchKernel
-        # (the eager path's calls, Python's lock held across each: microseconds)
-        held = ctypes.PyDLL("libcuda.so.1")
-        handle = ctypes.c_void_p
-        for name, args in (("cuEventRecord", [handle, handle]),
-                           ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
-                           ("cuEventCreate", [ctypes.POINTER(handle), ctypes.c_uint]),
-                           ("cuLaunchKernel", self._cuda.cuLaunchKernel.argtypes)):
-            function = getattr(held, name)
-            function.argtypes, function.restype = args, ctypes.c_int
-        self._held = held
+        self._held = held_driver()  # (the eager path's calls)
         self._slots = torch.zeros(points * depth * 2, dtype=torch.int64, pin_memory=True)
         self._counts = torch.zeros(points, dtype=torch.int64, pin_memory=True)
         self._counters = torch.zeros(points, dtype=torch.int64, device="cuda")
@@ -176,8 +193,7 @@ class Stamps:
         module = ctypes.c_void_p()
         code = -1
         for version, target in TARGETS:
-            ptx = PTX_HEAD + PTX_BODY[self.kind]
-            image = ptx.format(version=version, target=target).encode() + b"\0"
+            image = ptx(self.kind, version, target).encode() + b"\0"
             code = cuda.cuModuleLoadData(ctypes.byref(module), image)
             if code == 0:
                 break
