@@ -44,8 +44,14 @@ def measure() -> dict[str, float]:
         def ms_between(self, first: object, second: object) -> float:
             return 0.0
 
-        def stamp_anchor(self) -> tuple[int, int, int]:
+        def stamp_anchor(self) -> tuple[int, int, int]:  # (the code before 2026-12-07's)
             return (1_000, 0, 10)
+
+        def launch_anchor(self) -> int:
+            return 0
+
+        def anchor_ns(self, anchor: int) -> int:
+            return 1_000
 
     folder = tempfile.mkdtemp(prefix="autoannot-bookkeeping-")
     clock = GpuClock(os.path.join(folder, "rank0.ring.gpu"), 1 << 16, Planted(), thread=False)

@@ -50,6 +50,8 @@ class PlantedGpu:
         #: Whether each launch records an end after its start (a launch issued below the
         #: Python API records its start alone).
         self.ends = True
+        #: How long an anchor stamp is held before it lands (ms).
+        self.anchor_held_ms = 0.0
 
     def times(self, args: tuple, kwargs: dict) -> bool:
         return self.times_all
@@ -108,9 +110,13 @@ class PlantedGpu:
             return 0
         return point.runs[run]
 
-    def stamp_anchor(self) -> tuple[int, int, int]:
-        before = time.monotonic_ns()
-        return before + OFFSET_NS, before, time.monotonic_ns()
+    def launch_anchor(self) -> list[int]:
+        """An anchor stamp on the clock's stream: it lands ``anchor_held_ms`` later (a GPU whose
+        queue holds the clock's stream behind the job's work), at once where 0."""
+        return [self.gpu_now() + int(self.anchor_held_ms * 1e6)]
+
+    def anchor_ns(self, anchor: list[int]) -> int:
+        return anchor[0] if anchor[0] <= self.gpu_now() else 0
 
     def done(self, event: Event) -> bool:
         return event.gpu_ns is None or event.gpu_ns <= self.gpu_now()

@@ -139,6 +139,39 @@ def test_each_collective_of_a_replay_is_timed_and_a_planted_fifth_is_late(tmp_pa
     clock.close()
 
 
+def test_replays_are_timed_once_an_anchor_held_in_the_gpus_queue_lands(tmp_path: Path,
+                                                                        recwarn) -> None:
+    """The anchor stamp held 300 ms behind the job's work (a stream of the clock's that shares
+    a hardware queue with the job's; before, the clock waited 0.1 s for it, then left the
+    graphs untimed for the 10 s till its next try): the replays' times are read once it lands,
+    at the plant's place on the GPU, the anchor's error no more than the looks' spacing, and
+    nothing said (it landed well within 5 s)."""
+    gpu = PlantedGpu()
+    gpu.anchor_held_ms = 300.0
+    clock = _clock(tmp_path, gpu)
+    captured = _captured(clock, gpu, "g")
+    calls = []
+    for replay in range(4):
+        calls.append(time.monotonic_ns())
+        gpu.replay(captured, {8: PLANT_MS})
+        clock.replayed("g", 8 * replay, 8, calls[-1])
+    looks = 0
+    while _times(clock, 32)[0]["start_ns"][-1] == 0 and looks < 200:  # (2 s at most)
+        clock.look()
+        looks += 1
+        time.sleep(0.01)
+    times, state = _times(clock, 32)
+    assert (times["start_ns"] > 0).all(), times  # (the 10 s retry: none timed here)
+    assert 25 <= looks <= 40, looks  # (it landed 300 ms on: not before, not much after)
+    starts = times["start_ns"].reshape(4, 8)
+    fifth = (starts[:, 4] - starts[:, 3]) / 1e6
+    assert ((fifth > PLANT_MS - 2) & (fifth < PLANT_MS + 2)).all(), fifth
+    assert 0 < state.error_ns < 15e6, state  # (a look's spacing, not the 300 ms held)
+    assert abs(starts[0, 0] - calls[0]) < state.error_ns + 2e6, (starts[0, 0], calls[0])
+    assert not [w for w in recwarn if "anchor stamp" in str(w.message)]
+    clock.close()
+
+
 def test_a_replay_held_before_its_fifth_is_waiting_there_and_one_read_too_late_is_unknown(
         tmp_path: Path) -> None:
     """A replay held 10 s before its 5th: the clock says it waits at the 5th's launch, since

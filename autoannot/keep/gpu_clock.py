@@ -127,8 +127,13 @@ EAGER_POINTS = 1024
 #: it (at 32, a decode loop of 0.5 ms replays lost up to half a loop's times on the H100 where
 #: the clock's thread waited for Python's lock); 8 MiB of pinned host memory (16 bytes a slot).
 STAMP_POINTS, STAMP_DEPTH = 4096, 128
-#: How long the clock's thread waits for an anchor's stamp on its idle stream (ns).
-STAMP_ANCHOR_WAIT_NS = 100_000_000
+#: How long the clock's thread spins for an anchor's stamp as it launches it (ns): on an idle
+#: stream it lands in microseconds; where the GPU's queue holds it (a stream of the clock's may
+#: share a hardware queue with the job's) or it never lands (a hung GPU), it is looked for once
+#: a look after, and its time is known to the looks' spacing; the clock's thread is never held.
+STAMP_ANCHOR_SPIN_NS = 2_000_000
+#: An anchor's stamp unseen this long is said (once): a graph's collectives wait for it.
+STAMP_ANCHOR_SAY_S = 5.0
 
 
 def on_cuda(args: tuple, kwargs: dict) -> bool:
@@ -170,9 +175,6 @@ class CudaEvents:
         self._stamps: dict[int, Any] = {}
         self._anchor_points: dict[int, int] = {}
         self._anchor_runs: dict[int, int] = {}
-        #: An anchor's stamp was not seen in ``STAMP_ANCHOR_WAIT_NS``: none is launched again
-        #: before this (``time.monotonic()``).
-        self._stamps_unseen_until = 0.0
         #: Per device: the points eager stamps take in turn, each one's runs so far, the next.
         self._eager: dict[int, list[int]] = {}
         self._eager_runs: dict[int, list[int]] = {}
@@ -318,11 +320,10 @@ class CudaEvents:
         stamps, at = point
         return stamps.time(at, run)
 
-    def stamp_anchor(self) -> tuple[int, int, int] | None:
-        """(The clock's thread) a stamp launched on the clock's idle stream and waited for on
-        the host: (its GPU time, the host's time before the launch, after it was seen); None
-        where no stamps were made."""
-        if not self._stamps or time.monotonic() < self._stamps_unseen_until:
+    def launch_anchor(self) -> tuple[Any, int] | None:
+        """(The clock's thread) a stamp launched now on the clock's idle stream: what
+        ``anchor_ns`` reads; None where no stamps were made."""
+        if not self._stamps:
             return None
         device = next(iter(self._stamps))
         stamps, point = self._stamps[device], self._anchor_points[device]
@@ -331,22 +332,14 @@ class CudaEvents:
                 self._side = self._cuda.Stream()
             run = self._anchor_runs.get(device, 0)  # (launched by this thread alone)
             self._anchor_runs[device] = run + 1
-            before = time.monotonic_ns()
             stamps.launch(point, self._side.cuda_stream)
-            deadline = before + STAMP_ANCHOR_WAIT_NS
-            while (at := stamps.time(point, run)) == 0:
-                now = time.monotonic_ns()
-                if now > deadline:  # (not seen: asked again in ANCHOR_EVERY_S, said once)
-                    self._stamps_unseen_until = time.monotonic() + ANCHOR_EVERY_S
-                    said("an anchor stamp", TimeoutError(
-                        f"its time not seen in {STAMP_ANCHOR_WAIT_NS / 1e9:g} s; a graph's "
-                        f"collectives wait for their GPU times until one is ({ANCHOR_EVERY_S:g} "
-                        "s between tries)"))
-                    return None
-                if now - before > 100_000:
-                    time.sleep(0)  # (past 100 us: Python's lock let go between asks)
-            after = time.monotonic_ns()
-        return at, before, after
+        return (stamps, point), run
+
+    @staticmethod
+    def anchor_ns(anchor: tuple[Any, int]) -> int:
+        """The GPU's time of a stamp of ``launch_anchor`` (0: not yet)."""
+        (stamps, point), run = anchor
+        return stamps.time(point, run)
 
     def anchor(self) -> Any:
         """An event recorded now on an idle stream of the clock's own (on the rank's device)."""
@@ -541,6 +534,9 @@ class GpuClock:
         self._anchor: tuple[Any, int] | None = None
         #: The stamps' GPU clock less the host's (ns), None before their first anchor.
         self._stamp_offset: int | None = None
+        #: An anchor stamp launched, not seen yet: [what the source reads, when it was last
+        #: seen missing (ns), when it was launched (ns)].
+        self._stamp_anchor: list[Any] | None = None
         self._anchored_at = 0.0
         #: Its thread (``thread`` False: none is started; the caller looks, as a test does).
         self._thread: Any = None if thread else False
@@ -689,10 +685,11 @@ class GpuClock:
 
     def anchor(self, now: float | None = None) -> None:
         """(The clock's thread) an event whose host time is known, made again every
-        ``ANCHOR_EVERY_S``; the same for the stamps, once they are made."""
+        ``ANCHOR_EVERY_S``; the same for the stamps, once they are made: a stamp launched on
+        the clock's stream, its time looked for until it lands (``_stamp_look``)."""
         now = time.monotonic() if now is None else now
         fresh = self._anchor is None or now - self._anchored_at >= ANCHOR_EVERY_S
-        if not fresh and self._stamp_offset is not None:
+        if not fresh and self._stamp_offset is not None and self._stamp_anchor is None:
             return
         source = self.source
         error = self._state(0)[3]
@@ -704,13 +701,44 @@ class GpuClock:
             after = time.monotonic_ns()
             self._anchor, self._anchored_at = (event, after), now
             error = after - before
-        stamp_anchor = getattr(source, "stamp_anchor", None)
-        stamped = stamp_anchor() if stamp_anchor is not None else None
-        if stamped is not None:
-            gpu_ns, before, after = stamped
-            self._stamp_offset = gpu_ns - after
-            error = max(error, after - before)
+        if self._stamp_anchor is None and (fresh or self._stamp_offset is None):
+            launch = getattr(source, "launch_anchor", None)
+            before = time.monotonic_ns()
+            launched = launch() if launch is not None else None
+            if launched is not None:
+                self._stamp_anchor = [launched, before, before]
+                error = self._stamp_look(error, STAMP_ANCHOR_SPIN_NS)
+        elif self._stamp_anchor is not None:
+            error = self._stamp_look(error, 0)
         GPU_STATE.pack_into(self._map, GPU_STATE_AT, *self._state(error))
+
+    def _stamp_look(self, error: int, spin_ns: int) -> int:
+        """(The clock's thread) the anchor stamp looked for, for ``spin_ns`` at most (once at
+        least): where it has landed, the stamps' offset from it — its GPU time less the host's
+        time it was seen at, right within the time since it was last seen missing (the
+        error, with ``error``'s); where not, when it was last missing, kept."""
+        pending = self._stamp_anchor
+        launched, missing_ns, launched_ns = pending  # type: ignore[misc]
+        read = self.source.anchor_ns
+        deadline = time.monotonic_ns() + spin_ns
+        while True:
+            asked_ns = time.monotonic_ns()
+            gpu_ns = read(launched)
+            seen_ns = time.monotonic_ns()
+            if gpu_ns > 0:
+                self._stamp_offset, self._stamp_anchor = gpu_ns - seen_ns, None
+                return max(error, seen_ns - missing_ns)
+            missing_ns = asked_ns
+            if seen_ns >= deadline:
+                break
+            if seen_ns - launched_ns > 100_000:
+                time.sleep(0)  # (past 100 us: Python's lock let go between asks)
+        pending[1] = missing_ns  # type: ignore[index]
+        if (missing_ns - launched_ns) / 1e9 > STAMP_ANCHOR_SAY_S:
+            said("an anchor stamp", TimeoutError(
+                f"its time not seen in {STAMP_ANCHOR_SAY_S:g} s (the GPU's queue holds it); a "
+                "graph's collectives wait for their GPU times until it is"))
+        return error
 
     def _state(self, error_ns: int) -> tuple[int, int, int, int]:
         looked, waiting, since, _ = GPU_STATE.unpack_from(self._map, GPU_STATE_AT)
