@@ -369,6 +369,10 @@ class DriverEvents(CudaEvents):
         self._driver, self._ctypes = driver, ctypes
         self._record_event, self._query = driver.cuEventRecord, driver.cuEventQuery
         self._ms = ctypes.c_float()
+        #: The launching thread's CUDA context (torch's): made current on the clock's thread
+        #: (the driver's calls there failed with no context: CUresult 201, on an H100).
+        self._context = ctypes.c_void_p()
+        driver.cuCtxGetCurrent(ctypes.byref(self._context))
 
     def _made(self, flags: int) -> int:
         event = self._ctypes.c_void_p()
@@ -406,6 +410,8 @@ class DriverEvents(CudaEvents):
         return self._ms.value
 
     def anchor(self) -> Any:
+        if self._context.value:  # (the clock's thread: the driver's calls need a context)
+            self._driver.cuCtxSetCurrent(self._context)
         with self._cuda.device(self.device):
             if self._side is None:
                 self._side = self._cuda.Stream()

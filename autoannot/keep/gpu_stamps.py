@@ -140,7 +140,9 @@ def held_driver() -> Any:
     if not _HELD:
         held = ctypes.PyDLL("libcuda.so.1")
         handle = ctypes.c_void_p
-        for name, args in (("cuEventCreate", [ctypes.POINTER(handle), ctypes.c_uint]),
+        for name, args in (("cuCtxGetCurrent", [ctypes.POINTER(handle)]),
+                           ("cuCtxSetCurrent", [handle]),
+                           ("cuEventCreate", [ctypes.POINTER(handle), ctypes.c_uint]),
                            ("cuEventRecord", [handle, handle]),
                            ("cuEventQuery", [handle]),
                            ("cuEventDestroy_v2", [handle]),
