@@ -119,7 +119,8 @@ def worker(rank: int, world: int, port: int, out_path: str | None) -> None:
                     if mode == "ring on":  # (the ring's records of these replays)
                         records[batch].append(ring.count - count)
                         writer[batch].append(ring.writer is not None)
-                    if mode.startswith("ring + GPU"):  # (the GPU's times read: of the last)
+                    if mode.startswith("ring + GPU") and "empty" not in mode:  # (the GPU's
+                        # times read, of the last loop; an empty stamp writes none, by design)
                         time.sleep(0.05)
                         gpu_timed[batch].append(_timed(ring, STEPS * LAYERS))
                 del graphs

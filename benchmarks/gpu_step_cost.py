@@ -69,6 +69,9 @@ AGENTS = {  # name: (EAGER_BRANCHED, EAGER_ENDS, LOOK_EVERY_S, EAGER_STAMPS, dri
 }
 VARIANTS = ("ring", *HAND, *AGENTS)
 KINDS = os.environ.get("KIND", "sleep,matmul").split(",")
+#: The sleep step's sleeps, in matmuls' lengths (``SLEEP_X``: 2 keeps a slow host's launches
+#: off the GPU's path, where the agent's host us a collective would show as the GPU's).
+SLEEP_X = float(os.environ.get("SLEEP_X", "1"))
 
 
 def main() -> int:
@@ -96,7 +99,7 @@ def main() -> int:
     torch.cuda._sleep(1_000_000)
     end.record()
     end.synchronize()
-    cycles = int(1_000_000 * matmul_ms / begin.elapsed_time(end))  # (a sleep as long)
+    cycles = int(1_000_000 * matmul_ms * SLEEP_X / begin.elapsed_time(end))  # (as long, x)
     kind = ["matmul"]
     timing = [torch.cuda.Event(enable_timing=True) for _ in range(256)]
     plain = torch.cuda.Event()
@@ -208,7 +211,8 @@ def main() -> int:
             closed(ring)
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
               "layers": LAYERS, "size": SIZE, "steps": STEPS, "rounds": ROUNDS,
-              "matmul_ms": round(matmul_ms, 4), "sleep_cycles": cycles, "kinds": {}}
+              "matmul_ms": round(matmul_ms, 4), "sleep_cycles": cycles, "sleep_x": SLEEP_X,
+              "kinds": {}}
     for step_kind, samples in results.items():
         rows = summary(samples["gpu_ms"], samples["wall_ms"], samples["host_ms"],
                        call_us if step_kind == KINDS[0] else {})

@@ -6,11 +6,12 @@ run's rings and logs:
   ``torch.cuda._sleep`` before each of 90 all-reduces, its host on time; the plant as its GPU
   ran it (``plant_ms``, from timing events around the sleep) and the all-reduce's line
   (``rank1.line``): the truth the answers are held to (run d: again as ``eager_stamps``, timed
-  by stamps: ``AUTOANNOT_GPU_EAGER_STAMPS=1``);
+  by stamps: ``AUTOANNOT_GPU_EAGER_STAMPS=1``; run e: ``eager_stamps`` and ``eager_driver``,
+  by the driver's events: ``AUTOANNOT_GPU_DRIVER_EVENTS=1``);
 - ``graph``: a 1-rank NCCL graph of 8 all-reduces, 20 ms of sleep before the 5th, replayed
   10 times one at a time, 10 times back to back, then once held 8 s before its 5th (runs a
   and b stamped each collective before and after, as ``AUTOANNOT_GPU_GRAPH_ENDS=1`` does now;
-  run c before alone, the default).
+  run c before alone, the default; run e by the ``tagged`` stamp kernel, the default since).
 
 Run b is the one where rank 0 was once last by 29.75 ms (the shared GPU's time-slicing): a
 single instance that ``skew`` and the watch took for the job's noise, and so named no one.
@@ -36,13 +37,15 @@ RUNS = sorted(p.name for p in DATA.glob("h100_run_*.tgz"))
 
 
 def _eager_runs() -> list[tuple[str, str]]:
-    """(archive, folder) of each eager run: ``eager`` (events), ``eager_stamps`` (run d on)."""
+    """(archive, folder) of each eager run: ``eager`` (events), ``eager_stamps`` (run d on),
+    ``eager_driver`` (run e)."""
     found = []
     for name in RUNS:
         with tarfile.open(DATA / name) as archive:
             folders = {member.name.split("/")[1] for member in archive.getmembers()
                        if member.name.count("/") >= 2}
-        found += [(name, folder) for folder in ("eager", "eager_stamps") if folder in folders]
+        found += [(name, folder) for folder in ("eager", "eager_stamps", "eager_driver")
+                  if folder in folders]
     return found
 
 
