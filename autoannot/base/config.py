@@ -123,9 +123,10 @@ def gpu_driver_events(env: Mapping[str, str] | None = None) -> bool:
 
 
 def gpu_eager_stamps(env: Mapping[str, str] | None = None) -> bool:
-    """``AUTOANNOT_GPU_EAGER_STAMPS=1``: an eager collective is timed by stamps on a branch of
-    its stream, as a graph's are, not by two events on it."""
-    return flag("AUTOANNOT_GPU_EAGER_STAMPS", False, env)
+    """``AUTOANNOT_GPU_EAGER_STAMPS`` (on by default; ``0``: off): an eager collective is timed
+    by stamps on a branch of its stream, as a graph's are, not by two events on it (which hold
+    the stream's work after them: +3.2 us a collective on an H100, stamps +0.04)."""
+    return flag("AUTOANNOT_GPU_EAGER_STAMPS", True, env)
 
 
 def watch_requested(env: Mapping[str, str] | None = None) -> bool:

@@ -105,8 +105,9 @@ BRANCHED = True
 #: stamps before and after cost a decode replay of batch 32 3.5%, before alone 0.8%.
 GRAPH_ENDS = config.gpu_graph_ends()
 #: Whether an eager launch is timed by stamps on a branch of its stream (as a graph's are)
-#: rather than by two events on the stream (``AUTOANNOT_GPU_EAGER_STAMPS``): events hold the
-#: stream's work after them (+3.3 us a collective on an H100), a branch's stamps do not.
+#: rather than by two events on the stream (``AUTOANNOT_GPU_EAGER_STAMPS``, on unless ``0``):
+#: events hold the stream's work after them (+3.1-3.2 GPU us a collective on an H100), a
+#: branch's stamps do not (+0.04); they cost the launching thread more (+8-35 us a call).
 EAGER_STAMPS = config.gpu_eager_stamps()
 #: Whether a ring's source is ``DriverEvents`` rather than ``CudaEvents`` where torch sees CUDA
 #: (``AUTOANNOT_GPU_DRIVER_EVENTS``).
