@@ -50,8 +50,9 @@ class PlantedGpu:
         #: Whether each launch records an end after its start (a launch issued below the
         #: Python API records its start alone).
         self.ends = True
-        #: How long an anchor stamp is held before it lands (ms).
+        #: How long an anchor stamp is held before it lands (ms); how many read as lost.
         self.anchor_held_ms = 0.0
+        self.anchors_lost = 0
 
     def times(self, args: tuple, kwargs: dict) -> bool:
         return self.times_all
@@ -116,6 +117,9 @@ class PlantedGpu:
         return [self.gpu_now() + int(self.anchor_held_ms * 1e6)]
 
     def anchor_ns(self, anchor: list[int]) -> int:
+        if self.anchors_lost:  # (its slot written over before it was read)
+            self.anchors_lost -= 1
+            return -1
         return anchor[0] if anchor[0] <= self.gpu_now() else 0
 
     def done(self, event: Event) -> bool:

@@ -735,6 +735,9 @@ class GpuClock:
             if gpu_ns > 0:
                 self._stamp_offset, self._stamp_anchor = gpu_ns - seen_ns, None
                 return max(error, seen_ns - missing_ns)
+            if gpu_ns < 0:  # (its slot written over: launched again at the next anchor)
+                self._stamp_anchor = None
+                return error
             missing_ns = asked_ns
             if seen_ns >= deadline:
                 break
