@@ -746,8 +746,8 @@ class GpuClock:
         pending[1] = missing_ns  # type: ignore[index]
         if (missing_ns - launched_ns) / 1e9 > STAMP_ANCHOR_SAY_S:
             said("an anchor stamp", TimeoutError(
-                f"its time not seen in {STAMP_ANCHOR_SAY_S:g} s (the GPU's queue holds it); a "
-                "graph's collectives wait for their GPU times until it is"))
+                f"its time not seen in {STAMP_ANCHOR_SAY_S:g} s (held in the GPU's queue, or the "
+                "GPU is hung); a graph's collectives wait for their GPU times until it is"))
         return error
 
     def _state(self, error_ns: int) -> tuple[int, int, int, int]:
